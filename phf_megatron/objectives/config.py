@@ -1,0 +1,66 @@
+"""Objective hyperparameters with the paper's defaults (Appendix C, Table "Hyperparameters")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ema import DEFAULT_EMA_DECAY, DEFAULT_FLOW_ALPHA
+from .flow import FLOW_VARIANTS
+from .opsd import CLIP_MODES
+from .window import DEFAULT_WINDOW_BUDGET
+
+#: ``flow_variant`` values: the paper's variants plus ``"none"`` (the OPSD-only ablation).
+FLOW_CHOICES = FLOW_VARIANTS + ("none",)
+
+
+@dataclass
+class ObjectiveConfig:
+    """What one PHF update optimizes: ``L_OPSD + flow_alpha * L_flow``."""
+
+    flow_alpha: float = DEFAULT_FLOW_ALPHA
+    """alpha, the one flow coefficient (paper: 0.05 at every scale)."""
+    flow_variant: str = "phf"
+    """phf (1/2 local + 1/2 adjacent) | local | direction | geometry | pointwise_mse | none (OPSD only)."""
+    flow_layers: tuple[int, ...] | None = None
+    """0-based layer indices for the selected-layers ablation; None = all layers (paper)."""
+    flow_window: int = DEFAULT_WINDOW_BUDGET
+    """|W|, the most rollout positions the flow sees per sample (paper: 128)."""
+    flow_eps: float = 1e-6
+    """epsilon of the direction normalizer ||dh|| + eps."""
+    jsd_beta: float = 0.5
+    """0: KL(T||S), 1: KL(S||T), else generalized JSD (official OPSD run script: 0.5)."""
+    jsd_temperature: float = 1.1
+    """softmax temperature of the divergence; the official code uses the rollout temperature."""
+    jsd_clip: float | None = 0.05
+    """per-token JSD clip (paper: 0.05 for 1.7B/4B, 0.06 for 8B); None disables it."""
+    jsd_clip_mode: str = "element"
+    """element (official: clamp each vocabulary summand) | token (clamp the token's sum)."""
+    ema_decay: float = DEFAULT_EMA_DECAY
+    """rho of the EMA teacher (paper: 0.999)."""
+
+    def __post_init__(self) -> None:
+        if self.flow_variant not in FLOW_CHOICES:
+            raise ValueError(f"flow_variant: {self.flow_variant!r} is not one of {FLOW_CHOICES}")
+        if self.flow_alpha < 0:
+            raise ValueError(f"flow_alpha: must be >= 0, got {self.flow_alpha}")
+        if self.flow_window < 2:
+            raise ValueError(f"flow_window: needs at least 2 positions for one transition, got {self.flow_window}")
+        if self.flow_eps <= 0:
+            raise ValueError(f"flow_eps: must be > 0, got {self.flow_eps}")
+        if not 0.0 <= self.jsd_beta <= 1.0:
+            raise ValueError(f"jsd_beta: must lie in [0, 1], got {self.jsd_beta}")
+        if self.jsd_temperature <= 0:
+            raise ValueError(f"jsd_temperature: must be > 0, got {self.jsd_temperature}")
+        if self.jsd_clip is not None and self.jsd_clip <= 0:
+            raise ValueError(f"jsd_clip: must be > 0 or None (no clip), got {self.jsd_clip}")
+        if self.jsd_clip_mode not in CLIP_MODES:
+            raise ValueError(f"jsd_clip_mode: {self.jsd_clip_mode!r} is not one of {CLIP_MODES}")
+        if not 0.0 <= self.ema_decay <= 1.0:
+            raise ValueError(f"ema_decay: must lie in [0, 1], got {self.ema_decay}")
+        if self.flow_layers is not None:
+            self.flow_layers = tuple(int(x) for x in self.flow_layers)
+
+    @property
+    def uses_flow(self) -> bool:
+        """False for the OPSD-only ablation (no capture, no flow term)."""
+        return self.flow_variant != "none" and self.flow_alpha > 0
