@@ -61,6 +61,7 @@ class RolloutEngine(abc.ABC):
         self._lock = threading.Lock()
         self._cancel = threading.Event()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: concurrent.futures.Future | None = None
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt_token_ids: Sequence[Sequence[int]],
@@ -142,12 +143,25 @@ class RolloutEngine(abc.ABC):
         with self._lock:
             self._wake()
 
-    def close(self) -> None:
-        """Release the engine; later calls raise EngineUnusableError."""
+    def close(self, wait_s: float = 60.0) -> None:
+        """Release the engine; later calls raise EngineUnusableError.
+
+        After a timeout the abandoned call may still be running in its thread: close waits up to
+        ``wait_s`` for it before tearing the backend down (vLLM keeps process-global state that
+        must not be destroyed under a running step). If it is still running then, the backend
+        is left as is; the process is expected to exit (the trainer checkpoints and stops).
+        """
         if self._broken == "closed":
             return
         self._broken = "closed"
         self._cancel.set()
+        if self._inflight is not None and not self._inflight.done():
+            try:
+                self._inflight.result(timeout=wait_s)
+            except concurrent.futures.TimeoutError:
+                return
+            except Exception:
+                pass
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._close()
@@ -200,7 +214,7 @@ class RolloutEngine(abc.ABC):
         try:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
-            future = self._pool.submit(fn, *args)
+            future = self._inflight = self._pool.submit(fn, *args)
             try:
                 return future.result(timeout=timeout_s)
             except concurrent.futures.TimeoutError:

@@ -97,7 +97,7 @@ class HFEngine(RolloutEngine):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)                                 # [B, T]
         cache = DynamicCache()
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logprobs: list[list[float]] = [[] for _ in range(b)]
         done = [False] * b

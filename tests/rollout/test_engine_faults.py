@@ -56,7 +56,7 @@ def test_sleep_and_wake_keep_the_weights(tied_engine):
 
 def test_hung_generate_times_out_and_the_engine_refuses_further_calls(tied_engine):
     """Keep last: it leaves this module's engine unusable."""
-    params = SamplingParams(temperature=1.0, max_tokens=1000, ignore_eos=True)
+    params = SamplingParams(temperature=1.0, max_tokens=300, ignore_eos=True)
     with pytest.raises(GenerationTimeoutError, match="did not finish within 0.01 s"):
         tied_engine.generate([[1, 2, 3]] * 8, params, timeout_s=0.01)
     for call in (lambda: tied_engine.generate([[1]], SamplingParams(max_tokens=1)),

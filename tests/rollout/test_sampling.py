@@ -14,20 +14,25 @@ def _reference_keep(logits_row, top_k, top_p):
     order = sorted(range(len(logits_row)), key=lambda i: -logits_row[i])
     if top_k > 0:
         order = order[:top_k]
-    z = sum(math.exp(logits_row[i]) for i in order)
+    if top_p >= 1.0:
+        return set(order)
+    top = logits_row[order[0]]
+    z = sum(math.exp(logits_row[i] - top) for i in order)
     kept, mass = [], 0.0
     for i in order:
         kept.append(i)
-        mass += math.exp(logits_row[i]) / z
+        mass += math.exp(logits_row[i] - top) / z
         if mass >= top_p:
             break
     return set(kept)
 
 
-@pytest.mark.parametrize("top_k,top_p", [(-1, 1.0), (5, 1.0), (0, 0.7), (7, 0.5), (3, 0.999), (-1, 0.05)])
-def test_filter_keeps_exactly_the_reference_set(top_k, top_p):
+@pytest.mark.parametrize("vocab,spread", [(40, 2.0), (3000, 2.0), (3000, 12.0)], ids=["small", "flat", "peaked"])
+@pytest.mark.parametrize("top_k,top_p", [(-1, 1.0), (5, 1.0), (0, 0.7), (7, 0.5), (3, 0.999), (-1, 0.05), (-1, 0.9)])
+def test_filter_keeps_exactly_the_reference_set(top_k, top_p, vocab, spread):
+    """"peaked" takes the top-256 candidate path of top-p, "flat" the full-sort fallback."""
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(4, 40, generator=g, dtype=torch.float64) * 2
+    logits = torch.randn(4, vocab, generator=g, dtype=torch.float64) * spread
     params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p)
     out = filter_logits(logits, params)
     for r in range(4):
@@ -36,6 +41,17 @@ def test_filter_keeps_exactly_the_reference_set(top_k, top_p):
         # kept entries are the tempered logits, unchanged
         idx = sorted(kept)
         torch.testing.assert_close(out[r, idx], logits[r, idx] / 0.8)
+
+
+def test_sampled_frequencies_follow_the_filtered_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]]).repeat(20000, 1)
+    params = SamplingParams(temperature=0.7, top_p=0.9, seed=3, n=20000)
+    draws = sample_tokens(logits, params, row_generators(params, 20000, torch.device("cpu")))
+    want = torch.softmax(filter_logits(logits[:1].double(), params), dim=-1)[0]
+    freq = torch.bincount(draws, minlength=6).double() / 20000
+    assert want[-2:].sum() == 0 and freq[-2:].sum() == 0          # filtered tokens are never drawn
+    sigma = (want * (1 - want) / 20000).sqrt()
+    assert bool(((freq - want).abs() <= 4 * sigma + 1e-12).all()), (freq, want)
 
 
 def test_seeded_rows_do_not_depend_on_their_batch_neighbours():
