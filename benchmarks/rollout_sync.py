@@ -54,6 +54,7 @@ def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
+    model.tie_weights()                 # to_empty() unties lm_head from embed_tokens
     path = os.path.join(root, size)
     model.save_pretrained(path)
     load_qwen3_tokenizer().save_pretrained(path)

@@ -79,8 +79,7 @@ class EvalConfig:
 
     def generation_fingerprint(self, model_dir: str, backend: str) -> dict:
         """What fixes the samples: a rerun into the same out_dir must match it to resume."""
-        keys = ("temperature", "top_p", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "require_boxed",
-                "max_model_len")
+        keys = ("temperature", "top_p", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "max_model_len")
         fp = {k: getattr(self, k) for k in keys}
         fp.update(model_dir=model_dir, backend=backend, adapter=self.adapter,
                   megatron_checkpoint=self.megatron_checkpoint)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .benchmarks import Problem
 from .config import EvalConfig
+from .grading import is_correct
 from .metrics import BenchmarkScore, score_benchmark, suite_average
 
 SUMMARY = "summary.json"
@@ -54,6 +55,9 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
     by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for (bench, pid, idx), rec in records.items():
         if idx < config.n:
+            if rec.get("require_boxed") != config.require_boxed:      # graded under the other rule
+                rec = {**rec, "require_boxed": config.require_boxed,
+                       "correct": is_correct(rec["output"], rec["gold"], require_boxed=config.require_boxed)}
             by_problem[bench][pid].append(rec)
     scores = []
     for bench, ps in problems.items():

@@ -78,8 +78,9 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     if not items:
         return
     tok = load_qwen3_tokenizer(model_dir)
+    engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
     engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype, seed=config.seed,
-                                       max_model_len=config.max_model_len, **config.engine_kwargs))
+                                       max_model_len=config.max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(len(items), enabled=show_progress)
     try:
@@ -112,7 +113,7 @@ def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, requi
     return {
         "benchmark": item.problem.benchmark, "problem_id": item.problem.id, "sample_index": item.sample_index,
         "seed": seed, "gold": item.problem.answer, "pred": pred, "boxed": pred is not None,
-        "correct": is_correct(text, item.problem.answer, require_boxed=require_boxed),
+        "correct": is_correct(text, item.problem.answer, require_boxed=require_boxed), "require_boxed": require_boxed,
         "finish_reason": completion.finish_reason, "prompt_tokens": len(prompt),
         "completion_tokens": len(completion.token_ids), "output": text,
     }

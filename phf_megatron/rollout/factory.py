@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from .engine import RolloutEngine
 
-BACKENDS = ("auto", "vllm", "hf")
+BACKENDS = ("auto", "vllm", "hf", "vllm_server")
 
 
 @dataclass
@@ -16,7 +16,8 @@ class EngineConfig:
     model_dir: str
     """HF model directory (config.json, *.safetensors, tokenizer files)."""
     backend: str = "auto"
-    """auto (vLLM if installed, else hf) | vllm | hf (transformers generate fallback)."""
+    """auto (vLLM if installed, else hf) | vllm | hf (transformers generate fallback) | vllm_server
+    (a running vLLM server at ``server_url``; ``model_dir`` names its weights)."""
     dtype: str = "bfloat16"
     """float32 | bfloat16 | float16 (tests use float32 to compare logprobs at 1e-4)."""
     seed: int = 0
@@ -39,6 +40,8 @@ class EngineConfig:
     """transformers fallback: rows decoded together."""
     device: str | None = None
     """transformers fallback: device (None = cuda if available else cpu)."""
+    server_url: str | None = None
+    """vllm_server: the server's base URL (http://host:port)."""
     vllm_kwargs: dict = field(default_factory=dict)
     """extra keyword arguments for ``vllm.LLM``."""
 
@@ -51,6 +54,8 @@ class EngineConfig:
             raise ValueError(f"bucket_bytes: must be > 0, got {self.bucket_bytes}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.backend == "vllm_server" and not self.server_url:
+            raise ValueError("server_url: required with backend='vllm_server'")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must lie in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -66,6 +71,10 @@ def resolve_backend(backend: str) -> str:
 def build_engine(config: EngineConfig) -> RolloutEngine:
     """Start the configured backend (raises EngineStartError if it cannot)."""
     backend = resolve_backend(config.backend)
+    if backend == "vllm_server":
+        from .server_engine import VLLMServerEngine
+        return VLLMServerEngine(config.server_url, model_dir=config.model_dir, bucket_bytes=config.bucket_bytes,
+                                timeout_s=config.timeout_s)
     if backend == "vllm":
         from .vllm_engine import VLLMEngine
         return VLLMEngine(config.model_dir, dtype=config.dtype, seed=config.seed,

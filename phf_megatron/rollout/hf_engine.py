@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from .engine import RolloutEngine
 from .errors import EngineStartError, GenerationTimeoutError
 from .sampling import row_generators, sample_tokens
+from .sync import hf_reference_logprobs
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
@@ -57,12 +58,8 @@ class HFEngine(RolloutEngine):
             self._params[name].copy_(tensor.to(self.device, non_blocking=True))
 
     # ------------------------------------------------------------------ scoring
-    @torch.no_grad()
     def _score(self, prompt, completion):
-        ids = torch.tensor([prompt + completion], device=self.device)
-        logits = self.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()     # [C, V]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        return logprobs.gather(-1, ids[0, len(prompt):, None])[:, 0].tolist()
+        return hf_reference_logprobs(self.model, prompt, completion)
 
     # ------------------------------------------------------------------ generation
     def _generate(self, prompts, params):

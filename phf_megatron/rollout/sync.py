@@ -6,7 +6,9 @@
 ``named_tensors`` is any iterable of ``(hf_name, tensor)``: a HF ``state_dict().items()``, or a
 generator that gathers Megatron TP/PP shards tensor by tensor, merges LoRA into the base and
 renames through the conversion mapping (``phf_megatron.convert``; added with the Megatron
-model). Only the rank that drives the engine iterates it; the generator runs the gathers.
+model). With Megatron every rank of the model-parallel group must run that generator in
+lockstep (its gathers are collectives); the rank that owns the engine passes it here, the
+others just exhaust it (``for _ in gen: pass``) and skip the push.
 
 Push order. Tensors go in the order the iterable yields them, cut into buckets of about
 ``bucket_bytes``; each bucket is validated, then loaded, before the next tensor is drawn, so

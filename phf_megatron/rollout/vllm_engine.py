@@ -21,6 +21,7 @@ small machines).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -131,7 +132,7 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ sampling
     def _vllm_params(self, p: SamplingParams, **over):
         from vllm import SamplingParams as VSP
-        kw = dict(n=p.n, temperature=p.temperature, top_p=p.top_p, top_k=max(p.top_k, 0),
+        kw = dict(n=1 if p.greedy else p.n, temperature=p.temperature, top_p=p.top_p, top_k=max(p.top_k, 0),
                   max_tokens=p.max_tokens, seed=p.seed, stop_token_ids=list(p.stop_token_ids),
                   ignore_eos=p.ignore_eos, logprobs=0 if p.logprobs else None, detokenize=False)
         kw.update(over)
@@ -151,7 +152,8 @@ class VLLMEngine(RolloutEngine):
                 reason = FINISH_STOP if o.finish_reason == "stop" else FINISH_LENGTH
                 comps.append(Completion(token_ids=ids, finish_reason=reason, logprobs=lps,
                                         extra={"vllm_finish_reason": o.finish_reason}))
-            results.append(comps)
+            # vLLM rejects n > 1 at temperature 0; greedy samples are identical anyway
+            results.append([dataclasses.replace(comps[0]) for _ in range(p.n)] if p.greedy else comps)
         return results
 
     def _score(self, prompt, completion):

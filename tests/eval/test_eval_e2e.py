@@ -79,6 +79,8 @@ def test_transformers_backend_end_to_end_and_resume(tmp_path, reference):
     more = dataclasses.replace(config, n=3)
     assert run_eval(more).generated == 3
     assert {k: v for k, v in _check_run(more, run_eval(more)).items() if k[1] < 2} == outputs
+    # the other grading rule regrades the stored outputs; it generates nothing
+    assert run_eval(dataclasses.replace(config, require_boxed=False)).generated == 0
     # other generation settings may not be mixed into the same run
     with pytest.raises(ValueError, match="other settings.*temperature"):
         run_eval(dataclasses.replace(config, temperature=0.6))

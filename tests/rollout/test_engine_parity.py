@@ -169,7 +169,9 @@ def test_n_seed_stop_and_length(engine, prompts):
             ref = hf_reference_logprobs(model, p, c.token_ids)
             torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(ref), atol=ATOL, rtol=0)
     # stop at a token the greedy path emits: kept as the last token, finish_reason "stop"
-    greedy = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0][0]
+    twice = engine.generate(prompts[:1], SamplingParams(n=2, temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    greedy = twice[0]
+    assert len(twice) == 2 and twice[1].token_ids == greedy.token_ids
     stop = greedy.token_ids[2]
     cut = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=6, stop_token_ids=(stop,)))[0][0]
     assert cut.token_ids == greedy.token_ids[:greedy.token_ids.index(stop) + 1] and cut.finish_reason == "stop"
