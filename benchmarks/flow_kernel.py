@@ -4,7 +4,9 @@
 
 For each shape (L, B, m, H) and dtype it times the forward+backward of the PHF flow loss
 (median of many CUDA-event-timed runs after warm-up) for:
-  cuda       the extension, product precision "auto" (3xTF32 for fp32, TF32 for bf16);
+  cuda       the extension, product precision "auto" (3xTF32 for fp32, TF32 for bf16), the
+             1-CTA-per-SM build (no register spills; the default);
+  cuda-2cta  the same with the 2-CTAs-per-SM build (PHF_FLOW_CTAS_PER_SM=2);
   cuda-fp32  the extension with plain fp32 FMA products (the exact fallback);
   eager      the PyTorch reference (phf_megatron.objectives.flow equations, no input checks);
   compile    torch.compile of that same reference (Inductor, which emits Triton kernels;
@@ -103,11 +105,13 @@ def step_fn(impl: str, student, teacher, valid, plan, compiled):
     """One forward+backward of `impl` (the gradient buffer is dropped each time)."""
     if impl == "cuda":
         loss_fn = lambda: hidden_flow_loss(student, teacher, valid, check_inputs=False, backend="cuda")  # noqa: E731
-    elif impl == "cuda-fp32":
+    elif impl in ("cuda-2cta", "cuda-fp32"):
         from phf_megatron.kernels.flow_cuda import flow_terms_cuda
 
+        kwargs = {"ctas_per_sm": 2} if impl == "cuda-2cta" else {"precision": "fp32"}
+
         def loss_fn():
-            terms = flow_terms_cuda(student, teacher, valid, plan, "phf", precision="fp32")
+            terms = flow_terms_cuda(student, teacher, valid, plan, "phf", **kwargs)
             return batch_mean(per_sample_flow(terms, "phf", len(plan.layers), len(plan.pairs)), terms.sample_mask)
     elif impl == "eager":
         loss_fn = lambda: reference_loss(student, teacher, valid, plan)  # noqa: E731
@@ -175,7 +179,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="output directory")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--impls", default="cuda,cuda-fp32,eager,compile")
+    ap.add_argument("--impls", default="cuda,cuda-2cta,cuda-fp32,eager,compile")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--quick", action="store_true", help="small shapes, few runs (a smoke test)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip torch.compile runs once this is spent")
@@ -202,19 +206,26 @@ def main() -> None:
                 dtype = DTYPES[dname]
                 student, teacher, valid, plan = make_case(shape, dtype)
                 run = step_fn(impl, student, teacher, valid, plan, compiled)
-                t0 = time.time()
-                first = run()
-                torch.cuda.synchronize()
-                first_s = time.time() - t0
-                ms = statistics.median(time_ms(run, iters, warmup))
+                try:
+                    t0 = time.time()
+                    first = run()
+                    torch.cuda.synchronize()
+                    first_s = time.time() - t0
+                    ms = statistics.median(time_ms(run, iters, warmup))
+                except Exception as exc:  # one failing implementation must not lose the others
+                    results["notes"].append(f"{impl} {shape} {dname}: {type(exc).__name__}: {exc}"[:500])
+                    print(results["notes"][-1], flush=True)
+                    del student, teacher, run
+                    torch.cuda.empty_cache()
+                    continue
                 numel, item = student.numel(), student.element_size()
                 floor_bytes = 3 * numel * item  # student + teacher read once, gradient written once
                 row = {"shape": ",".join(map(str, shape)), "dtype": dname, "impl": impl, "ms": ms,
                        "first_call_s": round(first_s, 2), "loss": float(first.detach()),
                        "floor_bytes": floor_bytes, "achieved_GBps": floor_bytes / (ms * 1e-3) / 1e9,
                        "time_over_floor": ms * 1e-3 / (floor_bytes / (results["copy_GBps"] * 1e9))}
-                if impl == "cuda":
-                    results["breakdown_us"][f"{row['shape']}/{dname}"] = kernel_breakdown(run)
+                if impl in ("cuda", "cuda-2cta"):
+                    results["breakdown_us"][f"{impl}/{row['shape']}/{dname}"] = kernel_breakdown(run)
                 results["rows"].append(row)
                 del student, teacher, run
                 torch.cuda.empty_cache()

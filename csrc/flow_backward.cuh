@@ -31,8 +31,8 @@ struct BackwardSource {
   float coef;      // scalar upstream factor
 };
 
-template <typename T, int MODE>
-__global__ void __launch_bounds__(kThreads, 1) flow_backward_kernel(FlowParams p) {
+template <typename T, int MODE, int CTAS>  // CTAS: see flow_products_kernel
+__global__ void __launch_bounds__(kThreads, CTAS) flow_backward_kernel(FlowParams p) {
   PHF_DYNAMIC_SMEM(smem4);
   float* As = reinterpret_cast<float*>(smem4);  // [128][kLdk]: coef * W'[:, k0 : k0 + 32]
   float* Bs = As + kTile * kLdk;                // [32][kLdc]: Δh rows k0 .. k0+31, 128 columns
@@ -175,9 +175,9 @@ __global__ void __launch_bounds__(kThreads, 1) flow_backward_kernel(FlowParams p
 }
 
 #ifndef PHF_FLOW_CPU_EMULATION
-template <typename T, int MODE>
+template <typename T, int MODE, int CTAS>
 cudaError_t launch_backward_typed(const FlowParams& p, cudaStream_t stream) {
-  auto kernel = flow_backward_kernel<T, MODE>;
+  auto kernel = flow_backward_kernel<T, MODE, CTAS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBackwardSmem);
   if (err != cudaSuccess) return err;
   const long long grid = (long long)p.n_layers * p.B * ceil_div(p.H, kHt);
@@ -186,14 +186,9 @@ cudaError_t launch_backward_typed(const FlowParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int MODE>
+template <int MODE, int CTAS>
 cudaError_t launch_backward(const FlowParams& p, DType dtype, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32: return launch_backward_typed<float, MODE>(p, stream);
-    case DType::kF16: return launch_backward_typed<__half, MODE>(p, stream);
-    case DType::kBF16: return launch_backward_typed<__nv_bfloat16, MODE>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto tag) { return launch_backward_typed<decltype(tag), MODE, CTAS>(p, stream); });
 }
 #endif  // PHF_FLOW_CPU_EMULATION
 

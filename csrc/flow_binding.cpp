@@ -1,10 +1,10 @@
 // torch binding of the fused flow-loss kernels: argument checks, workspace, launches.
 //
 //   forward(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo,
-//           eps, mode, n_chunks, poison)
+//           eps, mode, ctas_per_sm, n_chunks, poison)
 //     -> (dir [nL, B], geo [nL, B], adj [nP, B], mats, stats, vecs, n_chunks_used)
 //   backward(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, layers, need_dir,
-//            need_geo, eps, mode, mats, stats, vecs, g_dir, g_geo, g_adj, poison) -> grad
+//            need_geo, eps, mode, ctas_per_sm, mats, stats, vecs, g_dir, g_geo, g_adj, poison) -> grad
 //
 // `meta` (int32, on the device) packs the plan built by phf_megatron/kernels/flow_cuda.py:
 // tasks [n_tasks, 4], layer_ids [nL], pair_lo [nP], pair_hi [nP], up_pair [nL], dn_pair [nL].
@@ -85,12 +85,20 @@ void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "phf flow kernel ", what, " failed: ", cudaGetErrorString(err));
 }
 
+// Calls fn(mode, ctas) with both as compile-time constants.
 template <typename Fn>
-cudaError_t by_mode(int64_t mode, Fn&& fn) {
+cudaError_t by_variant(int64_t mode, int64_t ctas, Fn&& fn) {
+  TORCH_CHECK(ctas == 1 || ctas == 2, "ctas_per_sm: must be 1 or 2, got ", ctas);
+  using phf_flow::kSimt, phf_flow::kTf32, phf_flow::kTf32x3;
+  using std::integral_constant;
+  const bool one = ctas == 1;
   switch (mode) {
-    case phf_flow::kSimt: return fn(std::integral_constant<int, phf_flow::kSimt>{});
-    case phf_flow::kTf32: return fn(std::integral_constant<int, phf_flow::kTf32>{});
-    case phf_flow::kTf32x3: return fn(std::integral_constant<int, phf_flow::kTf32x3>{});
+    case kSimt: return one ? fn(integral_constant<int, kSimt>{}, integral_constant<int, 1>{})
+                           : fn(integral_constant<int, kSimt>{}, integral_constant<int, 2>{});
+    case kTf32: return one ? fn(integral_constant<int, kTf32>{}, integral_constant<int, 1>{})
+                           : fn(integral_constant<int, kTf32>{}, integral_constant<int, 2>{});
+    case kTf32x3: return one ? fn(integral_constant<int, kTf32x3>{}, integral_constant<int, 1>{})
+                             : fn(integral_constant<int, kTf32x3>{}, integral_constant<int, 2>{});
   }
   TORCH_CHECK(false, "mode: unknown product mode ", mode, " (0 = fp32 FMA, 1 = TF32, 2 = 3xTF32)");
   return cudaErrorInvalidValue;
@@ -105,7 +113,7 @@ at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& opts, bool
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> flow_forward(
     const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& lengths, const at::Tensor& meta,
     int64_t n_layers, int64_t n_pairs, int64_t n_tasks, bool need_dir, bool need_geo, double eps, int64_t mode,
-    int64_t n_chunks, bool poison) {
+    int64_t ctas_per_sm, int64_t n_chunks, bool poison) {
   const c10::cuda::CUDAGuard guard(student.device());
   FlowParams p = make_params(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo, eps);
   const auto f32 = student.options().dtype(at::kFloat);
@@ -124,7 +132,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   p.n_chunks = (int)n_chunks;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const DType dtype = dtype_of(student);
-  check_launch(by_mode(mode, [&](auto m) { return phf_flow::launch_products<decltype(m)::value>(p, dtype, stream); }),
+  check_launch(by_variant(mode, ctas_per_sm,
+                          [&](auto m, auto c) {
+                            return phf_flow::launch_products<decltype(m)::value, decltype(c)::value>(p, dtype, stream);
+                          }),
                "products");
   check_launch(phf_flow::launch_finalize(p, stream), "finalize");
   return {dir, geo, adj, mats, stats, vecs, (int64_t)p.n_chunks};
@@ -133,7 +144,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 at::Tensor flow_backward(const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& lengths,
                          const at::Tensor& meta, int64_t n_layers, int64_t n_pairs, int64_t n_tasks,
                          const std::vector<int64_t>& layers, bool need_dir, bool need_geo, double eps, int64_t mode,
-                         const at::Tensor& mats, const at::Tensor& stats, const at::Tensor& vecs,
+                         int64_t ctas_per_sm, const at::Tensor& mats, const at::Tensor& stats, const at::Tensor& vecs,
                          const at::Tensor& g_dir, const at::Tensor& g_geo, const at::Tensor& g_adj, bool poison) {
   const c10::cuda::CUDAGuard guard(student.device());
   FlowParams p = make_params(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo, eps);
@@ -160,9 +171,11 @@ at::Tensor flow_backward(const at::Tensor& student, const at::Tensor& teacher, c
   p.grad = grad.data_ptr();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const DType dtype = dtype_of(student);
-  check_launch(
-      by_mode(mode, [&](auto m) { return phf_flow::launch_backward<decltype(m)::value>(p, dtype, stream); }),
-      "backward");
+  check_launch(by_variant(mode, ctas_per_sm,
+                          [&](auto m, auto c) {
+                            return phf_flow::launch_backward<decltype(m)::value, decltype(c)::value>(p, dtype, stream);
+                          }),
+               "backward");
   return grad;
 }
 

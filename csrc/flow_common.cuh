@@ -70,20 +70,20 @@ __device__ __forceinline__ Raw4<T> load_raw4(const T* row, int k, int limit, boo
   return r;
 }
 
+template <typename T> struct Pair2;  // two packed elements
+template <> struct Pair2<__half> { using type = __half2; };
+template <> struct Pair2<__nv_bfloat16> { using type = __nv_bfloat162; };
+__device__ __forceinline__ float2 to_float2(__half2 x) { return __half22float2(x); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+
 __device__ __forceinline__ float4 to_float4(const Raw4<float>& r) { return r.v; }
-__device__ __forceinline__ float4 to_float4(const Raw4<__half>& r) {
-  __half2 a, b;
-  memcpy(&a, &r.v.x, 4);
-  memcpy(&b, &r.v.y, 4);
-  const float2 fa = __half22float2(a), fb = __half22float2(b);
-  return make_float4(fa.x, fa.y, fb.x, fb.y);
-}
-__device__ __forceinline__ float4 to_float4(const Raw4<__nv_bfloat16>& r) {
-  __nv_bfloat162 a, b;
-  memcpy(&a, &r.v.x, 4);
-  memcpy(&b, &r.v.y, 4);
-  const float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
-  return make_float4(fa.x, fa.y, fb.x, fb.y);
+template <typename T>
+__device__ __forceinline__ float4 to_float4(const Raw4<T>& r) {
+  typename Pair2<T>::type lo, hi;
+  memcpy(&lo, &r.v.x, 4);
+  memcpy(&hi, &r.v.y, 4);
+  const float2 a = to_float2(lo), b = to_float2(hi);
+  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 // Δh for four columns: upper - lower in fp32 (exact for bf16/fp16 inputs up to one rounding).
@@ -122,6 +122,17 @@ __device__ __forceinline__ void atomic_add4(float* dst, float4 v) {
   atomicAdd(dst + 2, v.z);
   atomicAdd(dst + 3, v.w);
 #endif
+}
+
+// fn(T{}) with T the element type of `dtype` (host side: picks the kernel instantiation).
+template <typename Fn>
+cudaError_t by_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(float{});
+    case DType::kF16: return fn(__half{});
+    case DType::kBF16: return fn(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 // Offsets into the workspace.

@@ -152,14 +152,15 @@ inline void set_chunks(FlowParams& p, int slots) {
 }
 
 // Forward pass 1: all 128x128 raw products and row statistics (fills p.n_chunks/chunk_cols).
-template <int MODE>
+// CTAS (1 or 2): CTAs per SM the kernels' register budget is sized for.
+template <int MODE, int CTAS>
 cudaError_t launch_products(FlowParams& p, DType dtype, cudaStream_t stream);
 
 // Forward pass 2: normalize, per-term losses, and the backward's coefficient matrices.
 cudaError_t launch_finalize(const FlowParams& p, cudaStream_t stream);
 
 // Backward: d loss / d student for the selected layers.
-template <int MODE>
+template <int MODE, int CTAS>
 cudaError_t launch_backward(const FlowParams& p, DType dtype, cudaStream_t stream);
 
 }  // namespace phf_flow

@@ -20,8 +20,10 @@ namespace phf_flow {
 
 constexpr int kProductsSmem = (2 * kTile * kLdk > kTile * kLdc ? 2 * kTile * kLdk : kTile * kLdc) * 4;
 
-template <typename T, int MODE>
-__global__ void __launch_bounds__(kThreads, 1) flow_products_kernel(FlowParams p) {
+// CTAS: CTAs per SM the register budget is sized for (1: up to 255 registers, no spills;
+// 2: at most 128 registers, some spills, twice the warps to hide load latency).
+template <typename T, int MODE, int CTAS>
+__global__ void __launch_bounds__(kThreads, CTAS) flow_products_kernel(FlowParams p) {
   PHF_DYNAMIC_SMEM(smem4);
   float* Ps = reinterpret_cast<float*>(smem4);  // [128][kLdk] operand P for this K step
   float* Qs = Ps + kTile * kLdk;                // [128][kLdk] operand Q
@@ -147,9 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1) flow_products_kernel(FlowParams p
 }
 
 #ifndef PHF_FLOW_CPU_EMULATION
-template <typename T, int MODE>
+template <typename T, int MODE, int CTAS>
 cudaError_t launch_products_typed(FlowParams& p, cudaStream_t stream) {
-  auto kernel = flow_products_kernel<T, MODE>;
+  auto kernel = flow_products_kernel<T, MODE, CTAS>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProductsSmem);
   if (err != cudaSuccess) return err;
   int device = 0, sms = 1, per_sm = 1;
@@ -163,14 +165,9 @@ cudaError_t launch_products_typed(FlowParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int MODE>
+template <int MODE, int CTAS>
 cudaError_t launch_products(FlowParams& p, DType dtype, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32: return launch_products_typed<float, MODE>(p, stream);
-    case DType::kF16: return launch_products_typed<__half, MODE>(p, stream);
-    case DType::kBF16: return launch_products_typed<__nv_bfloat16, MODE>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return by_dtype(dtype, [&](auto tag) { return launch_products_typed<decltype(tag), MODE, CTAS>(p, stream); });
 }
 #endif  // PHF_FLOW_CPU_EMULATION
 

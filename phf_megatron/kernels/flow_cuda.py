@@ -9,10 +9,15 @@ implemented here (the reference handles it).
 Product precision (``precision``): ``"auto"`` = 3xTF32 for float32 inputs (fp32-level
 accuracy on tensor cores) and TF32 for bfloat16/float16 inputs; ``"fp32"`` = plain fp32 FMA;
 ``"tf32"``, ``"3xtf32"`` force a mode. Norms, cosines and everything pointwise are fp32.
+
+``ctas_per_sm`` (1 or 2; default ``$PHF_FLOW_CTAS_PER_SM`` or 1) picks the kernel build whose
+register budget allows that many 256-thread CTAs per SM (2 trades a few register spills for
+twice the warps in flight). Both compute exactly the same arithmetic.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -86,16 +91,16 @@ class FlowTermsFunction(torch.autograd.Function):
     """(student, teacher, lengths, meta, ...) -> (dir [nL, B], geo [nL, B], adj [nP, B])."""
 
     @staticmethod
-    def forward(ctx, student, teacher, lengths, meta, kplan: KernelPlan, eps: float, mode: int, n_chunks: int,
-                poison: bool):
+    def forward(ctx, student, teacher, lengths, meta, kplan: KernelPlan, eps: float, mode: int, ctas: int,
+                n_chunks: int, poison: bool):
         ext = require()
         nL, nP = len(kplan.layers), len(kplan.pairs)
         common = (nL, nP, kplan.n_tasks)
         dir_, geo, adj, mats, stats, vecs, chunks = ext.forward(
-            student, teacher, lengths, meta, *common, kplan.need_dir, kplan.need_geo, eps, mode, n_chunks, poison
+            student, teacher, lengths, meta, *common, kplan.need_dir, kplan.need_geo, eps, mode, ctas, n_chunks, poison
         )
         ctx.save_for_backward(student, teacher, lengths, meta, mats, stats, vecs)
-        ctx.args = (common, kplan, eps, mode, poison)
+        ctx.args = (common, kplan, eps, mode, ctas, poison)
         ctx.n_chunks = chunks
         return dir_, geo, adj
 
@@ -103,13 +108,13 @@ class FlowTermsFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_dir, g_geo, g_adj):
         student, teacher, lengths, meta, mats, stats, vecs = ctx.saved_tensors
-        common, kplan, eps, mode, poison = ctx.args
+        common, kplan, eps, mode, ctas, poison = ctx.args
         grads = [g.float().contiguous() for g in (g_dir, g_geo, g_adj)]
         grad = require().backward(
             student, teacher, lengths, meta, *common, list(kplan.layers), kplan.need_dir, kplan.need_geo, eps, mode,
-            mats, stats, vecs, *grads, poison,
+            ctas, mats, stats, vecs, *grads, poison,
         )
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def flow_terms_cuda(
@@ -120,6 +125,7 @@ def flow_terms_cuda(
     variant: str = "phf",
     eps: float = 1e-6,
     precision: str = "auto",
+    ctas_per_sm: int | None = None,
     n_chunks: int = 0,
     poison: bool = False,
 ) -> FlowTerms:
@@ -130,6 +136,7 @@ def flow_terms_cuda(
         valid: ``[B, m]`` bool True-prefix mask.
         plan, variant, eps: as in ``flow_terms`` (variant not ``pointwise_mse``).
         precision: product precision (module docstring).
+        ctas_per_sm: 1 or 2 (module docstring); None reads ``$PHF_FLOW_CTAS_PER_SM`` (default 1).
         n_chunks: CTAs per task along the hidden axis in the forward (0 = automatic).
         poison: fill outputs with NaN before each launch (tests: unwritten elements show).
     """
@@ -137,9 +144,12 @@ def flow_terms_cuda(
     lengths = valid.sum(-1, dtype=torch.int32)
     meta = _meta_tensor(kplan, student.device)
     mode = precision_mode(precision, student.dtype)
+    ctas = int(os.environ.get("PHF_FLOW_CTAS_PER_SM", "1")) if ctas_per_sm is None else int(ctas_per_sm)
+    if ctas not in (1, 2):
+        raise ValueError(f"ctas_per_sm: must be 1 or 2, got {ctas} (check $PHF_FLOW_CTAS_PER_SM)")
     dir_, geo, adj = FlowTermsFunction.apply(
-        student.contiguous(), teacher.detach().contiguous(), lengths, meta, kplan, float(eps), mode, int(n_chunks),
-        bool(poison),
+        student.contiguous(), teacher.detach().contiguous(), lengths, meta, kplan, float(eps), mode, ctas,
+        int(n_chunks), bool(poison),
     )
     return FlowTerms(
         direction=dir_ if kplan.need_dir else None,

@@ -164,3 +164,25 @@ def test_long_window_falls_back_on_auto_and_raises_on_cuda():
     torch.testing.assert_close(hidden_flow_loss(s, t), hidden_flow_loss(s, t, backend="torch"))
     with pytest.raises(ValueError, match="at most 128"):
         hidden_flow_loss(s, t, backend="cuda")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
+def test_two_ctas_per_sm_build_agrees_with_reference(case, dtype, seed):
+    """The register-capped build (PHF_FLOW_CTAS_PER_SM=2) is a separately compiled kernel."""
+    from phf_megatron.kernels.flow_cuda import flow_terms_cuda
+
+    dtype = DTYPES[dtype]
+    variant, L, layers = case[:3]
+    s, t, valid = _inputs(case, dtype)
+    valid = torch.ones(s.shape[1], s.shape[2], dtype=torch.bool, device="cuda") if valid is None else valid
+    plan = LayerPlan.build(L, variant, layers)
+    s_ref = s.double().requires_grad_(True)
+    ref = flow_terms(s_ref, t.double(), valid, plan, variant, EPS)
+    (ref_grad,) = torch.autograd.grad(ref.geometry.sum() + ref.adjacent.sum() + ref.direction.sum(), s_ref)
+    s_k = s.clone().requires_grad_(True)
+    got = flow_terms_cuda(s_k, t, valid, plan, variant, EPS, ctas_per_sm=2, poison=True)
+    (grad,) = torch.autograd.grad(got.geometry.sum() + got.adjacent.sum() + got.direction.sum(), s_k)
+    for name in ("direction", "geometry", "adjacent"):
+        assert _rel(getattr(got, name), getattr(ref, name)) <= TOL[dtype], f"{name} (seed {seed})"
+    assert _rel(grad, ref_grad) <= TOL[dtype], f"gradient (seed {seed})"

@@ -81,7 +81,7 @@ void run(FlowParams p, Reader& in, std::ofstream& out, int slots) {
   p.out_adj = adj.data();
   set_chunks(p, slots);
 
-  phf_emu::launch((long long)p.n_tasks * p.B * p.n_chunks, [&] { flow_products_kernel<T, MODE>(p); });
+  phf_emu::launch((long long)p.n_tasks * p.B * p.n_chunks, [&] { flow_products_kernel<T, MODE, 1>(p); });
   phf_emu::launch((long long)(p.n_layers + p.n_pairs) * p.B, [&] { flow_finalize_kernel(p); });
 
   std::vector<T> grad(numel);
@@ -94,7 +94,7 @@ void run(FlowParams p, Reader& in, std::ofstream& out, int slots) {
   p.g_dir = g_dir.data();
   p.g_geo = g_geo.data();
   p.g_adj = g_adj.data();
-  phf_emu::launch((long long)p.n_layers * p.B * ceil_div(p.H, kHt), [&] { flow_backward_kernel<T, MODE>(p); });
+  phf_emu::launch((long long)p.n_layers * p.B * ceil_div(p.H, kHt), [&] { flow_backward_kernel<T, MODE, 1>(p); });
 
   out.write(reinterpret_cast<const char*>(dir.data()), dir.size() * 4);
   out.write(reinterpret_cast<const char*>(geo.data()), geo.size() * 4);
