@@ -17,7 +17,7 @@ from types import ModuleType
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 JIT_NAME = "phf_flow_cuda"
-NVCC_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
+NVCC_FLAGS = ("-O3", "-lineinfo")  # the -std flag is torch's own (C++17 or C++20 by version)
 
 
 def _sources() -> list[Path]:
