@@ -58,8 +58,13 @@ def _named_weights(model) -> Iterator[tuple[str, torch.nn.Parameter]]:
 
 
 def load_hf_weights(model, get_hf: Callable[[str], torch.Tensor], arch: Qwen3Arch,
-                    tp_group: Optional[dist.ProcessGroup] = None) -> None:
-    """Copy HF weights into this rank's shard of ``model`` (one Megatron tensor at a time)."""
+                    tp_group: Optional[dist.ProcessGroup] = None,
+                    on_tensor: Optional[Callable[[str], None]] = None) -> None:
+    """Copy HF weights into this rank's shard of ``model`` (one Megatron tensor at a time).
+
+    ``get_hf(hf_name)`` returns a full HF tensor (``HFCheckpoint.get`` or ``state_dict.__getitem__``);
+    ``on_tensor(name)`` is called after each parameter (progress bars).
+    """
     tp_rank, tp_size = _tp_rank_size(tp_group)
     with torch.no_grad():
         for name, param in _named_weights(model):
@@ -74,6 +79,8 @@ def load_hf_weights(model, get_hf: Callable[[str], torch.Tensor], arch: Qwen3Arc
                 raise ValueError(f"{full_name}: HF gives shard shape {tuple(shard.shape)}, "
                                  f"model parameter has {tuple(param.shape)}")
             param.copy_(shard)
+            if on_tensor is not None:
+                on_tensor(name)
 
 
 def iter_hf_weights(model, arch: Qwen3Arch, *, tp_group: Optional[dist.ProcessGroup] = None,
