@@ -64,7 +64,7 @@ def test_packed_sequences_attend_within_their_segment():
     q, k, v = _qkv(12, 1)
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
-    got = _attention()(q, k, v, None, packed_seq_params=params)
+    got = _attention()(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=params)  # Megatron's [t, n, d]
     for a, b in ((0, 5), (5, 12)):
         causal = torch.ones(b - a, b - a, dtype=torch.bool).tril()[None, None]
         want = _reference(q[a:b], k[a:b], v[a:b], causal)
