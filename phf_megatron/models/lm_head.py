@@ -56,15 +56,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, token_weights, tp_group, chunk_tokens):
         # hidden [N, H], weight [V/tp, H], labels [N] (global ids), token_weights [N] fp32
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 math for bf16/fp32, fp64 stays
         v_local = weight.shape[0]
         v_start = dist.get_rank(tp_group) * v_local if tp_group is not None else 0
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk_tokens):
             h = hidden[start:start + chunk_tokens]
             y, w = labels[start:start + chunk_tokens], token_weights[start:start + chunk_tokens]
-            z = (h @ weight.t()).float()  # [c, V/tp]
+            z = (h @ weight.t()).to(acc)  # [c, V/tp]
             zmax = z.max(dim=-1).values
             _all_reduce(zmax, dist.ReduceOp.MAX, tp_group)
             z.sub_(zmax[:, None])
@@ -83,7 +84,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             g = z.to(hidden.dtype)
             del z
             grad_hidden[start:start + chunk_tokens] = g @ weight
-            grad_weight += (g.t() @ h).float()
+            grad_weight += (g.t() @ h).to(acc)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return total
@@ -123,4 +124,4 @@ def lm_cross_entropy(model, hidden: torch.Tensor, labels: torch.Tensor, loss_wei
                          f"and {tuple(loss_weights.shape)}")
     return _ChunkedLinearCrossEntropy.apply(
         hidden.reshape(s * b, h), output_weight(model), labels.t().reshape(-1),
-        loss_weights.t().reshape(-1).float(), tp_group, chunk_tokens)
+        loss_weights.t().reshape(-1).to(torch.promote_types(hidden.dtype, torch.float32)), tp_group, chunk_tokens)
