@@ -37,13 +37,15 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the fused kernels")
     args = p.parse_args(argv)
 
     from phf_megatron.convert.live_model import load_hf_weights
     from phf_megatron.convert.megatron_session import megatron_session
     from phf_megatron.convert.qwen3_arch import Qwen3Arch
-    from phf_megatron.models import build_qwen3_model
+    from phf_megatron.models import build_qwen3_model, fused
 
+    fused.set_compile_backend(args.compile_backend)
     config = qwen3_config(args.tiny)
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq),
                         generator=torch.Generator().manual_seed(2)).to(_device())

@@ -33,6 +33,10 @@ class Qwen3TransformerConfig(TransformerConfig):
     fused_rmsnorm: bool = False
     """RMSNorm through a compiled kernel (``models/fused.py``); eager math when False."""
 
+    fused_cross_entropy: bool = False
+    """Compiled per-chunk cross entropy in ``lm_head.lm_cross_entropy`` (TP = 1 only; eager
+    vocabulary-parallel math otherwise)."""
+
     compile_layers: bool = False
     """``torch.compile`` every decoder layer (fuses the residual adds, norms, RoPE and SwiGLU
     with the surrounding element-wise work); applied by ``build_qwen3_model``."""
@@ -99,6 +103,7 @@ def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bo
         bias_activation_fusion=fused,  # Megatron's compiled bias-SwiGLU (no TE/apex needed)
         apply_rope_fusion=fused,
         fused_rmsnorm=fused,
+        fused_cross_entropy=fused,
     )
     fields.update(overrides)
     return Qwen3TransformerConfig(**fields)

@@ -6,6 +6,8 @@ included); RoPE as ~6. Compiled, each is one fused kernel each way that saves on
 SwiGLU uses Megatron's own compiled ``bias_swiglu_impl`` (``bias_activation_fusion``).
 
 * ``rmsnorm_fn(config)``: the compiled ``rms_norm`` when ``config.fused_rmsnorm``, else None.
+* ``cross_entropy_chunk_fn(config)``: one fused kernel pair per chunk of the chunked linear
+  cross entropy (``lm_head.py``) when the vocabulary is not TP-split.
 * ``register_rope_kernels()``: installs our compiled RoPE as Megatron's
   ``fused_apply_rotary_pos_emb`` (+ ``_thd`` for packed sequences) when Transformer Engine
   does not provide them, so Megatron's own ``apply_rope_fusion=True`` dispatch uses it.
@@ -57,7 +59,27 @@ def _rope(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-_EAGER = {"rms_norm": _rms_norm, "rope": _rope}
+def _cross_entropy_chunk(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
+    """One chunk on one TP rank holding the whole vocabulary: (Σ w·CE, d(Σ w·CE)/d logits).
+
+    logits [c, V] (any float dtype; math in ``weights.dtype``), labels [c], weights [c].
+    Compiled, this reads the chunk's logits once and writes their gradient once.
+    """
+    z = logits.to(weights.dtype)
+    lse = torch.logsumexp(z, dim=-1)
+    target = z.gather(1, labels[:, None]).squeeze(1)
+    loss = (weights * (lse - target)).sum()
+    grad = torch.exp(z - lse[:, None]) * weights[:, None]
+    grad = grad.scatter_add(1, labels[:, None], -weights[:, None])
+    return loss, grad.to(logits.dtype)
+
+
+_EAGER = {"rms_norm": _rms_norm, "rope": _rope, "cross_entropy_chunk": _cross_entropy_chunk}
+
+
+def cross_entropy_chunk_fn(config) -> Optional[Callable]:
+    """The compiled single-rank cross-entropy chunk (``None``: the eager vocab-parallel path)."""
+    return _compiled("cross_entropy_chunk") if getattr(config, "fused_cross_entropy", False) else None
 
 
 def rmsnorm_fn(config) -> Optional[Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]:

@@ -25,6 +25,7 @@ from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
                                            gather_from_sequence_parallel_region)
 
 from phf_megatron.convert.live_model import unwrap
+from phf_megatron.models import fused
 
 
 def final_hidden_states(model, input_ids, position_ids, attention_mask=None, **kwargs) -> torch.Tensor:
@@ -54,8 +55,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Σ_i w_i·CE(W h_i, y_i) over a TP-sharded vocabulary; gradients computed in forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, token_weights, tp_group, chunk_tokens):
-        # hidden [N, H], weight [V/tp, H], labels [N] (global ids), token_weights [N] fp32
+    def forward(ctx, hidden, weight, labels, token_weights, tp_group, chunk_tokens, chunk_fn=None):
+        # hidden [N, H], weight [V/tp, H], labels [N] (global ids), token_weights [N] fp32;
+        # chunk_fn: fused single-rank (loss, grad logits) of a chunk (fused._cross_entropy_chunk)
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 math for bf16/fp32, fp64 stays
         v_local = weight.shape[0]
         v_start = dist.get_rank(tp_group) * v_local if tp_group is not None else 0
@@ -65,6 +67,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_tokens):
             h = hidden[start:start + chunk_tokens]
             y, w = labels[start:start + chunk_tokens], token_weights[start:start + chunk_tokens]
+            if chunk_fn is not None and (tp_group is None or dist.get_world_size(tp_group) == 1):
+                loss, g = chunk_fn(h @ weight.t(), y, w.to(acc))
+                total += loss
+                grad_hidden[start:start + chunk_tokens] = g @ weight
+                grad_weight += (g.t() @ h).to(acc)
+                continue
             z = (h @ weight.t()).to(acc)  # [c, V/tp]
             zmax = z.max(dim=-1).values
             _all_reduce(zmax, dist.ReduceOp.MAX, tp_group)
@@ -93,7 +101,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (grad_hidden * grad_total.to(grad_hidden.dtype), (grad_weight * grad_total).to(ctx.weight_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def _all_reduce(t: torch.Tensor, op, group) -> None:
@@ -124,4 +132,5 @@ def lm_cross_entropy(model, hidden: torch.Tensor, labels: torch.Tensor, loss_wei
                          f"and {tuple(loss_weights.shape)}")
     return _ChunkedLinearCrossEntropy.apply(
         hidden.reshape(s * b, h), output_weight(model), labels.t().reshape(-1),
-        loss_weights.t().reshape(-1).to(torch.promote_types(hidden.dtype, torch.float32)), tp_group, chunk_tokens)
+        loss_weights.t().reshape(-1).to(torch.promote_types(hidden.dtype, torch.float32)), tp_group, chunk_tokens,
+        fused.cross_entropy_chunk_fn(inner.config))

@@ -3,6 +3,7 @@
 * the chunked linear cross entropy (``lm_head._ChunkedLinearCrossEntropy``, one TP rank):
   loss and gradients equal ``F.cross_entropy`` on full logits (float64, 1e-12), for chunk sizes that
   do and do not divide the token count;
+  both the vocabulary-parallel path and the fused single-rank chunk (eager here);
 * on a GPU: the inductor-compiled RMSNorm and RoPE equal the eager formulas (fp32 to 1e-5,
   bf16 to one rounding step), forward and backward.
 """
@@ -16,7 +17,8 @@ from phf_megatron.models.lm_head import _ChunkedLinearCrossEntropy
 
 
 @pytest.mark.parametrize("chunk", [3, 7, 64])
-def test_chunked_cross_entropy_equals_full_logits(chunk):
+@pytest.mark.parametrize("chunk_fn", [None, fused._cross_entropy_chunk], ids=["vocab_parallel", "fused_chunk"])
+def test_chunked_cross_entropy_equals_full_logits(chunk, chunk_fn):
     g = torch.Generator().manual_seed(0)
     n, h, v = 13, 16, 40
     hidden = torch.randn(n, h, dtype=torch.float64, generator=g, requires_grad=True)
@@ -26,7 +28,7 @@ def test_chunked_cross_entropy_equals_full_logits(chunk):
     w[4] = 0.0
     ref = (F.cross_entropy(hidden @ weight.t(), labels, reduction="none") * w).sum()
     ref_grads = torch.autograd.grad(3.0 * ref, (hidden, weight))
-    got = _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, w, None, chunk)
+    got = _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, w, None, chunk, chunk_fn)
     got_grads = torch.autograd.grad(3.0 * got, (hidden, weight))
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=0)
     for a, b in zip(got_grads, ref_grads):
@@ -50,3 +52,15 @@ def test_compiled_rmsnorm_and_rope_equal_eager_on_gpu(dtype):
         inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
         for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad)):
             torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.gpu
+def test_compiled_cross_entropy_chunk_equals_eager_on_gpu():
+    fused.set_compile_backend("inductor")
+    logits = torch.randn(96, 1000, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, 1000, (96,), device="cuda")
+    weights = torch.rand(96, device="cuda")
+    want_loss, want_grad = fused._cross_entropy_chunk(logits, labels, weights)
+    got_loss, got_grad = fused._compiled("cross_entropy_chunk")(logits, labels, weights)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1.6e-2, atol=1e-4)
