@@ -25,7 +25,8 @@ TOL = 1e-4
 
 
 def _tool(name, *args):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    path = os.pathsep.join([os.path.abspath(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", name), *args],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
