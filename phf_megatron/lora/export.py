@@ -125,3 +125,26 @@ def export_peft_adapter(model_chunks, out_dir: str, cfg: LoRAConfig, base_model_
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@torch.no_grad()
+def load_full_adapters(model_chunks: Iterable[torch.nn.Module], adapters: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Inverse of ``full_adapters``: copy full ``(A, B)`` tensors into this rank's adapter shards."""
+    for chunk in model_chunks:
+        for layer_idx, module in lora_modules(chunk):
+            column = isinstance(module, LoRAColumnParallelLinear)
+            tp = module.tp_group.size() if module.tp_group is not None else 1
+            k = module.tp_group.rank() if module.tp_group is not None else 0
+            for proj, adapter in module.adapters.items():
+                name = hf_module_name(layer_idx, proj)
+                if name not in adapters:
+                    raise KeyError(f"{name}: no adapter tensors given for this projection")
+                a, b = adapters[name]
+                if column:
+                    b = b.chunk(tp, dim=0)[k]
+                else:
+                    a = a.chunk(tp, dim=1)[k]
+                for dst, src, which in ((adapter.lora_A, a, "lora_A"), (adapter.lora_B, b, "lora_B")):
+                    if dst.shape != src.shape:
+                        raise ValueError(f"{name}.{which}: shard shape {tuple(src.shape)} != {tuple(dst.shape)}")
+                    dst.copy_(src)

@@ -1,11 +1,10 @@
 """Tensor-parallel LoRA layers equal a dense single-process computation (float64)."""
 
-import pytest
 import torch
 
 from phf_megatron.lora.layers import qkv_layout
 
-from ..dist_utils import run_ranks
+from ..models.spawn import megatron_layout, run_ranks
 
 HID, HEADS, GROUPS, D, RANK, ALPHA, S, B = 16, 4, 2, 4, 3, 6.0, 4, 2
 
@@ -28,7 +27,13 @@ def test_qkv_layout_matches_megatron_fused_weight():
     torch.testing.assert_close(qkv_layout(GROUPS)([x @ wq.T, x @ wk.T, x @ wv.T]), fused)
 
 
-def _check_layers(rank, sp):
+def _check_layers(rank, world_size):
+    megatron_layout(2, 1)
+    for sp in (False, True):
+        _check_layers_sp(sp)
+
+
+def _check_layers_sp(sp):
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
@@ -101,6 +106,5 @@ def _check_layers(rank, sp):
     torch.testing.assert_close(lrow.adapters["o_proj"].lora_B.grad, bor.grad)
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
-def test_tensor_parallel_lora_equals_dense(sp):
-    run_ranks(_check_layers, world_size=2, tp=2, args=(sp,))
+def test_tensor_parallel_lora_equals_dense_with_and_without_sp():
+    run_ranks(_check_layers, 2)
