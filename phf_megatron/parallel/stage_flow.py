@@ -41,13 +41,19 @@ def stage_terms(student_rows: torch.Tensor, teacher_rows: torch.Tensor, valid: t
     ``student_rows``/``teacher_rows``: ``[len(stage.captured), B, m, H]``. Returns terms with
     ``[len(stage.own_layers), B]`` local values and ``[len(stage.pairs), B]`` adjacent values.
     """
-    terms = flow_terms(student_rows, teacher_rows, valid, stage.local_plan(), spec.variant, spec.eps, check_inputs=False)
+    plan = stage.local_plan()
+    # A stage may own no pair of a phf plan (e.g. one layer per virtual stage): local terms only.
+    variant = "local" if spec.variant == "phf" and not plan.pairs else spec.variant
+    terms = flow_terms(student_rows, teacher_rows, valid, plan, variant, spec.eps, check_inputs=False)
     skip = 1 if stage.boundary is not None else 0
 
     def own(x):
         return None if x is None else x[skip:]
 
-    return FlowTerms(own(terms.direction), own(terms.geometry), terms.adjacent, own(terms.pointwise), terms.sample_mask)
+    adjacent = terms.adjacent
+    if spec.variant == "phf" and adjacent is None:
+        adjacent = student_rows.new_zeros(0, valid.shape[0], dtype=torch.float32)
+    return FlowTerms(own(terms.direction), own(terms.geometry), adjacent, own(terms.pointwise), terms.sample_mask)
 
 
 @dataclass

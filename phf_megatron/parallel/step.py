@@ -77,7 +77,9 @@ class PhfStep:
         if objective.uses_flow:
             if student_capture is None or teacher_capture is None:
                 raise ValueError("student_capture/teacher_capture: the flow objective needs WindowCapture hooks on both models")
-            self.plan = LayerPlan.build(config.num_layers, objective.flow_variant, objective.flow_layers)
+            plan = LayerPlan.build(config.num_layers, objective.flow_variant, objective.flow_layers)
+            # Only phf has an adjacent term: other variants must not capture boundary layers.
+            self.plan = plan if objective.flow_variant == "phf" else LayerPlan(plan.layers, ())
             self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs))
             self.num_values = 1 + len(self.plan.layers) + len(self.plan.pairs)
             dtype = config.pipeline_dtype or config.params_dtype
@@ -120,9 +122,6 @@ class PhfStep:
             self._stages[key] = StagePlan.build(self.plan, first, stop)
         return self._stages[key]
 
-    def _session(self, stage: StagePlan, window: torch.Tensor, seq_len: int) -> CaptureSession:
-        return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel)
-
     def _seq_local(self, seq_len: int) -> int:
         return seq_len // group_size(self.tp_group) if self.sequence_parallel else seq_len
 
@@ -133,18 +132,10 @@ class PhfStep:
         mb: PhfMicroBatch = next(data_iterator)
         chunk = _unwrap(model)
         tokens = mb.teacher_tokens
-        session = None
-        if self.plan is not None:
-            stage = self._stage(chunk)
-            session = self._session(stage, mb.teacher_window, tokens.shape[1])
-            if not chunk.pre_process:
-                chunk.decoder.input_tensor = self.teacher_capture.capture_input(chunk.decoder.input_tensor, session)
-            self.teacher_capture.activate(session)
-        try:
-            output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
-        finally:
-            if session is not None:
-                self.teacher_capture.activate(None)
+        session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, tokens.shape[1])
+        if session is not None and not chunk.pre_process:
+            chunk.decoder.input_tensor = self.teacher_capture.capture_input(chunk.decoder.input_tensor, session)
+        output = self._forward(model, tokens, self.teacher_capture, session)
         if session is not None:
             mb.teacher_out[session.stage.first] = session.finish()
         if chunk.post_process:
@@ -165,40 +156,53 @@ class PhfStep:
             output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
             return output, partial(self._loss, mb, None, None)
 
-        stage = self._stage(chunk)
-        session = self._session(stage, mb.student_window, tokens.shape[1])
-        share = values = None
+        session = self._begin_capture(chunk, self.student_capture, mb.student_window, tokens.shape[1])
+        b, dev = mb.batch_size, tokens.device
+        share, values = torch.zeros(b, device=dev), torch.zeros(b, self.num_values, device=dev)
         if not chunk.pre_process:
             hidden, stats = split_received(chunk.decoder.input_tensor, self._seq_local(tokens.shape[1]), self.num_stats_rows)
             share, values = unpack_stats(stats, self.num_values)
-            chunk.decoder.input_tensor = self.student_capture.capture_input(hidden, session)
-        self.student_capture.activate(session)
-        try:
-            output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
-        finally:
-            self.student_capture.activate(None)
-        output, share, values = self._add_stage_flow(output, session, mb, share, values)
+            if session is not None:
+                hidden = self.student_capture.capture_input(hidden, session)
+            chunk.decoder.input_tensor = hidden
+        output = self._forward(model, tokens, self.student_capture, session)
+        if session is not None:
+            output, share, values = self._add_stage_flow(output, session, mb, share, values)
         if not chunk.post_process:
             stats_out = pack_stats(share, values, output.shape[-1], output.dtype)
             return torch.cat([output, stats_out], dim=0), _no_loss
         return output, partial(self._loss, mb, share, values)
 
-    def _add_stage_flow(self, output, session, mb, share_in, values_in):
+    def _begin_capture(self, chunk, capture, window, seq_len) -> CaptureSession | None:
+        """A session for the chunk's captured layers (None if the flow is off or it owns no term)."""
+        if self.plan is None:
+            return None
+        stage = self._stage(chunk)
+        if not stage.has_flow:
+            return None
+        return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel)
+
+    @staticmethod
+    def _forward(model, tokens, capture, session):
+        if session is not None:
+            capture.activate(session)
+        try:
+            return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
+        finally:
+            if session is not None:
+                capture.activate(None)
+
+    def _add_stage_flow(self, output, session, mb, share, values):
         """This stage's flow share and per-layer values, added to what earlier stages sent."""
-        stage, b = session.stage, mb.batch_size
-        device = output.device
-        share = share_in if share_in is not None else torch.zeros(b, device=device)
-        values = values_in.clone() if values_in is not None else torch.zeros(b, self.num_values, device=device)
-        if stage.has_flow:
-            teacher_rows = mb.teacher_out[stage.first]
-            output, own = attach_stage_flow(output, session, self.student_capture, teacher_rows,
-                                            mb.window_valid.to(device), self.spec)
-            share = share + own
-            n_layers = len(self.plan.layers)
-            values[:, 0] += own.detach()
-            values[:, [1 + s for s in stage.layer_slots]] += session.values.layer_values.T
-            values[:, [1 + n_layers + s for s in stage.pair_slots]] += session.values.pair_values.T
-        return output, share, values
+        stage = session.stage
+        output, own = attach_stage_flow(output, session, self.student_capture, mb.teacher_out[stage.first],
+                                        mb.window_valid.to(output.device), self.spec)
+        n_layers = len(self.plan.layers)
+        slots = [0] + [1 + s for s in stage.layer_slots] + [1 + n_layers + s for s in stage.pair_slots]
+        own_values = torch.cat([own.detach()[None], session.values.layer_values, session.values.pair_values]).T
+        values = values.clone()
+        values[:, slots] += own_values.to(values.dtype)
+        return output, share + own, values
 
     def _loss(self, mb, share, values, logits):
         return phf_microbatch_loss(logits, mb, share, values, self.objective, self.normalizers, self.conventions,
