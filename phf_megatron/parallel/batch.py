@@ -88,6 +88,7 @@ class PhfMicroBatch:
             b = int(torch.searchsorted(n_s.cumsum(0), torch.tensor(k), right=True))
             raise ValueError(f"teacher_tokens: the rollout tokens of sample {b} differ from the student's")
         self._init_window()
+        self._init_derived()
 
     def _init_window(self) -> None:
         given = [x is not None for x in (self.student_window, self.teacher_window, self.window_valid)]
@@ -119,29 +120,24 @@ class PhfMicroBatch:
     def batch_size(self) -> int:
         return self.student_tokens.shape[0]
 
-    @property
-    def num_tokens(self) -> int:
-        """Rollout tokens scored by OPSD in this micro-batch."""
-        return int(self.student_response.sum())
-
-    @property
-    def flow_sample_mask(self) -> torch.Tensor:
-        """``[B]`` True where the window has ``m_b >= 2`` entries (a sample with fewer contributes 0)."""
-        return self.window_valid.sum(1) >= 2
-
     @staticmethod
     def score_index(response: torch.Tensor) -> torch.Tensor:
         """Flat ``b * T + t`` of the logits predicting each rollout token (``t = pos - 1``), sample-major."""
         b, t = response.nonzero(as_tuple=True)
         return b * response.shape[1] + t - 1
 
-    @property
-    def student_score_index(self) -> torch.Tensor:
-        return self.score_index(self.student_response)
+    def _init_derived(self) -> None:
+        """Index sets and counts, computed once here (host syncs belong to batch building, not the step).
 
-    @property
-    def teacher_score_index(self) -> torch.Tensor:
-        return self.score_index(self.teacher_response)
+        ``student/teacher_score_index [N]``: logits rows scoring the N rollout tokens (OPSD);
+        ``num_tokens``: N; ``flow_sample_mask [B]``: True where the window has ``m_b >= 2``
+        entries (a sample with fewer contributes 0 to the flow); ``num_flow_samples``: its count.
+        """
+        self.student_score_index = self.score_index(self.student_response)
+        self.teacher_score_index = self.score_index(self.teacher_response)
+        self.num_tokens = int(self.student_score_index.numel())
+        self.flow_sample_mask = self.window_valid.sum(1) >= 2
+        self.num_flow_samples = int(self.flow_sample_mask.sum())
 
 
 @dataclass(frozen=True)
@@ -157,8 +153,8 @@ class StepNormalizers:
 def step_normalizers(microbatches: list[PhfMicroBatch], dp_group: dist.ProcessGroup | None) -> StepNormalizers:
     """Sum the counts over this rank's micro-batches and all-reduce them over data parallelism."""
     counts = torch.tensor(
-        [sum(mb.num_tokens for mb in microbatches), sum(int(mb.flow_sample_mask.sum()) for mb in microbatches)],
-        dtype=torch.float64,
+        [sum(mb.num_tokens for mb in microbatches), sum(mb.num_flow_samples for mb in microbatches)],
+        dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu",  # NCCL needs a device tensor
     )
     all_reduce_(counts, dp_group)
     return StepNormalizers(int(counts[0]), int(counts[1]))

@@ -43,11 +43,14 @@ class CaptureSession:
         positions: ``[B, m]`` long, global sequence positions of the window per sample.
         seq_len: the full sequence length of this micro-batch (for the range check).
         tp_group, sequence_parallel: how activations are split over tensor parallelism.
+        check: check the positions' range (one host sync for device tensors; ``PhfMicroBatch``
+            has checked them already).
     """
 
     def __init__(self, stage: StagePlan, positions: torch.Tensor, seq_len: int,
-                 tp_group: dist.ProcessGroup | None, sequence_parallel: bool):
-        check_positions("positions", positions, seq_len)
+                 tp_group: dist.ProcessGroup | None, sequence_parallel: bool, check: bool = True):
+        if check:
+            check_positions("positions", positions, seq_len)
         self.stage = stage
         self.positions = positions
         self.tp_group = tp_group

@@ -180,7 +180,7 @@ class PhfStep:
         stage = self._stage(chunk)
         if not stage.has_flow:
             return None
-        return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel)
+        return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel, check=False)
 
     @staticmethod
     def _forward(model, tokens, capture, session):

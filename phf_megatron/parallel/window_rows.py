@@ -56,9 +56,15 @@ def local_window_rows(hidden: torch.Tensor, positions: torch.Tensor, start: int)
 
 
 def add_window_grad(grad_hidden: torch.Tensor, grad_rows: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
-    """``grad_hidden`` plus ``grad_rows`` scattered to the owned window rows (out of place)."""
+    """``grad_hidden`` plus ``grad_rows`` scattered to the owned window rows (out of place).
+
+    Rows another rank owns add zero at a clamped index instead of being filtered out: no
+    boolean indexing, so no device-to-host synchronisation in the backward.
+    """
     local, owned, batch = _local_index(positions, start, grad_hidden.shape[0])
-    return grad_hidden.index_put((local[owned], batch[owned]), grad_rows[owned].to(grad_hidden.dtype), accumulate=True)
+    values = torch.where(owned[..., None], grad_rows.to(grad_hidden.dtype), torch.zeros((), dtype=grad_hidden.dtype,
+                                                                                       device=grad_hidden.device))
+    return grad_hidden.index_put((local, batch), values, accumulate=True)
 
 
 class _GatherWindowRows(torch.autograd.Function):
