@@ -85,6 +85,11 @@ class HFCheckpoint:
                     want = expected.get(name, (self.arch.vocab_size, self.arch.hidden_size))
                     if shape != want:
                         raise ValueError(f"{file}: {name} has shape {shape}, config.json implies {want}")
+        if "lm_head.weight" in self.weight_map and self.arch.tie_word_embeddings:
+            # A tied checkpoint may store the head too, but then it must be the embedding.
+            if not torch.equal(self.get("lm_head.weight"), self.get("model.embed_tokens.weight")):
+                raise ValueError("hf-dir: config.json says tie_word_embeddings=true but lm_head.weight "
+                                 "differs from model.embed_tokens.weight (an untied model?)")
 
     def get(self, name: str) -> torch.Tensor:
         """One tensor, read from its shard."""

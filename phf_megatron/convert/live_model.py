@@ -58,8 +58,13 @@ def _named_weights(model) -> Iterator[tuple[str, torch.nn.Parameter]]:
 
 
 def load_hf_weights(model, get_hf: Callable[[str], torch.Tensor], arch: Qwen3Arch,
-                    tp_group: Optional[dist.ProcessGroup] = None) -> None:
-    """Copy HF weights into this rank's shard of ``model`` (one Megatron tensor at a time)."""
+                    tp_group: Optional[dist.ProcessGroup] = None,
+                    on_tensor: Optional[Callable[[str], None]] = None) -> None:
+    """Copy HF weights into this rank's shard of ``model`` (one Megatron tensor at a time).
+
+    ``get_hf(hf_name)`` returns a full HF tensor (``HFCheckpoint.get`` or ``state_dict.__getitem__``);
+    ``on_tensor(name)`` is called after each parameter (progress bars).
+    """
     tp_rank, tp_size = _tp_rank_size(tp_group)
     with torch.no_grad():
         for name, param in _named_weights(model):
@@ -74,33 +79,39 @@ def load_hf_weights(model, get_hf: Callable[[str], torch.Tensor], arch: Qwen3Arc
                 raise ValueError(f"{full_name}: HF gives shard shape {tuple(shard.shape)}, "
                                  f"model parameter has {tuple(param.shape)}")
             param.copy_(shard)
+            if on_tensor is not None:
+                on_tensor(name)
 
 
 def iter_hf_weights(model, arch: Qwen3Arch, *, tp_group: Optional[dist.ProcessGroup] = None,
                     pp_group: Optional[dist.ProcessGroup] = None,
-                    dtype: Optional[torch.dtype] = None) -> Iterator[tuple[str, torch.Tensor]]:
+                    dtype: Optional[torch.dtype] = None,
+                    select: Optional[Callable[[torch.nn.Parameter], torch.Tensor]] = None,
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` for the model (see the module docstring for who yields what).
 
     ``tp_group`` defaults to Megatron's TP group. ``dtype`` casts the yielded tensors.
+    ``select(param)`` picks what to export of each parameter: the weight by default, or e.g.
+    ``lambda p: p.main_grad`` to read gradients in HF names and layouts.
     """
     if tp_group is None:
         from megatron.core import parallel_state
 
         tp_group = parallel_state.get_tensor_model_parallel_group()
-    local = _iter_stage(model, arch, tp_group, dtype)
+    local = _iter_stage(model, arch, tp_group, dtype, select)
     if pp_group is None or dist.get_world_size(pp_group) == 1:
         yield from local
         return
     yield from _broadcast_stages(model, arch, local, pp_group, dtype)
 
 
-def _iter_stage(model, arch, tp_group, dtype):
+def _iter_stage(model, arch, tp_group, dtype, select):
     tp_size = dist.get_world_size(tp_group)
     for name, param in _named_weights(model):
         full_name = global_name(model, name)
         if full_name == "output_layer.weight" and arch.tie_word_embeddings:
             continue  # the last stage's copy of the tied embedding
-        shard = param.detach()
+        shard = (param if select is None else select(param)).detach()
         if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
             shards = [torch.empty_like(shard) for _ in range(tp_size)]
             dist.all_gather(shards, shard.contiguous(), group=tp_group)

@@ -14,8 +14,9 @@ Masks:
 * an explicit ``attention_mask`` uses Megatron's convention: a bool tensor broadcastable to
   [b, np, sq, sk] with True = *masked out*; it replaces the causal mask (so it must include
   causality). A row with every key masked gives NaN.
-* ``packed_seq_params`` (qkv_format 'thd', tokens of several sequences packed along s with
-  b = 1): block-diagonal causal attention from ``cu_seqlens_q``.
+* ``packed_seq_params`` (qkv_format 'thd': tokens of several sequences packed along s with
+  b = 1; Megatron passes [t, n, d] tensors): block-diagonal causal attention from
+  ``cu_seqlens_q``; output [t, 1, n·d].
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class SDPACoreAttention(MegatronModule):
                 attention_bias: Optional[torch.Tensor] = None, packed_seq_params=None) -> torch.Tensor:
         if attention_bias is not None:
             raise ValueError("attention_bias: not supported by SDPACoreAttention")
+        if query.dim() == 3:  # packed 'thd': Megatron squeezes the batch dim -> [t, n, d]
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         sq, b, heads, d = query.shape
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         is_causal = False

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from phf_megatron.convert.qwen3_arch import Qwen3Arch, arch_of
+from phf_megatron.models.fused import register_rope_kernels
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -32,8 +33,13 @@ class Qwen3TransformerConfig(TransformerConfig):
     fused_rmsnorm: bool = False
     """RMSNorm through a compiled kernel (``models/fused.py``); eager math when False."""
 
-    fused_rope: bool = False
-    """RoPE through a compiled kernel instead of Megatron's eager ``apply_rotary_pos_emb``."""
+    fused_cross_entropy: bool = False
+    """Compiled per-chunk cross entropy in ``lm_head.lm_cross_entropy`` (TP = 1 only; eager
+    vocabulary-parallel math otherwise)."""
+
+    compile_layers: bool = False
+    """``torch.compile`` every decoder layer (fuses the residual adds, norms, RoPE and SwiGLU
+    with the surrounding element-wise work); applied by ``build_qwen3_model``."""
 
 
 def as_dtype(dtype: Any) -> torch.dtype:
@@ -55,8 +61,9 @@ def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bo
             vocabulary; layers).
         sp: sequence parallelism (needs ``tp > 1``).
         dtype: parameter dtype (``torch.float32`` / ``bfloat16`` / ``float16`` or 'fp32'/'bf16').
-        fused: turn on every fast path (fused RMSNorm, RoPE, SwiGLU); numerics stay within
-            dtype rounding of the eager path.
+        fused: turn on the fused kernels: compiled RMSNorm and RoPE (``models/fused.py``, the
+            RoPE through Megatron's own ``apply_rope_fusion`` dispatch) and Megatron's compiled
+            SwiGLU (``bias_activation_fusion``); numerics stay within dtype rounding of eager.
         overrides: any other ``TransformerConfig`` field (e.g. ``recompute_granularity``).
     """
     arch: Qwen3Arch = arch_of(hf_config)
@@ -65,6 +72,8 @@ def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bo
     if sp and tp == 1:
         raise ValueError("sp: sequence parallelism needs tp > 1")
     dtype = as_dtype(dtype)
+    if fused or overrides.get("apply_rope_fusion"):
+        register_rope_kernels()  # before the config: its __post_init__ checks they exist
     on_gpu = torch.cuda.is_available()
     fields: dict[str, Any] = dict(
         num_layers=arch.num_hidden_layers,
@@ -92,8 +101,9 @@ def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bo
         sequence_parallel=sp,
         use_cpu_initialization=not on_gpu,
         bias_activation_fusion=fused,  # Megatron's compiled bias-SwiGLU (no TE/apex needed)
+        apply_rope_fusion=fused,
         fused_rmsnorm=fused,
-        fused_rope=fused,
+        fused_cross_entropy=fused,
     )
     fields.update(overrides)
     return Qwen3TransformerConfig(**fields)

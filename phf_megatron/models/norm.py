@@ -36,7 +36,8 @@ class RMSNorm(MegatronModule):
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **unused):
         super().__init__(config=config)
         self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
         # Read by Megatron's finalize_model_grads: all-reduce this grad over TP under SP.
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
         self._fused = fused.rmsnorm_fn(config)

@@ -23,7 +23,6 @@ from megatron.core.models.gpt import GPTModel
 
 from phf_megatron.convert.qwen3_arch import Qwen3Arch, arch_of
 from phf_megatron.models.config import qwen3_transformer_config
-from phf_megatron.models.rope import install_fused_rope
 from phf_megatron.models.spec import qwen3_block_spec
 
 
@@ -41,7 +40,8 @@ def build_qwen3_model(hf_config: Any, *, sp: bool = False, dtype: Any = torch.bf
     Args:
         hf_config: transformers ``Qwen3Config``, ``config.json`` dict/path, or ``Qwen3Arch``.
         sp: sequence parallelism (activations split along the sequence over TP).
-        dtype: parameter dtype. ``fused``: compiled RMSNorm/RoPE/SwiGLU fast paths.
+        dtype: parameter dtype. ``fused``: compiled RMSNorm/RoPE/SwiGLU fast paths
+            (``compile_layers=True`` in the overrides compiles whole decoder layers).
         backend: 'auto' (TE if importable, else local + SDPA), 'te' or 'local'.
         parallel_output: keep logits vocab-sharded over TP ([b, s, V/tp]); False gathers them.
         config: a ready ``Qwen3TransformerConfig`` (then sp/dtype/fused/overrides are ignored).
@@ -79,10 +79,27 @@ def build_qwen3_model(hf_config: Any, *, sp: bool = False, dtype: Any = torch.bf
         rotary_base=arch.rope_theta,
         vp_stage=vp_stage,
     )
-    if getattr(config, "fused_rope", False):
-        install_fused_rope(model)
+    if getattr(config, "compile_layers", False):
+        compile_decoder_layers(model)
     model.qwen3_arch = arch  # converters and weight sync read the shapes from here
     return model
+
+
+def compile_decoder_layers(model) -> None:
+    """``torch.compile`` each ``TransformerLayer`` of this stage (they share one graph: the
+    layers differ only in their parameters, which dynamo treats as inputs)."""
+    import torch._dynamo
+
+    layers = model.decoder.layers
+    limit = max(64, 8 * len(layers))
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
+    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
+        torch._dynamo.config.accumulated_cache_size_limit = max(
+            torch._dynamo.config.accumulated_cache_size_limit, 4 * limit)
+    from phf_megatron.models import fused
+
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend=fused.compile_backend(), dynamic=None)
 
 
 def _quiet_gpt_deprecation() -> None:
