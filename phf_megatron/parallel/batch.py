@@ -85,7 +85,7 @@ class PhfMicroBatch:
         y_s, y_t = self.student_tokens[self.student_response], self.teacher_tokens[self.teacher_response]
         if not torch.equal(y_s, y_t):
             k = int((y_s != y_t).nonzero()[0])
-            b = int(torch.searchsorted(n_s.cumsum(0), torch.tensor(k), right=True))
+            b = int(torch.searchsorted(n_s.cumsum(0), torch.tensor(k, device=n_s.device), right=True))
             raise ValueError(f"teacher_tokens: the rollout tokens of sample {b} differ from the student's")
         self._init_window()
         self._init_derived()

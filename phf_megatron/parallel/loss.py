@@ -79,7 +79,7 @@ def phf_microbatch_loss(
         loss_sum = opsd_sum
     logs = _logs(opsd_sum, flow_sum, mb, mask, flow_values)
     if conventions.per_token_loss:
-        return loss_sum, torch.tensor(mb.num_tokens, dtype=torch.int, device=logits.device), logs
+        return loss_sum, torch.full((), mb.num_tokens, dtype=torch.int, device=logits.device), logs
     return loss_sum / n_tok * (conventions.num_microbatches * conventions.dp_size), logs
 
 
@@ -87,7 +87,7 @@ def _logs(opsd_sum, flow_sum, mb, mask, flow_values) -> dict[str, torch.Tensor]:
     dev = opsd_sum.device
     logs = {
         "opsd_sum": opsd_sum.detach().double().reshape(1),
-        "num_tokens": torch.tensor([mb.num_tokens], dtype=torch.float64, device=dev),
+        "num_tokens": torch.full((1,), mb.num_tokens, dtype=torch.float64, device=dev),  # no host-to-device copy
         "flow_sum": flow_sum.detach().double().reshape(1),
         "flow_samples": mask.sum().double().reshape(1),
     }

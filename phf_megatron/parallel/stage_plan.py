@@ -27,7 +27,8 @@ class StagePlan:
     ``captured`` lists the global layers whose window rows the stage keeps, in order: the
     boundary layer (if a pair crosses into the stage) then the stage's own plan layers.
     ``layer_slots``/``pair_slots`` are the positions of the owned layers/pairs in the global
-    plan (where their values go in the per-layer logs).
+    plan (where their values go in the per-layer logs): contiguous runs, since a stage holds
+    contiguous layers and the plan is sorted.
     """
 
     first: int

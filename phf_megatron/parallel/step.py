@@ -197,11 +197,14 @@ class PhfStep:
         stage = session.stage
         output, own = attach_stage_flow(output, session, self.student_capture, mb.teacher_out[stage.first],
                                         mb.window_valid.to(output.device), self.spec)
-        n_layers = len(self.plan.layers)
-        slots = [0] + [1 + s for s in stage.layer_slots] + [1 + n_layers + s for s in stage.pair_slots]
-        own_values = torch.cat([own.detach()[None], session.values.layer_values, session.values.pair_values]).T
+        # The stage's layers and pairs are contiguous runs of the plan's: slices, no index tensors.
+        layer_at = 1 + stage.layer_slots[0]
         values = values.clone()
-        values[:, slots] += own_values.to(values.dtype)
+        values[:, 0] += own.detach()
+        values[:, layer_at: layer_at + len(stage.layer_slots)] += session.values.layer_values.T
+        if stage.pair_slots:
+            pair_at = 1 + len(self.plan.layers) + stage.pair_slots[0]
+            values[:, pair_at: pair_at + len(stage.pair_slots)] += session.values.pair_values.T
         return output, share + own, values
 
     def _loss(self, mb, share, values, logits):
