@@ -5,9 +5,8 @@ One PHF step on Megatron-Core (any TP/SP/PP/VPP/DP layout, micro-batches, recomp
     step = PhfStep(objective, model_config, tp_group=..., dp_group=..., student_capture=WindowCapture(student),
                    teacher_capture=WindowCapture(teacher))
     step.prepare(microbatches)                           # global counts: one all-reduce over DP
-    with torch.no_grad():                                # teacher: captures + logit rows, no autograd
-        fb(forward_step_func=step.teacher_forward_step, data_iterator=iter(microbatches), model=teacher,
-           num_microbatches=n, seq_length=Tt, micro_batch_size=b, forward_only=True)
+    fb(forward_step_func=step.teacher_forward_step, data_iterator=iter(microbatches), model=teacher,
+       num_microbatches=n, seq_length=Tt, micro_batch_size=b, forward_only=True)  # no autograd inside
     logs = fb(forward_step_func=step.student_forward_step, data_iterator=iter(microbatches), model=student,
               num_microbatches=n, seq_length=step.student_seq_length(Ts), micro_batch_size=b)
     metrics = step.reduce_logs(logs)                     # last stage: loss, opsd, flow, per-layer flow
@@ -127,8 +126,9 @@ class PhfStep:
 
     # ------------------------------------------------------------------ teacher pass
 
+    @torch.no_grad()
     def teacher_forward_step(self, data_iterator, model):
-        """Teacher forward (call under ``torch.no_grad()``): keeps window rows and scored logit rows."""
+        """Teacher forward without autograd: keeps the window rows and the scored logit rows."""
         mb: PhfMicroBatch = next(data_iterator)
         chunk = _unwrap(model)
         tokens = mb.teacher_tokens

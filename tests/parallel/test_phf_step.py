@@ -5,10 +5,11 @@ Reference: Foundation's ``opsd_loss + alpha * hidden_flow_loss`` on HF transform
 ``PhfStep`` driving Megatron's own schedules on the converted model (float32, gloo, CPU):
 
 * TP=2 with sequence parallelism, 2 micro-batches, per-token loss convention;
-* PP=2 with tied embeddings, full recomputation, 2 micro-batches, the (loss, logs) convention;
+* PP=2 with tied embeddings, full recomputation, 2 micro-batches, the (loss, logs) convention,
+  Megatron's deallocation of sent pipeline outputs;
 * interleaved PP=2 x VPP=2 (one layer per virtual stage), 4 micro-batches;
 * DP=2 under both loss conventions;
-* TP=2 x PP=2 (4 ranks) with SP and recomputation;
+* TP=2 x PP=2 (4 ranks) with SP and recomputation; TP=2 x DP=2 without SP, tied embeddings;
 
 each for the variants phf, local, direction, geometry and selected layers (1, 2), which cross
 the pipeline boundary. Compared: the loss and its parts, the per-layer flow values, and the
@@ -33,13 +34,18 @@ from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VARIANTS, VOCAB, run_layouts
 ALL = list(VARIANTS)
 TWO_RANKS = [
     ("tp2_sp", Layout(tp=2, sp=True, num_micro=2), "gqa", ALL),
-    ("pp2_tied_recompute", Layout(pp=2, num_micro=2, recompute=True, per_token_loss=False), "tied", ALL),
+    ("pp2_tied_recompute", Layout(pp=2, num_micro=2, recompute=True, per_token_loss=False,
+                                  overrides={"deallocate_pipeline_outputs": True}), "tied", ALL),
     ("pp2_vpp2", Layout(pp=2, vpp=2, num_micro=4, overrides={"batch_p2p_comm": False}), "gqa", ["phf", "selected"]),
     ("dp2", Layout(num_micro=2), "gqa", ALL),
     ("dp2_legacy_loss", Layout(num_micro=2, per_token_loss=False), "gqa", ["phf", "selected"]),
 ]
-FOUR_RANKS = [("tp2_pp2_sp_recompute", Layout(tp=2, pp=2, sp=True, num_micro=2, recompute=True), "gqa", ALL)]
+FOUR_RANKS = [
+    ("tp2_pp2_sp_recompute", Layout(tp=2, pp=2, sp=True, num_micro=2, recompute=True), "gqa", ALL),
+    ("tp2_dp2_no_sp", Layout(tp=2, num_micro=2), "tied", ["phf", "selected"]),
+]
 MODEL_OF = {name: model for name, _, model, _ in TWO_RANKS + FOUR_RANKS}
+FOUR = {name for name, *_ in FOUR_RANKS}
 CASES = [(name, v) for name, _, _, variants in TWO_RANKS + FOUR_RANKS for v in variants]
 REL_TOL = 1e-5
 
@@ -79,7 +85,7 @@ def _reference(model_name, variant):
 
 @pytest.mark.parametrize("layout,variant", CASES)
 def test_loss_and_gradients_equal_the_reference(layout, variant, request):
-    results = request.getfixturevalue("four_rank_results" if layout.startswith("tp2_pp2") else "two_rank_results")
+    results = request.getfixturevalue("four_rank_results" if layout in FOUR else "two_rank_results")
     got, ref = results[(layout, variant)], _reference(MODEL_OF[layout], variant)
     metrics = got["metrics"]
     for key in ("loss", "opsd", "flow"):
@@ -107,7 +113,7 @@ def _expected_captured(first, stop, variant):
 @pytest.mark.parametrize("layout,variant", CASES)
 def test_teacher_capture_holds_only_the_window_rows_of_its_layers(layout, variant, request):
     """Exactly ``L_stage * B * m * H`` elements per stage (L_stage: its captured layers)."""
-    results = request.getfixturevalue("four_rank_results" if layout.startswith("tp2_pp2") else "two_rank_results")
+    results = request.getfixturevalue("four_rank_results" if layout in FOUR else "two_rank_results")
     got = results[(layout, variant)]
     hidden = 64
     for (first, stop), shapes in got["capture_shapes"].items():
