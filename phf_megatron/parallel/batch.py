@@ -116,6 +116,13 @@ class PhfMicroBatch:
                 f"(student ordinal {int(o_s[b, i])}, teacher ordinal {int(o_t[b, i])})"
             )
 
+    def to(self, device) -> "PhfMicroBatch":
+        """The same micro-batch with every tensor on ``device`` (validated again; no teacher outputs)."""
+        moved = {k: getattr(self, k).to(device) for k in ("student_tokens", "teacher_tokens", "student_response",
+                                                          "teacher_response", "student_window", "teacher_window",
+                                                          "window_valid")}
+        return PhfMicroBatch(window_budget=self.window_budget, **moved)
+
     @property
     def batch_size(self) -> int:
         return self.student_tokens.shape[0]

@@ -83,3 +83,10 @@ def test_partial_window_arguments_raise():
     st, tt, sr, tr = _pair()
     with pytest.raises(ValueError, match="give all three or none"):
         PhfMicroBatch(st, tt, sr, tr, student_window=torch.tensor([[3, 4]]))
+
+
+def test_to_device_keeps_the_window_and_indices():
+    mb = microbatches(256)[0]
+    moved = mb.to("cpu")
+    assert torch.equal(moved.student_window, mb.student_window) and torch.equal(moved.teacher_window, mb.teacher_window)
+    assert torch.equal(moved.student_score_index, mb.student_score_index) and moved.num_tokens == mb.num_tokens
