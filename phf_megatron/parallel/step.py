@@ -152,6 +152,8 @@ class PhfStep:
             raise RuntimeError("PhfStep.prepare(microbatches) must run before the student pass")
         chunk = _unwrap(model)
         tokens = mb.student_tokens
+        if chunk.post_process and "logits" not in mb.teacher_out:
+            raise RuntimeError("teacher logits: missing for this micro-batch; run the teacher pass first")
         if self.plan is None:
             output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
             return output, partial(self._loss, mb, None, None)
@@ -195,6 +197,11 @@ class PhfStep:
     def _add_stage_flow(self, output, session, mb, share, values):
         """This stage's flow share and per-layer values, added to what earlier stages sent."""
         stage = session.stage
+        if stage.first not in mb.teacher_out:
+            raise RuntimeError(
+                f"teacher capture: no window rows for layers [{stage.first}, {stage.stop}) of this micro-batch; run the "
+                "teacher pass (teacher_forward_step) over the same micro-batch objects, with the same pipeline layout"
+            )
         output, own = attach_stage_flow(output, session, self.student_capture, mb.teacher_out[stage.first],
                                         mb.window_valid.to(output.device), self.spec)
         # The stage's layers and pairs are contiguous runs of the plan's: slices, no index tensors.

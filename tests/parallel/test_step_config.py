@@ -45,3 +45,12 @@ def test_plan_and_stats_rows_follow_the_objective():
     assert opsd.plan is None and opsd.student_seq_length(16) == 16
     norm = phf.prepare(microbatches(256, num_micro=2))
     assert (norm.num_tokens, phf.conventions.num_microbatches, phf.conventions.dp_size) == (46, 2, 1)
+
+
+def test_student_pass_without_the_teacher_pass_is_refused():
+    step = PhfStep(ObjectiveConfig(flow_variant="none"), _config(), tp_group=None, dp_group=None)
+    mbs = microbatches(256)
+    step.prepare(mbs)
+    last_stage = SimpleNamespace(pre_process=True, post_process=True)
+    with pytest.raises(RuntimeError, match="teacher logits: missing"):
+        step.student_forward_step(iter(mbs), model=last_stage)
