@@ -12,6 +12,7 @@
 set -uo pipefail
 OUT=${1:?usage: bash benchmarks/gpu_model_check.sh OUTDIR}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 LOG="$OUT/run.log"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

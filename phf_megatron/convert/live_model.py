@@ -12,6 +12,9 @@ since TP ranks of one stage hold the same parameter names). Without ``pp_group``
 only its own stage's tensors; with it, every rank of ``pp_group`` yields the whole model, each
 tensor broadcast from the stage that owns it, stage by stage (all PP ranks must iterate).
 With tied embeddings the head is the embedding, yielded once as ``model.embed_tokens.weight``.
+Yielded tensors may alias parameters (unsplit, unsharded ones): copy before modifying them.
+Parameters outside the Qwen3 map (e.g. LoRA adapters) raise ``KeyError`` naming them: merge
+adapters into the base weights before iterating.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ _COMPILED: dict[str, Callable] = {}
 
 
 def _compiled(name: str) -> Callable:
-    if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(_EAGER[name], backend=_backend, dynamic=None)
+    if not _COMPILED:  # all at once: the dict never changes under a compiled caller (no recompiles)
+        _COMPILED.update({n: torch.compile(f, backend=_backend, dynamic=None) for n, f in _EAGER.items()})
     return _COMPILED[name]
 
 

@@ -22,6 +22,8 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from phf_megatron.convert.qwen3_arch import Qwen3Arch, arch_of
+from phf_megatron.models import fused as fused_kernels
+from phf_megatron.models.compile import compile_decoder_layers
 from phf_megatron.models.config import qwen3_transformer_config
 from phf_megatron.models.spec import qwen3_block_spec
 
@@ -80,26 +82,9 @@ def build_qwen3_model(hf_config: Any, *, sp: bool = False, dtype: Any = torch.bf
         vp_stage=vp_stage,
     )
     if getattr(config, "compile_layers", False):
-        compile_decoder_layers(model)
+        compile_decoder_layers(model, backend=fused_kernels.compile_backend())
     model.qwen3_arch = arch  # converters and weight sync read the shapes from here
     return model
-
-
-def compile_decoder_layers(model) -> None:
-    """``torch.compile`` each ``TransformerLayer`` of this stage (they share one graph: the
-    layers differ only in their parameters, which dynamo treats as inputs)."""
-    import torch._dynamo
-
-    layers = model.decoder.layers
-    limit = max(64, 8 * len(layers))
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, limit)
-    if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-        torch._dynamo.config.accumulated_cache_size_limit = max(
-            torch._dynamo.config.accumulated_cache_size_limit, 4 * limit)
-    from phf_megatron.models import fused
-
-    for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=fused.compile_backend(), dynamic=None)
 
 
 def _quiet_gpt_deprecation() -> None:

@@ -1,13 +1,14 @@
 """Checkpoint conversions: HF -> Megatron dist checkpoint -> HF, and resharding on load.
 
-* the command-line tools round-trip a HF checkpoint bit-exactly (fp32 GQA model, and a bf16
-  tied model through the library functions), and the result loads in transformers with the
-  source tokenizer;
+* the command-line tools round-trip a HF checkpoint bit-exactly (fp32 GQA model), and the
+  result loads in transformers with the source tokenizer; so do the library conversions
+  launched on 2 ranks (bf16 tied model, saved from TP=2, exported from PP=2);
 * a dist checkpoint written from TP=2 loads at TP=1 and at PP=2, and the tools' unsharded
   checkpoint loads at TP=2 with SP and at PP=2, all with HF's logits (fp32, <= 1e-4).
 """
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,8 @@ TOL = 1e-4
 
 
 def _tool(name, *args):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    path = os.pathsep.join([os.path.abspath(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", name), *args],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,17 +68,20 @@ def test_cli_round_trip_is_bit_exact_and_loads_in_transformers(gqa, tmp_path):
     assert AutoTokenizer.from_pretrained(out)("Hello world")["input_ids"] == [9707, 1879]
 
 
-def _bf16_round_trip(rank, world_size, hf_dir, mcore_dir, out_dir):
+def _sharded_round_trip(rank, world_size, hf_dir, mcore_dir, out_dir):
     from phf_megatron.convert.checkpoints import convert_hf_to_mcore, convert_mcore_to_hf
 
-    convert_hf_to_mcore(hf_dir, mcore_dir, progress=False)
-    convert_mcore_to_hf(mcore_dir, out_dir, progress=False)
+    convert_hf_to_mcore(hf_dir, mcore_dir, tp=2, progress=False)  # saved from a TP=2 model
+    convert_mcore_to_hf(mcore_dir, out_dir, pp=2, progress=False)  # loaded at PP=2, gathered
 
 
-def test_bf16_tied_round_trip_is_bit_exact(tmp_path):
+def test_bf16_tied_round_trip_through_sharded_launches_is_bit_exact(tmp_path):
+    """The library conversions as a 2-rank launch (torchrun-style): save at TP=2, export at PP=2."""
     hf_dir = save_tiny_hf(tiny_hf_model("tied", dtype=torch.bfloat16), str(tmp_path / "hf"))
     out = str(tmp_path / "back")
-    run_ranks(_bf16_round_trip, 1, hf_dir, str(tmp_path / "mcore"), out)
+    run_ranks(_sharded_round_trip, 2, hf_dir, str(tmp_path / "mcore"), out)
+    with open(os.path.join(tmp_path, "mcore", "phf_megatron.json")) as f:
+        assert json.load(f)["saved_layout"] == {"tp": 2, "pp": 1}
     src, back = _safetensors(hf_dir), _safetensors(out)
     assert src.keys() == back.keys() and "lm_head.weight" not in back
     assert all(back[k].dtype == torch.bfloat16 and torch.equal(src[k], back[k]) for k in src)
