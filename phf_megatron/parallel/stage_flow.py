@@ -1,9 +1,12 @@
 """One pipeline stage's share of the flow loss, computed from its captured window rows.
 
-The Foundation's ``flow_terms`` evaluates the equations on the stage's captured stack (the
-boundary layer, then the stage's own layers); the boundary layer's local terms belong to the
-previous stage and are dropped here. ``per_sample_flow`` with the *global* layer and pair counts
-makes the stages' shares add up to Eq. (L_flow) per sample.
+The stage evaluates the Foundation's equations (``objectives.flow``: transitions, unit
+directions, L_dir, L_geo, the adjacent term, L_mse) on its captured stack: the boundary layer
+(the input it received, when a pair crosses into the stage), then its own layers. The boundary
+layer only feeds the crossing pair; its local terms belong to the previous stage.
+``per_sample_flow`` with the *global* layer and pair counts makes the stages' shares add up to
+Eq. (L_flow) per sample. (This is ``objectives.flow.flow_terms`` restricted to the stage, with
+layer selection by slices: no index tensors built per step, no host synchronisation.)
 
 ``attach_stage_flow`` puts the share into the autograd graph behind a node placed on the
 stage's output tensor: its backward runs before any layer's backward of the stage (every layer
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..objectives.flow import FlowTerms, flow_terms, layer_values, per_sample_flow
+from ..objectives.flow import (FlowTerms, adjacent_layer_loss, direction_loss, geometry_loss, layer_values,
+                               per_sample_flow, pointwise_mse_loss, transitions, unit_directions)
 from .capture import CaptureSession, WindowCapture
 from .stage_plan import StagePlan
 
@@ -38,22 +42,29 @@ def stage_terms(student_rows: torch.Tensor, teacher_rows: torch.Tensor, valid: t
                 stage: StagePlan, spec: FlowSpec) -> FlowTerms:
     """The flow terms the stage owns: local terms of its own layers, the pairs it owns.
 
-    ``student_rows``/``teacher_rows``: ``[len(stage.captured), B, m, H]``. Returns terms with
+    ``student_rows``/``teacher_rows``: ``[len(stage.captured), B, m, H]``; ``valid [B, m]`` a
+    True prefix per sample (checked when the micro-batch was built). Returns terms with
     ``[len(stage.own_layers), B]`` local values and ``[len(stage.pairs), B]`` adjacent values.
     """
-    plan = stage.local_plan()
-    # A stage may own no pair of a phf plan (e.g. one layer per virtual stage): local terms only.
-    variant = "local" if spec.variant == "phf" and not plan.pairs else spec.variant
-    terms = flow_terms(student_rows, teacher_rows, valid, plan, variant, spec.eps, check_inputs=False)
-    skip = 1 if stage.boundary is not None else 0
-
-    def own(x):
-        return None if x is None else x[skip:]
-
-    adjacent = terms.adjacent
-    if spec.variant == "phf" and adjacent is None:
-        adjacent = student_rows.new_zeros(0, valid.shape[0], dtype=torch.float32)
-    return FlowTerms(own(terms.direction), own(terms.geometry), adjacent, own(terms.pointwise), terms.sample_mask)
+    dtype = torch.float32 if student_rows.dtype in (torch.float16, torch.bfloat16) else student_rows.dtype
+    h_s, h_t = student_rows.to(dtype), teacher_rows.detach().to(dtype)
+    own = slice(1 if stage.boundary is not None else 0, None)
+    sample_mask = valid.sum(-1) >= 2
+    if spec.variant == "pointwise_mse":
+        return FlowTerms(None, None, None, pointwise_mse_loss(h_s[own], h_t[own], valid, spec.eps), sample_mask)
+    delta_s, transition_valid = transitions(h_s, valid)
+    delta_t, _ = transitions(h_t, valid)
+    d_s = unit_directions(delta_s, transition_valid, spec.eps)
+    d_t = unit_directions(delta_t, transition_valid, spec.eps)
+    direction = direction_loss(d_s[own], d_t[own], transition_valid) if spec.variant != "geometry" else None
+    geometry = geometry_loss(d_s[own], d_t[own], transition_valid) if spec.variant != "direction" else None
+    adjacent = None
+    if spec.variant == "phf":
+        adjacent = torch.cat([
+            adjacent_layer_loss(d_s[a:b], d_s[a + 1:b + 1], d_t[a:b], d_t[a + 1:b + 1], transition_valid)
+            for a, b in stage.pair_runs()
+        ] + [d_s.new_zeros(0, valid.shape[0])])
+    return FlowTerms(direction, geometry, adjacent, None, sample_mask)
 
 
 @dataclass

@@ -64,7 +64,18 @@ class StagePlan:
     def has_flow(self) -> bool:
         return bool(self.own_layers)
 
-    def local_plan(self) -> LayerPlan:
-        """The plan in the coordinates of the captured stack (index k = ``captured[k]``)."""
+    def pair_runs(self) -> list[tuple[int, int]]:
+        """The owned pairs as runs ``[a, b)`` of lower indices into the captured stack.
+
+        Pair ``(captured[k], captured[k+1])`` for every k in a run (a pair's layers are
+        neighbours in the stack); all-layer plans give one run, selections with gaps several.
+        """
         index = {layer: k for k, layer in enumerate(self.captured)}
-        return LayerPlan(tuple(range(len(self.captured))), tuple((index[a], index[b]) for a, b in self.pairs))
+        runs: list[tuple[int, int]] = []
+        for lower, _ in self.pairs:
+            k = index[lower]
+            if runs and runs[-1][1] == k:
+                runs[-1] = (runs[-1][0], k + 1)
+            else:
+                runs.append((k, k + 1))
+        return runs

@@ -61,6 +61,9 @@ def test_boundary_layer_is_captured_only_when_a_pair_crosses():
     assert s2.boundary is None and s2.captured == (4,)
     assert (s1.layer_slots, s1.pair_slots, s2.layer_slots) == ((1,), (0,), (2,))
     assert not StagePlan.build(LayerPlan.build(L, "local", (4,)), 0, 3).has_flow
+    gaps = StagePlan.build(LayerPlan.build(L, "phf", (0, 1, 3, 4, 5)), 0, 6)
+    assert gaps.captured == (0, 1, 3, 4, 5) and gaps.pair_runs() == [(0, 1), (2, 4)]
+    assert s1.pair_runs() == [(0, 1)] and StagePlan.build(plan, 4, 6).pair_runs() == []
 
 
 def test_bad_stage_range_raises():
