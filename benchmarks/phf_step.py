@@ -1,7 +1,10 @@
 """Cost of PHF over OPSD: one training step each, on one GPU at Qwen3-1.7B shape (bf16, TP=1).
 
-    python benchmarks/phf_step.py OUTDIR                 # GPU, ~3 min; target: PHF <= 1.05 x OPSD
+    python benchmarks/phf_step.py OUTDIR --profile       # GPU, ~3 min; target: PHF <= 1.05 x OPSD
     python benchmarks/phf_step.py OUTDIR --tiny          # CPU smoke run of the same code path
+
+On the GPU image megatron-core comes from its carried wheel, as for ``gpu_model_check.sh``:
+``pip install --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD``.
 
 Both steps run through Megatron-Core's own schedule (``get_forward_backward_func``, one
 micro-batch) with ``phf_megatron.parallel.PhfStep`` on the same model, batch and weights:
@@ -58,7 +61,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def make_batch(vocab: int, prompt: int, reference: int, rollouts: list[int], device):
+def make_batch(vocab: int, prompt: int, reference: int, rollouts: list[int], window: int, device):
     """One micro-batch: the same random rollout after a plain and a privileged prompt."""
     from phf_megatron.parallel import PhfMicroBatch
 
@@ -75,7 +78,7 @@ def make_batch(vocab: int, prompt: int, reference: int, rollouts: list[int], dev
         sr[b, prompt: prompt + n] = True
         tr[b, prompt + reference: prompt + reference + n] = True
     to = dict(device=device)
-    return PhfMicroBatch(st.to(**to), tt_tokens.to(**to), sr.to(**to), tr.to(**to))
+    return PhfMicroBatch(st.to(**to), tt_tokens.to(**to), sr.to(**to), tr.to(**to), window_budget=window)
 
 
 def build(args, device):
@@ -112,7 +115,7 @@ def run(args) -> dict:
         cfg = model.config
         capture = WindowCapture(model)
         vocab = (TINY if args.tiny else QWEN3_1_7B)["vocab_size"]
-        mb = make_batch(vocab, args.prompt, args.reference, args.rollouts, device)
+        mb = make_batch(vocab, args.prompt, args.reference, args.rollouts, args.window, device)
         tp, dp = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()
         steps = {
             "opsd": PhfStep(ObjectiveConfig(flow_variant="none"), cfg, tp_group=tp, dp_group=dp),
@@ -174,8 +177,13 @@ def run(args) -> dict:
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 one_step("phf")
+            table = prof.key_averages()
+            try:  # the sort key's name changed across torch versions
+                text = table.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=70)
+            except (AttributeError, KeyError, ValueError):
+                text = table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
             with open(os.path.join(args.out_dir, "phf_profile.txt"), "w") as f:
-                f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70))
+                f.write(text)
         capture.remove()
     return result
 
