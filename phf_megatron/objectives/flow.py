@@ -17,6 +17,7 @@ from typing import Sequence
 
 import torch
 
+from ..kernels.dispatch import use_kernels
 from .checks import check_finite, check_ndim, check_prefix_mask, check_same_shape
 
 FLOW_VARIANTS = ("phf", "local", "direction", "geometry", "pointwise_mse")
@@ -267,6 +268,7 @@ def hidden_flow_loss(
     eps: float = 1e-6,
     layers: Sequence[int] | None = None,
     check_inputs: bool = True,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """``L_flow`` (Eq. L_flow) for a batch: a scalar, differentiable in ``student`` only.
 
@@ -278,9 +280,19 @@ def hidden_flow_loss(
         eps: the normalizer's epsilon.
         layers: 0-based layer indices for the selected-layers ablation (default: all).
         check_inputs: check for NaN/Inf (one host sync); shapes and masks are always checked.
+        backend: ``"auto"`` (the fused CUDA kernels of ``csrc/`` for CUDA inputs when the
+            extension loads, else this reference), ``"torch"`` (always this reference) or
+            ``"cuda"`` (the kernels, or an error saying why not). ``pointwise_mse`` always runs
+            the reference. See ``phf_megatron.kernels.dispatch``.
     """
     check_ndim("student", student, 4, "[L, B, m, H]")
     plan = LayerPlan.build(student.shape[0], variant, layers)
-    terms = flow_terms(student, teacher, valid, plan, variant, eps, check_inputs)
+    if use_kernels(backend, student, teacher, variant):
+        from ..kernels.flow_cuda import flow_terms_cuda
+
+        valid = _validate(student, teacher, valid, check_inputs)
+        terms = flow_terms_cuda(student, teacher, valid, plan, variant, eps)
+    else:
+        terms = flow_terms(student, teacher, valid, plan, variant, eps, check_inputs)
     per_sample = per_sample_flow(terms, variant, len(plan.layers), len(plan.pairs))
     return batch_mean(per_sample, terms.sample_mask).to(student.dtype)

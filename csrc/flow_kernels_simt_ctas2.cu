@@ -1,0 +1,10 @@
+// Instantiates the forward-products and backward kernels for product mode kSimt at 2 CTA(s) per
+// SM, all three input dtypes: one small file per variant so parallel builds (ninja, MAX_JOBS)
+// compile them side by side.
+#include "flow_backward.cuh"
+#include "flow_products.cuh"
+
+namespace phf_flow {
+template cudaError_t launch_products<kSimt, 2>(FlowParams&, DType, cudaStream_t);
+template cudaError_t launch_backward<kSimt, 2>(const FlowParams&, DType, cudaStream_t);
+}  // namespace phf_flow

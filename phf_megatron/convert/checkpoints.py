@@ -1,0 +1,120 @@
+"""Whole-checkpoint conversions HF <-> Megatron-Core dist checkpoint (what tools/convert/ runs).
+
+Both validate everything they can before creating any output (architecture, shards, shapes,
+TP/PP divisibility, an existing output directory), stream tensor by tensor (peak memory ≈ the
+model once, in the stored dtype), and write atomically (``<out>.tmp`` renamed at the end).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from phf_megatron.convert.hf_checkpoint import TOKENIZER_FILES, HFCheckpoint
+from phf_megatron.convert.hf_writer import DTYPE_NAMES, write_hf_checkpoint
+from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
+from phf_megatron.convert.mcore_checkpoint import (TOKENIZER_DIR, checkpoint_dtype, load_checkpoint,
+                                                   read_metadata, save_checkpoint, write_metadata)
+from phf_megatron.convert.megatron_session import megatron_session
+from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.convert.qwen3_mapping import hf_shapes
+
+
+def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
+    """The layout to build in: (tp, pp) under torchrun with tp*pp ranks, (1, 1) in one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 1, 1
+    if world != tp * pp:
+        raise ValueError(f"launched with {world} ranks; expected 1 or tp x pp = {tp * pp}")
+    return tp, pp
+
+
+def _check_new_dir(path: str) -> None:
+    if os.path.exists(path):
+        raise FileExistsError(f"out-dir: {path} already exists (remove it or choose another)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"out-dir: parent directory {parent} does not exist")
+
+
+def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
+                        dtype: Optional[torch.dtype] = None, progress: bool = True) -> None:
+    """HF Qwen3 checkpoint -> Megatron-Core dist checkpoint loadable under any TP/PP.
+
+    ``tp``/``pp`` are the layout the checkpoint is meant for (checked against the model's
+    heads, query groups, FFN, vocabulary and layers); a one-process run saves it unsharded.
+    """
+    from phf_megatron.models import build_qwen3_model
+
+    source = HFCheckpoint(hf_dir)  # validates names, shards and shapes against config.json
+    arch = source.arch
+    arch.check_tensor_parallel(tp)
+    arch.check_pipeline_parallel(pp)
+    _check_new_dir(out_dir)
+    dtype = dtype or source.dtype()
+    run_tp, run_pp = _launch_layout(tp, pp)
+    with megatron_session(run_tp, run_pp):
+        model = build_qwen3_model(arch, dtype=dtype, perform_initialization=False)
+        names = [n for n, _ in model.named_parameters()]
+        bar = tqdm(total=len(names), desc="hf->mcore load", disable=not progress or dist.get_rank() != 0)
+        load_hf_weights(model, source.get, arch, on_tensor=lambda name: bar.update())
+        bar.close()
+
+        def extra(tmp_dir: str) -> None:
+            write_metadata(tmp_dir, hf_config=source.config, dtype=DTYPE_NAMES[dtype],
+                           saved_layout=dict(tp=run_tp, pp=run_pp), target_layout=dict(tp=tp, pp=pp),
+                           source_hf_dir=source.path, tokenizer_src=source.path,
+                           tokenizer_files=tuple(source.tokenizer_files()))
+
+        save_checkpoint(model, out_dir, write_extra=extra)
+
+
+def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) -> tuple[str, list[str]]:
+    candidates = [tokenizer_dir] if tokenizer_dir else [
+        os.path.join(mcore_dir, meta.get("tokenizer_dir") or TOKENIZER_DIR), meta.get("source_hf_dir")]
+    for path in candidates:
+        if path and os.path.isdir(path):
+            files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
+            if "tokenizer.json" in files or "tokenizer_config.json" in files:
+                return path, files
+            if tokenizer_dir:
+                raise FileNotFoundError(f"tokenizer-dir: no tokenizer files in {tokenizer_dir}")
+    raise FileNotFoundError(f"no tokenizer found (looked in {[c for c in candidates if c]}); "
+                            "pass --tokenizer-dir DIR")
+
+
+def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional[str] = None,
+                        hf_config: Optional[dict] = None, dtype: Optional[torch.dtype] = None,
+                        tp: int = 1, pp: int = 1, max_shard_bytes: int = 2 << 30,
+                        progress: bool = True) -> None:
+    """Megatron-Core dist checkpoint -> HF safetensors + config + tokenizer (rank 0 writes)."""
+    from megatron.core import parallel_state
+
+    from phf_megatron.models import build_qwen3_model
+
+    mcore_dir = os.path.abspath(mcore_dir)
+    meta = read_metadata(mcore_dir) if hf_config is None else {"hf_config": hf_config}
+    arch = Qwen3Arch.from_hf(meta["hf_config"])
+    tok_src, tok_files = _tokenizer_source(mcore_dir, meta, tokenizer_dir)
+    _check_new_dir(out_dir)
+    run_tp, run_pp = _launch_layout(tp, pp)
+    stored = checkpoint_dtype(mcore_dir)
+    with megatron_session(run_tp, run_pp):
+        model = build_qwen3_model(arch, dtype=stored, perform_initialization=False)
+        load_checkpoint(model, mcore_dir)
+        items = iter_hf_weights(model, arch, pp_group=parallel_state.get_pipeline_model_parallel_group())
+        if dist.get_rank() == 0:
+            names = list(hf_shapes(arch))
+            write_hf_checkpoint(tqdm(items, total=len(names), desc="mcore->hf", disable=not progress),
+                                out_dir, hf_config=meta["hf_config"], dtype=dtype or stored,
+                                tokenizer_src=tok_src, tokenizer_files=tok_files,
+                                max_shard_bytes=max_shard_bytes, expected_names=names)
+        else:
+            for _ in items:  # the gathers and broadcasts are collective
+                pass
+        dist.barrier()

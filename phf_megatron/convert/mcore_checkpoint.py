@@ -1,0 +1,104 @@
+"""Megatron-Core dist checkpoints of a Qwen3 model, with the HF facts needed to export them.
+
+A checkpoint directory written here is a plain Megatron-Core dist checkpoint (torch_dist
+format; every ``ShardedTensor`` carries its global shape and offsets, so it loads under any
+TP/PP layout — Megatron reshards on load) plus:
+
+* ``phf_megatron.json``: format tag, the HF ``config.json`` dict, dtype, the layout it was
+  saved from and the layout it was meant for, the source HF directory;
+* ``hf_tokenizer/``: the tokenizer (and generation config / chat template) files of the source.
+
+``save_checkpoint`` and ``load_checkpoint`` are collective over all ranks; the directory is
+written to ``<dir>.tmp`` and renamed when complete, so a crash never leaves a half checkpoint
+under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+METADATA_FILE = "phf_megatron.json"
+TOKENIZER_DIR = "hf_tokenizer"
+FORMAT = "phf-megatron-qwen3/1"
+
+
+def write_metadata(ckpt_dir: str, *, hf_config: dict, dtype: str, saved_layout: dict,
+                   target_layout: Optional[dict] = None, source_hf_dir: Optional[str] = None,
+                   tokenizer_src: Optional[str] = None, tokenizer_files: tuple[str, ...] = ()) -> None:
+    """Write ``phf_megatron.json`` (and copy tokenizer files) into ``ckpt_dir`` (rank 0 only)."""
+    meta = dict(format=FORMAT, hf_config=hf_config, dtype=dtype, saved_layout=saved_layout,
+                target_layout=target_layout or saved_layout, source_hf_dir=source_hf_dir)
+    if tokenizer_src and tokenizer_files:
+        os.makedirs(os.path.join(ckpt_dir, TOKENIZER_DIR), exist_ok=True)
+        for name in tokenizer_files:
+            shutil.copy2(os.path.join(tokenizer_src, name), os.path.join(ckpt_dir, TOKENIZER_DIR, name))
+        meta["tokenizer_dir"] = TOKENIZER_DIR
+    with open(os.path.join(ckpt_dir, METADATA_FILE), "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+
+
+def read_metadata(ckpt_dir: str) -> dict:
+    path = os.path.join(ckpt_dir, METADATA_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"mcore-dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
+                                " pass --hf-config to export it)")
+    with open(path) as f:
+        meta = json.load(f)
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def save_checkpoint(model, ckpt_dir: str, write_extra=None) -> None:
+    """Collectively save ``model`` (this rank's GPTModel) to ``ckpt_dir``, atomically.
+
+    ``write_extra(tmp_dir)`` runs on global rank 0 before the rename (metadata, tokenizer).
+    """
+    from megatron.core import dist_checkpointing
+
+    ckpt_dir = os.path.abspath(ckpt_dir)
+    tmp = ckpt_dir + ".tmp"
+    rank = dist.get_rank()
+    if rank == 0:
+        if os.path.exists(ckpt_dir):
+            raise FileExistsError(f"out-dir: {ckpt_dir} already exists")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    dist_checkpointing.save(model.sharded_state_dict(), tmp)
+    dist.barrier()
+    if rank == 0:
+        if write_extra is not None:
+            write_extra(tmp)
+        os.replace(tmp, ckpt_dir)
+    dist.barrier()
+
+
+def load_checkpoint(model, ckpt_dir: str) -> None:
+    """Collectively load ``ckpt_dir`` into ``model`` under the current TP/PP layout."""
+    from megatron.core import dist_checkpointing
+
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"mcore-dir: {ckpt_dir} is not a directory")
+    state = dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing:
+        raise ValueError(f"mcore-dir: checkpoint lacks {len(missing)} model tensor(s), e.g. {missing[:5]}")
+
+
+def checkpoint_dtype(ckpt_dir: str) -> torch.dtype:
+    """The dtype of the stored weights (from the tensor metadata of the dist checkpoint)."""
+    from megatron.core import dist_checkpointing
+
+    meta = dist_checkpointing.load_tensors_metadata(ckpt_dir)
+    for key, value in meta.items():
+        if "final_layernorm" in key:
+            return value.dtype
+    raise ValueError(f"mcore-dir: no final_layernorm tensor in {ckpt_dir}")

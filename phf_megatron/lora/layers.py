@@ -1,0 +1,164 @@
+"""Tensor-parallel LoRA around Megatron's column- and row-parallel linears.
+
+LoRA (PEFT semantics): ``y = W x + (alpha / r) * B A dropout(x)`` with one adapter pair per HF
+projection — q, k, v inside the fused ``linear_qkv``, gate and up inside ``linear_fc1``, o in
+``linear_proj``, down in ``linear_fc2`` — so a trained adapter exports to a PEFT directory as is.
+
+Sharding follows the base weight, ``p`` = tensor-parallel size:
+
+* column-parallel ``W = [W_1; ...; W_p]`` (split on outputs): ``A`` ``[r, in]`` is replicated,
+  ``B = [B_1; ...; B_p]`` is split on outputs like ``W``. Each rank computes ``B_k A x`` for its
+  output shard. ``x`` is gathered across the sequence-parallel region (or copied, without SP)
+  exactly as the base layer gathers it, so the partial input gradients sum up correctly; ``A``
+  enters the product through ``copy_to_tensor_model_parallel_region`` (identity forward,
+  all-reduce backward), so ``dA = sum_k dA_k`` is identical on every rank.
+* row-parallel ``W = [W_1, ..., W_p]`` (split on inputs): ``A = [A_1, ..., A_p]`` is split on
+  inputs, ``B`` ``[out, r]`` is replicated. ``a = sum_k A_k x_k`` is all-reduced (or
+  reduce-scattered along the sequence with SP — an r-wide tensor, cheap), then ``B a`` is added
+  to the base output. With SP each rank holds a sequence slice, so ``B`` is also wrapped in
+  ``copy_to_tensor_model_parallel_region`` to sum its gradient over the slices.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One HF projection inside a (possibly fused) Megatron linear: its name and local width."""
+
+    name: str
+    local_features: int
+
+
+def concat_layout(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[gate_k ; up_k]``: Megatron's per-rank layout of the SwiGLU ``linear_fc1``."""
+    return torch.cat(list(parts), dim=-1)
+
+
+def qkv_layout(num_local_groups: int) -> Callable[[Sequence[torch.Tensor]], torch.Tensor]:
+    """Megatron's per-rank ``linear_qkv`` layout: per query group ``[q (heads/groups × d), k (d), v (d)]``."""
+
+    def interleave(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        q, k, v = parts
+        lead = q.shape[:-1]
+        grouped = [t.reshape(*lead, num_local_groups, t.shape[-1] // num_local_groups) for t in (q, k, v)]
+        return torch.cat(grouped, dim=-1).reshape(*lead, -1)
+
+    return interleave
+
+
+class LoRAAdapter(torch.nn.Module):
+    """One ``(A, B)`` pair. ``A``: ``[r, in_local]``, ``B``: ``[out_local, r]``; PEFT init (kaiming-uniform A, zero B)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.lora_A = torch.nn.Parameter(torch.empty(rank, in_features, dtype=dtype, device=device))
+        self.lora_B = torch.nn.Parameter(torch.zeros(out_features, rank, dtype=dtype, device=device))
+        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+
+class _LoRAWrapper(torch.nn.Module):
+    """Common state: the frozen base layer, named adapters, scale, dropout, on/off switch."""
+
+    def __init__(self, base: torch.nn.Module, rank: int, alpha: float, dropout: float):
+        super().__init__()
+        self.base = base
+        self.rank = rank
+        self.scaling = alpha / rank
+        self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
+        self.adapters = torch.nn.ModuleDict()
+        self.enabled = True  # False runs the base layer alone (the "fixed teacher")
+        self.tp_group = base.tp_group
+        self.sequence_parallel = base.sequence_parallel
+        for p in base.parameters():
+            p.requires_grad_(False)
+
+    def __getattr__(self, name):
+        """Attributes Megatron reads off a linear (``weight``, ``config``, sizes) come from the base."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["base"], name)
+
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """Checkpoint only the base layer's tensors under its own names (adapters are saved apart)."""
+        return self.base.sharded_state_dict(prefix, sharded_offsets, metadata)
+
+
+class LoRAColumnParallelLinear(_LoRAWrapper):
+    """LoRA around a ``ColumnParallelLinear`` holding one or more HF projections (``segments``)."""
+
+    def __init__(self, base, segments: Sequence[Segment], layout, targets: Sequence[str], rank: int,
+                 alpha: float, dropout: float):
+        super().__init__(base, rank, alpha, dropout)
+        self.layout = layout
+        self.segments = tuple(segments)
+        dtype, device = base.weight.dtype, base.weight.device
+        for seg in segments:
+            if seg.name in targets:
+                adapter = LoRAAdapter(base.input_size, seg.local_features, rank, dtype, device)
+                set_tensor_model_parallel_attributes(adapter.lora_B, True, 0, 1)
+                self.adapters[seg.name] = adapter
+        if sum(s.local_features for s in segments) != base.output_size_per_partition:
+            raise ValueError(
+                f"segments: local widths {[s.local_features for s in segments]} do not add up to the base "
+                f"layer's {base.output_size_per_partition} output features per rank"
+            )
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        out, bias = self.base(x, *args, **kwargs)
+        if not self.enabled:
+            return out, bias
+        if self.sequence_parallel:
+            x_full = gather_from_sequence_parallel_region(x, group=self.tp_group)
+        else:
+            x_full = copy_to_tensor_model_parallel_region(x, group=self.tp_group)
+        x_full = self.dropout(x_full)
+        parts = []
+        for seg in self.segments:
+            if seg.name not in self.adapters:  # an untargeted projection of a fused layer
+                parts.append(x_full.new_zeros(*x_full.shape[:-1], seg.local_features))
+                continue
+            adapter = self.adapters[seg.name]
+            a = F.linear(x_full, copy_to_tensor_model_parallel_region(adapter.lora_A, group=self.tp_group))
+            parts.append(F.linear(a, adapter.lora_B))
+        return out + self.scaling * self.layout(parts), bias
+
+
+class LoRARowParallelLinear(_LoRAWrapper):
+    """LoRA around a ``RowParallelLinear`` (one HF projection: o_proj or down_proj)."""
+
+    def __init__(self, base, name: str, rank: int, alpha: float, dropout: float):
+        super().__init__(base, rank, alpha, dropout)
+        dtype, device = base.weight.dtype, base.weight.device
+        adapter = LoRAAdapter(base.input_size_per_partition, base.output_size, rank, dtype, device)
+        set_tensor_model_parallel_attributes(adapter.lora_A, True, 1, 1)
+        self.adapters[name] = adapter
+
+    def forward(self, x: torch.Tensor, *args, **kwargs):
+        out, bias = self.base(x, *args, **kwargs)
+        if not self.enabled:
+            return out, bias
+        (adapter,) = self.adapters.values()
+        a_partial = F.linear(self.dropout(x), adapter.lora_A)  # [s, b, r], this rank's input shard
+        if self.sequence_parallel:
+            a = reduce_scatter_to_sequence_parallel_region(a_partial, group=self.tp_group)
+            lora_b = copy_to_tensor_model_parallel_region(adapter.lora_B, group=self.tp_group)
+        else:
+            a = reduce_from_tensor_model_parallel_region(a_partial, group=self.tp_group)
+            lora_b = adapter.lora_B
+        return out + self.scaling * F.linear(a, lora_b), bias

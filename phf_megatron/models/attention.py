@@ -1,0 +1,113 @@
+"""Core attention on ``torch.nn.functional.scaled_dot_product_attention`` for Megatron-Core.
+
+A drop-in ``core_attention`` for Megatron's ``SelfAttention`` when Transformer Engine is absent:
+PyTorch picks the flash / cuDNN / memory-efficient kernel on GPU and its own CPU kernel here,
+instead of Megatron's local ``DotProductAttention`` that materialises [b, n, s, s] scores.
+
+Layout (Megatron's): query [sq, b, np, d], key/value [sk, b, ng, d] with np = heads and
+ng = query groups on this TP rank; query head i attends with key/value head i // (np/ng)
+(the order of Megatron's fused QKV). Output [sq, b, np·d].
+
+Masks:
+* ``attention_mask=None``: causal (the model's ``attn_mask_type``); right padding needs no
+  mask, since a causal model never lets a real token see a later pad token.
+* an explicit ``attention_mask`` uses Megatron's convention: a bool tensor broadcastable to
+  [b, np, sq, sk] with True = *masked out*; it replaces the causal mask (so it must include
+  causality). A row with every key masked gives NaN.
+* ``packed_seq_params`` (qkv_format 'thd': tokens of several sequences packed along s with
+  b = 1; Megatron passes [t, n, d] tensors): block-diagonal causal attention from
+  ``cu_seqlens_q``; output [t, 1, n·d].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+class SDPACoreAttention(MegatronModule):
+    """``forward(q [sq,b,np,d], k [sk,b,ng,d], v [sk,b,ng,d], mask) -> [sq, b, np·d]``."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str = "self", attention_dropout: Optional[float] = None,
+                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
+                 pg_collection=None, **unused):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("context_parallel_size: SDPACoreAttention supports only 1 (use the TE spec)")
+        if getattr(config, "window_size", None) is not None:
+            raise ValueError("window_size: sliding-window attention is not supported by SDPACoreAttention")
+        self.layer_number = layer_number
+        self.attn_mask_type = attn_mask_type
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType] = None,
+                attention_bias: Optional[torch.Tensor] = None, packed_seq_params=None) -> torch.Tensor:
+        if attention_bias is not None:
+            raise ValueError("attention_bias: not supported by SDPACoreAttention")
+        if query.dim() == 3:  # packed 'thd': Megatron squeezes the batch dim -> [t, n, d]
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        sq, b, heads, d = query.shape
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        is_causal = False
+        if packed_seq_params is not None:
+            keep = _packed_causal_keep(packed_seq_params, sq, b, query.device)  # [sq, sk]
+        elif attention_mask is not None:
+            keep = ~attention_mask
+        else:
+            keep = None
+            is_causal = mask_type == AttnMaskType.causal and sq > 1
+
+        # [s, b, n, d] -> [b, n, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if self.config.sequence_parallel or dropout_p == 0.0:
+            out = _sdpa(q, k, v, keep, is_causal, dropout_p, self.softmax_scale)
+        else:  # attention dropout differs across TP ranks, as in Megatron's DotProductAttention
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = _sdpa(q, k, v, keep, is_causal, dropout_p, self.softmax_scale)
+        # [b, np, sq, d] -> [sq, b, np·d]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, heads * d)
+
+
+def _sdpa(q, k, v, keep, is_causal, dropout_p, scale):
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1 and keep is None:
+        try:  # native GQA (flash / math kernels) without materialising repeated K/V
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p,
+                                                  scale=scale, enable_gqa=True)
+        except TypeError:  # torch < 2.5
+            pass
+    if rep > 1:  # masked kernels (memory-efficient) want equal head counts
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal,
+                                          dropout_p=dropout_p, scale=scale)
+
+
+def _packed_causal_keep(params, sq: int, b: int, device) -> torch.Tensor:
+    """[sq, sk] bool, True where query token i may attend key j (same sequence, j <= i)."""
+    if getattr(params, "qkv_format", "thd") != "thd":
+        raise ValueError(f"packed_seq_params.qkv_format: expected 'thd', got {params.qkv_format!r}")
+    if b != 1:
+        raise ValueError(f"packed_seq_params: packed sequences need batch size 1 (got {b})")
+    cu_q, cu_kv = params.cu_seqlens_q, params.cu_seqlens_kv
+    if cu_kv is not None and not torch.equal(cu_q, cu_kv):
+        raise ValueError("packed_seq_params: cu_seqlens_q and cu_seqlens_kv differ (self-attention only)")
+    padded = getattr(params, "cu_seqlens_q_padded", None)
+    if padded is not None and not torch.equal(padded, cu_q):
+        raise ValueError("packed_seq_params.cu_seqlens_q_padded: padded packing is not supported")
+    if int(cu_q[-1]) != sq:
+        raise ValueError(f"packed_seq_params.cu_seqlens_q: ends at {int(cu_q[-1])}, sequence length is {sq}")
+    lengths = (cu_q[1:] - cu_q[:-1]).to(device)
+    segment = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    pos = torch.arange(sq, device=device)
+    return (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])

@@ -1,0 +1,26 @@
+"""PHF on Megatron-Core's parallel layouts: window capture under TP/SP/PP, the distributed loss.
+
+Map (one idea per module):
+
+* ``batch``: ``PhfMicroBatch`` (student/teacher sequences sharing the rollout, windows, OPSD
+  score indices, validation) and ``step_normalizers`` (global counts of a step);
+* ``window_rows``: the window rows of an ``[s, b, H]`` activation under sequence parallelism;
+* ``capture``: ``WindowCapture`` hooks on the TransformerLayers and per-micro-batch
+  ``CaptureSession``s (recomputation-safe);
+* ``stage_plan``/``stage_flow``: which flow terms a pipeline stage owns; its share of the loss;
+* ``pipeline_stats``: the running flow share travelling with the pipeline activation;
+* ``vocab_parallel_jsd``: the clipped generalized JSD on vocabulary-sharded logits;
+* ``loss``: ``L_OPSD + alpha L_flow`` per micro-batch in Megatron's loss conventions; logs;
+* ``step``: ``PhfStep``, the teacher and student forward-step functions for
+  ``forward_backward_func``;
+* ``cpu_shims``: Megatron-Core on CPU + gloo (tests only).
+"""
+
+from .batch import PhfMicroBatch, StepNormalizers, step_normalizers
+from .capture import CaptureSession, WindowCapture
+from .step import PhfStep
+from .vocab_parallel_jsd import vocab_parallel_jsd
+from .window_rows import gather_window_rows
+
+__all__ = ["CaptureSession", "PhfMicroBatch", "PhfStep", "StepNormalizers", "WindowCapture", "gather_window_rows",
+           "step_normalizers", "vocab_parallel_jsd"]

@@ -1,0 +1,172 @@
+"""Capture the window rows of every transformer layer's output during the ordinary forward.
+
+How it works (one forward, no second pass, works with activation recomputation):
+
+* ``WindowCapture`` puts a forward hook on each ``TransformerLayer`` of the model. While a
+  ``CaptureSession`` is active, the hook passes the layer output through ``_CaptureRows``, an
+  identity whose forward copies this rank's window rows into the session (``[B, m, H]`` per
+  layer, detached) and whose backward adds the flow loss's gradient for those rows into the
+  layer-output gradient.
+* The flow loss is evaluated on the session's rows once the stage's forward is done
+  (``stage_flow.attach_stage_flow``). Its gradient with respect to the rows is computed in the
+  backward of a node placed after the last layer, hence before any layer's backward runs.
+* Under full recomputation Megatron's ``CheckpointFunction`` runs the layers without autograd,
+  then re-runs them inside the backward. The re-run goes through the same hook, so the re-built
+  graph contains ``_CaptureRows`` again and its backward injects the gradient; the rows were
+  already stored, so the re-run stores nothing. The flow node's backward re-activates the
+  micro-batch's session first, because with pipelining another micro-batch's forward may have
+  activated its own session in between.
+
+Memory: a finished session holds ``len(stage.captured) * B * m * H`` elements (the window rows
+of its layers), never a full hidden state. The teacher's forward runs without autograd and keeps
+exactly that; the student's keeps the same plus, until its backward, the flow gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from .collectives import all_reduce_
+from .stage_plan import StagePlan
+from .window_rows import add_window_grad, check_positions, local_seq_range, local_window_rows
+
+
+class CaptureSession:
+    """The window rows of one micro-batch on one pipeline stage (model chunk).
+
+    Args:
+        stage: the stage's share of the layer plan (which layers to capture).
+        positions: ``[B, m]`` long, global sequence positions of the window per sample.
+        seq_len: the full sequence length of this micro-batch (for the range check).
+        tp_group, sequence_parallel: how activations are split over tensor parallelism.
+        check: check the positions' range (one host sync for device tensors; ``PhfMicroBatch``
+            has checked them already).
+    """
+
+    def __init__(self, stage: StagePlan, positions: torch.Tensor, seq_len: int,
+                 tp_group: dist.ProcessGroup | None, sequence_parallel: bool, check: bool = True):
+        if check:
+            check_positions("positions", positions, seq_len)
+        self.stage = stage
+        self.positions = positions
+        self.tp_group = tp_group
+        self.sequence_parallel = sequence_parallel
+        self.start: int | None = None
+        self._local: dict[int, torch.Tensor] = {}
+        self.rows: torch.Tensor | None = None
+        self.grads: dict[int, torch.Tensor] = {}
+        self.sealed = False
+
+    def store(self, layer: int, hidden: torch.Tensor) -> None:
+        """Keep this rank's share of layer ``layer``'s window rows (``hidden``: ``[s_local, B, H]``)."""
+        if hidden.shape[1] != self.positions.shape[0]:
+            raise ValueError(f"positions: {self.positions.shape[0]} samples, but the activation has batch {hidden.shape[1]}")
+        self.start, _ = local_seq_range(hidden.shape[0], self.tp_group, self.sequence_parallel)
+        with torch.no_grad():
+            self._local[layer] = local_window_rows(hidden.detach(), self.positions, self.start)
+
+    def finish(self) -> torch.Tensor:
+        """Stack the captured layers (``stage.captured`` order) and complete them over TP.
+
+        Returns ``rows [len(captured), B, m, H]``; afterwards the session stores nothing more.
+        """
+        if not self.sealed:
+            missing = [l for l in self.stage.captured if l not in self._local]
+            if missing:
+                raise RuntimeError(
+                    f"capture: no rows for layers {missing}; is WindowCapture installed on this model chunk "
+                    f"(global layers [{self.stage.first}, {self.stage.stop}))?"
+                )
+            rows = torch.stack([self._local.pop(l) for l in self.stage.captured])
+            self.rows = all_reduce_(rows, self.tp_group) if self.sequence_parallel else rows
+            self.sealed = True
+        return self.rows
+
+    def pop_grad(self, layer: int) -> torch.Tensor | None:
+        return self.grads.pop(layer, None)
+
+
+class _CaptureRows(torch.autograd.Function):
+    """Identity on a layer output that stores its window rows and adds their flow gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, session, layer):
+        if not session.sealed:  # a recomputation re-runs the layer: the rows are already stored
+            session.store(layer, hidden)
+        ctx.session, ctx.layer = session, layer
+        return hidden
+
+    @staticmethod
+    def backward(ctx, grad_hidden):
+        grad_rows = ctx.session.pop_grad(ctx.layer)
+        if grad_rows is None:
+            return grad_hidden, None, None
+        return add_window_grad(grad_hidden, grad_rows, ctx.session.positions, ctx.session.start), None, None
+
+
+def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The ``TransformerLayer`` modules of a (possibly wrapped) Megatron model chunk."""
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    return [m for m in model.modules() if isinstance(m, TransformerLayer)]
+
+
+def chunk_layer_range(model: torch.nn.Module) -> tuple[int, int]:
+    """Global ``[first, stop)`` layers of a model chunk (Megatron's ``layer_number`` is 1-based, global)."""
+    numbers = sorted(m.layer_number - 1 for m in transformer_layers(model))
+    if not numbers:
+        raise ValueError("model: no TransformerLayer found in this model chunk")
+    if numbers != list(range(numbers[0], numbers[-1] + 1)):
+        raise ValueError(f"model: the chunk's layers are not contiguous: {numbers}")
+    return numbers[0], numbers[-1] + 1
+
+
+class WindowCapture:
+    """Forward hooks that feed the active ``CaptureSession`` from every TransformerLayer.
+
+    Install once per model (all chunks of an interleaved pipeline); activate a session per
+    micro-batch forward with ``activate``. Without an active session the hooks do nothing, so the
+    same model serves plain OPSD steps and evaluation unchanged.
+    """
+
+    def __init__(self, model: torch.nn.Module | Iterable[torch.nn.Module]):
+        chunks = [model] if isinstance(model, torch.nn.Module) else list(model)
+        self.active: CaptureSession | None = None
+        self._handles = [layer.register_forward_hook(self._hook) for c in chunks for layer in transformer_layers(c)]
+
+    def _hook(self, module, args, output):
+        session = self.active
+        layer = module.layer_number - 1
+        if session is None or layer not in session.stage.own_layers:
+            return None
+        if isinstance(output, tuple):
+            return (_CaptureRows.apply(output[0], session, layer), *output[1:])
+        return _CaptureRows.apply(output, session, layer)
+
+    def activate(self, session: CaptureSession | None) -> None:
+        """Make ``session`` receive the rows of the following layer forwards (None: stop)."""
+        self.active = session
+
+    @contextlib.contextmanager
+    def activated(self, session: CaptureSession):
+        self.activate(session)
+        try:
+            yield session
+        finally:
+            self.activate(None)
+
+    def capture_input(self, hidden: torch.Tensor, session: CaptureSession) -> torch.Tensor:
+        """Capture the stage input as the boundary layer (the previous stage's last layer output)."""
+        if session.stage.boundary is None:
+            return hidden
+        return _CaptureRows.apply(hidden, session, session.stage.boundary)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.active = None

@@ -1,0 +1,84 @@
+"""The flow share travelling down the pipeline with the activation.
+
+Only the last stage calls the loss function, but every stage computes a share of the flow loss.
+Each stage therefore appends ``R`` extra "statistics" rows to the activation it sends:
+``[s_local, b, H] -> [s_local + R, b, H]``. Per sample b the rows hold
+
+* element 0: a *carrier*, ``share - share.detach()`` in the pipeline dtype: value 0, gradient
+  path to the cumulative share of the stages so far. The last stage adds it to the exact value
+  below, so ``dL/dshare`` reaches every stage's share through Megatron's own backward p2p;
+* then the exact float32 bits of ``values[b] = [share, layer values..., pair values...]`` (the
+  running per-sample flow share and the per-layer values for the layer-energy logs), bit-cast
+  into the pipeline dtype (two bf16/fp16 elements per float32) so that no precision is lost.
+
+The schedule's p2p buffers must be ``R`` rows longer: pass ``pipeline_seq_length(...)`` as the
+``seq_length`` of ``forward_backward_func``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _per_value(dtype: torch.dtype) -> int:
+    """Pipeline-dtype elements per float32 value (bit-cast for 16-bit dtypes)."""
+    return 2 if torch.finfo(dtype).bits == 16 else 1
+
+
+def stats_rows(num_values: int, hidden_size: int, dtype: torch.dtype) -> int:
+    """``R``: rows of ``hidden_size`` elements holding the carrier and ``num_values`` float32 values."""
+    return math.ceil((1 + _per_value(dtype) * num_values) / hidden_size)
+
+
+def pipeline_seq_length(seq_len: int, num_stats_rows: int, tp_size: int, sequence_parallel: bool) -> int:
+    """The ``seq_length`` to give ``forward_backward_func`` so its p2p buffers hold the stats rows.
+
+    Megatron sizes them ``seq_length / tp`` (SP) or ``seq_length`` rows; we need ``s_local + R``.
+    """
+    return seq_len + num_stats_rows * (tp_size if sequence_parallel else 1)
+
+
+def _encode(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    values = values.detach().float().contiguous()
+    return values.view(dtype) if _per_value(dtype) == 2 else values.to(dtype)
+
+
+def _decode(payload: torch.Tensor, num_values: int) -> torch.Tensor:
+    if _per_value(payload.dtype) == 2:
+        return payload[:, : 2 * num_values].contiguous().view(torch.float32)
+    return payload[:, :num_values].float()
+
+
+def pack_stats(share: torch.Tensor, values: torch.Tensor, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[R, B, H]`` stats rows from the cumulative ``share [B]`` (differentiable) and ``values [B, K]``.
+
+    ``values[:, 0]`` must equal ``share`` (it is the exact value the carrier complements).
+    """
+    b, k = values.shape
+    rows = stats_rows(k, hidden_size, dtype)
+    carrier = (share - share.detach()).to(dtype)[:, None]  # value 0, gradient 1 w.r.t. share
+    payload = _encode(values, dtype)
+    pad = torch.zeros(b, rows * hidden_size - 1 - payload.shape[1], dtype=dtype, device=values.device)
+    flat = torch.cat([carrier, payload, pad], dim=1)  # [B, R*H]
+    return flat.view(b, rows, hidden_size).transpose(0, 1).contiguous()
+
+
+def unpack_stats(stats: torch.Tensor, num_values: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``pack_stats``: ``(share [B] float32, differentiable via the carrier; values [B, K])``."""
+    rows, b, h = stats.shape
+    flat = stats.transpose(0, 1).reshape(b, rows * h)
+    values = _decode(flat[:, 1:].detach(), num_values)
+    share = values[:, 0] + flat[:, 0].float()
+    return share, values
+
+
+def split_received(received: torch.Tensor, seq_local: int, num_stats_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split a received pipeline tensor ``[s_local + R, B, H]`` into activation and stats rows."""
+    if received.shape[0] != seq_local + num_stats_rows:
+        raise ValueError(
+            f"received pipeline tensor has {received.shape[0]} rows, expected s_local + R = {seq_local} + "
+            f"{num_stats_rows}: pass pipeline_seq_length(...) as forward_backward_func's seq_length"
+        )
+    return received[:seq_local], received[seq_local:]

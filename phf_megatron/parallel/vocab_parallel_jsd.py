@@ -1,0 +1,188 @@
+"""The clipped generalized JSD of OPSD on vocabulary-sharded logits, without gathering the vocabulary.
+
+Tensor parallelism splits the output layer by vocabulary: TP rank r holds ``z[..., V_r]`` with
+``V = V_0 ∪ ... ∪ V_{tp-1}``. Every quantity of ``objectives.opsd`` is either element-wise in v
+or a sum over v, so with ``s = z / tau`` and ``a = log p_S``, ``b = log p_T``:
+
+    LSE(s)      = M + log sum_r sum_{v in V_r} exp(s_v - M),   M = max_r max_{v in V_r} s_v
+    a_v         = s_v - LSE(s)                       (element-wise once LSE is known)
+    D(token)    = sum_r sum_{v in V_r} clip(e_v(a_v, b_v))    (element clip, the official one)
+                  or clip(sum_r sum_{v in V_r} e_v)           (token clip)
+
+where ``e_v`` is the generalized JSD summand of ``objectives.opsd.generalized_jsd_terms``.
+Three all-reduces per token chunk (max, sum of exp, the divergence) in the forward, one in the
+backward. The gradient with respect to the student logits (the teacher is a constant):
+
+    g_v          = de_v/da_v * [clip passes] * dL/dD,      de/da = -q            (beta = 0)
+                                                           de/da = p (a - b + 1)  (beta = 1)
+                                                           de/da = (1-beta) p (a - log m)  (else)
+    dL/dz_v      = (g_v - p_v * sum_u g_u) / tau           (sum over the whole vocabulary: all-reduce)
+
+Memory: the forward keeps no ``[N, V]`` tensor; both passes walk the tokens in chunks of
+``chunk_elements / V_r`` rows in float32 (float64 for float64 logits), and the backward recomputes ``a`` and ``b`` from the
+saved per-token log-normalizers. The only full-size tensor is the gradient itself, in the
+logits' dtype. The local math lives in the helpers; the collectives in the Function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..objectives.opsd import CLIP_MODES, generalized_jsd_terms, mixture_log_probs
+from .collectives import all_reduce_
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 24  # float32 elements per [chunk, V_r] temporary: 64 MiB
+
+
+# ----------------------------------------------------------------------------- local math
+
+
+def chunk_rows(num_tokens: int, vocab_local: int, chunk_elements: int) -> int:
+    """Rows per chunk so that one ``[rows, V_r]`` float32 temporary holds about ``chunk_elements``."""
+    return max(1, min(num_tokens, chunk_elements // max(1, vocab_local)))
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 for half-precision logits, the logits' own dtype otherwise (float64 in tests)."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def scaled(rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``s = z / tau`` in the compute dtype, ``[c, V_r]``."""
+    return rows.to(compute_dtype(rows)) / temperature
+
+
+def sum_exp_shifted(s: torch.Tensor, global_max: torch.Tensor) -> torch.Tensor:
+    """``sum_{v in V_r} exp(s_v - M)`` → ``[c]`` (this rank's share of the partition function)."""
+    return torch.exp(s - global_max[:, None]).sum(-1)
+
+
+def term_grad_wrt_student_lp(student_lp: torch.Tensor, teacher_lp: torch.Tensor, beta: float) -> torch.Tensor:
+    """``de_v / da_v`` of the generalized JSD summand with respect to the student log-prob ``a_v``."""
+    if beta == 0.0:  # e = q (b - a)
+        return -teacher_lp.exp()
+    p = student_lp.exp()
+    if beta == 1.0:  # e = p (a - b)
+        return p * (student_lp - teacher_lp + 1.0)
+    # e = beta q (b - log m) + (1 - beta) p (a - log m); the d log m / da parts cancel.
+    return (1.0 - beta) * p * (student_lp - mixture_log_probs(student_lp, teacher_lp, beta))
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+class _VocabParallelJSD(torch.autograd.Function):
+    """Per-token clipped JSD ``[N]`` from student logits rows (by index) and teacher rows."""
+
+    @staticmethod
+    def forward(ctx, student_logits, teacher_rows, student_index, beta, temperature, clip, clip_mode,
+                tp_group, chunk_elements):
+        vocab_local = student_logits.shape[-1]
+        flat = student_logits.reshape(-1, vocab_local)
+        n = student_index.numel()
+        per_token = torch.zeros(n, dtype=compute_dtype(flat), device=flat.device)
+        lse_s = torch.zeros_like(per_token)
+        lse_t = torch.zeros_like(per_token)
+        rows = chunk_rows(n, vocab_local, chunk_elements)
+        for lo in range(0, n, rows):
+            hi = min(n, lo + rows)
+            s = scaled(flat.index_select(0, student_index[lo:hi]), temperature)
+            t = scaled(teacher_rows[lo:hi], temperature)
+            # Global max and partition function of both distributions: 2 all-reduces for the pair.
+            m = all_reduce_(torch.stack([s.max(-1).values, t.max(-1).values]), tp_group, dist.ReduceOp.MAX)
+            z = all_reduce_(torch.stack([sum_exp_shifted(s, m[0]), sum_exp_shifted(t, m[1])]), tp_group)
+            lse = m + z.log()
+            s -= lse[0][:, None]  # in place: s becomes log p_S
+            t -= lse[1][:, None]
+            terms = generalized_jsd_terms(s, t, beta)
+            if clip is not None and clip_mode == "element":
+                terms = terms.clamp_(max=clip)
+            per_token[lo:hi] = terms.sum(-1)
+            lse_s[lo:hi], lse_t[lo:hi] = lse[0], lse[1]
+        all_reduce_(per_token, tp_group)
+        unclipped = per_token.clone() if clip is not None and clip_mode == "token" else None
+        if unclipped is not None:
+            per_token = per_token.clamp(max=clip)
+        ctx.save_for_backward(student_logits, teacher_rows, student_index, lse_s, lse_t, unclipped)
+        ctx.options = (beta, temperature, clip, clip_mode, tp_group, chunk_elements)
+        return per_token
+
+    @staticmethod
+    def backward(ctx, grad_per_token):
+        student_logits, teacher_rows, student_index, lse_s, lse_t, unclipped = ctx.saved_tensors
+        beta, temperature, clip, clip_mode, tp_group, chunk_elements = ctx.options
+        vocab_local = student_logits.shape[-1]
+        flat = student_logits.reshape(-1, vocab_local)
+        grad_flat = torch.zeros_like(flat)
+        n = student_index.numel()
+        rows = chunk_rows(n, vocab_local, chunk_elements)
+        for lo in range(0, n, rows):
+            hi = min(n, lo + rows)
+            a = scaled(flat.index_select(0, student_index[lo:hi]), temperature) - lse_s[lo:hi, None]
+            b = scaled(teacher_rows[lo:hi], temperature) - lse_t[lo:hi, None]
+            g = term_grad_wrt_student_lp(a, b, beta)
+            if clip is not None:
+                clipped_at = generalized_jsd_terms(a, b, beta) if clip_mode == "element" else unclipped[lo:hi, None]
+                g = torch.where(clipped_at <= clip, g, torch.zeros_like(g))  # torch.clamp passes x <= max
+            g *= grad_per_token[lo:hi, None]
+            g_sum = all_reduce_(g.sum(-1), tp_group)
+            p = a.exp_()  # a is not needed any more
+            grad_rows = (g - p * g_sum[:, None]) / temperature
+            grad_flat.index_copy_(0, student_index[lo:hi], grad_rows.to(grad_flat.dtype))
+        return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def vocab_parallel_jsd(
+    student_logits: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    student_index: torch.Tensor,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    clip: float | None = None,
+    clip_mode: str = "element",
+    tp_group: dist.ProcessGroup | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Per-token clipped generalized JSD ``D(p_T || p_S)`` on vocabulary-sharded logits.
+
+    Equals ``objectives.opsd.opsd_token_divergence`` on the gathered vocabulary, token by token.
+
+    Args:
+        student_logits: ``[..., V_r]`` this rank's vocabulary shard (any leading layout, e.g.
+            megatron's ``[b, s, V/tp]``), contiguous; differentiable.
+        teacher_rows: ``[N, V_r]`` the teacher's logits for the N scored tokens (no gradient).
+        student_index: ``[N]`` long, row of each scored token in ``student_logits`` flattened to
+            ``[-1, V_r]`` (``b * s_len + t`` for ``[b, s, V_r]``); token k is compared with
+            ``teacher_rows[k]``.
+        beta, temperature, clip, clip_mode: as in ``objectives.opsd.opsd_loss``.
+        tp_group: the tensor-parallel group the vocabulary is split over (None: not split).
+        chunk_elements: float32 elements per temporary; bounds the loss's extra memory.
+
+    Returns:
+        ``[N]`` per-token divergences (float32, or float64 for float64 logits), identical on every rank of ``tp_group``.
+    """
+    if clip_mode not in CLIP_MODES:
+        raise ValueError(f"clip_mode: expected one of {CLIP_MODES}, got {clip_mode!r}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta: must lie in [0, 1], got {beta}")
+    if temperature <= 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature: must be a finite number > 0, got {temperature}")
+    if clip is not None and clip <= 0:
+        raise ValueError(f"clip: must be > 0 or None, got {clip}")
+    if teacher_rows.dim() != 2 or teacher_rows.shape != (student_index.numel(), student_logits.shape[-1]):
+        raise ValueError(
+            f"teacher_rows: expected [N, V_r] = [{student_index.numel()}, {student_logits.shape[-1]}], "
+            f"got {tuple(teacher_rows.shape)}"
+        )
+    if student_index.dtype != torch.long or student_index.dim() != 1:
+        raise ValueError(f"student_index: expected a 1-D long tensor, got {student_index.dtype} {tuple(student_index.shape)}")
+    return _VocabParallelJSD.apply(
+        student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
+        clip_mode, tp_group, chunk_elements,
+    )

@@ -1,0 +1,1 @@
+"""The PHF trainer: config, LoRA, EMA teacher, loop, checkpoints, metrics and diagnostics."""

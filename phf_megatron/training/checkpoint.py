@@ -1,0 +1,373 @@
+"""Atomic, resumable checkpoints in Megatron's directory convention.
+
+    <save>/iter_0000050/                       a complete checkpoint, never a partial one
+        meta.json                              iteration, parts and scopes, layout, config fingerprint
+        global.pt                              GLOBAL parts (rank 0)
+        model_parallel_tp00_pp000.pt           MODEL_PARALLEL parts (dp rank 0 of each tp, pp)
+        rank_tp00_pp000_dp000.pt ...           RANK parts (every rank)
+        dist/                                  DIST parts (megatron.core.dist_checkpointing)
+    <save>/latest_checkpointed_iteration.txt   "50"
+
+Saving writes everything into ``<save>/tmp-iter_0000050``; every rank fsyncs, the ranks agree
+that all writes succeeded (an all-reduce), then rank 0 writes ``meta.json``, renames the
+directory to ``iter_0000050``, fsyncs the parent and replaces ``latest_checkpointed_iteration.txt``
+through a temp file + rename. A failure anywhere before the rename leaves the previous
+checkpoint and ``latest`` untouched and raises ``CheckpointSaveError`` on every rank. Leftover
+``tmp-*`` entries (a killed process) are removed by the next save and never read.
+Pruning (``keep_last``) renames an old checkpoint to ``tmp-delete-...`` before deleting it.
+
+Caveats: a rank that raises inside Megatron's collective dist-checkpoint write can leave the
+other ranks waiting in that collective until the process-group timeout. Rank 0 fsyncs every
+file before the rename, which makes the checkpoint durable on one node; across nodes it relies
+on the shared file system's close-to-open consistency (each rank also fsyncs its own files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
+from .config_io import fingerprint_diff, fingerprint_hash
+
+FORMAT_VERSION = 1
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+META_FILE = "meta.json"
+DIST_DIR = "dist"
+_ITER_RE = re.compile(r"^iter_(\d{7})$")
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed on some rank; the previous checkpoint is intact."""
+
+
+@dataclass
+class CheckpointInfo:
+    iteration: int
+    path: str
+    meta: dict[str, Any]
+
+
+def iter_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+# ----------------------------------------------------------------------------- file system
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(directory)
+
+
+def _write_torch(obj: Any, path: str) -> None:
+    """torch.save + fsync (inside the temp directory, so no per-file rename is needed)."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+def read_latest(save_dir: str) -> int | None:
+    """The iteration ``latest_checkpointed_iteration.txt`` names, or None when there is none."""
+    path = os.path.join(save_dir, LATEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if text == "release":
+        raise ValueError(f"{path}: a 'release' checkpoint is a base model, not a run to resume; "
+                         "pass it as --model.pretrained_checkpoint")
+    if not text.isdigit():
+        raise ValueError(f"{path}: expected an iteration number, found {text!r}")
+    return int(text)
+
+
+def list_checkpoints(save_dir: str) -> list[int]:
+    """Iterations of the complete (renamed) checkpoints in ``save_dir``, ascending."""
+    if not os.path.isdir(save_dir):
+        return []
+    return sorted(int(m.group(1)) for m in map(_ITER_RE.match, os.listdir(save_dir)) if m)
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _failed_ranks(ok: bool, group=None) -> list[int]:
+    """All-gather of success flags: the global ranks that failed (empty: all succeeded)."""
+    if not _distributed():
+        return [] if ok else [0]
+    world = dist.get_world_size(group)
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+    flags = torch.zeros(world, dtype=torch.int32, device=device)
+    flags[dist.get_rank(group)] = 0 if ok else 1
+    dist.all_reduce(flags, group=group)
+    ranks = torch.nonzero(flags.cpu()).flatten().tolist()
+    return [dist.get_global_rank(group, r) if group is not None else r for r in ranks]
+
+
+def _agree(phase: str, error: BaseException | None, name: str, group, cleanup: str | None, is_rank0: bool) -> None:
+    failed = _failed_ranks(error is None, group)
+    if not failed:
+        return
+    if is_rank0 and cleanup is not None:
+        _remove(cleanup)
+    message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; the previous checkpoint is intact"
+    if error is not None:
+        raise CheckpointSaveError(f"{message}: {type(error).__name__}: {error}") from error
+    raise CheckpointSaveError(message)
+
+
+def _barrier(group) -> None:
+    if _distributed():
+        dist.barrier(group=group)
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def _collect_local(parts: dict[str, Part], layout: RankLayout) -> dict[str, dict[str, Any]]:
+    """This rank's files: file name -> {part name: state}."""
+    files: dict[str, dict[str, Any]] = {}
+    for name, part in parts.items():
+        if part.scope is Scope.DIST or not layout.writes(part.scope):
+            continue
+        files.setdefault(layout.file_name(part.scope), {})[name] = part.state()
+    return files
+
+
+def _publish(save_dir: str, tmp: str, final: str, iteration: int, meta: dict) -> None:
+    """Rank 0: meta, fsync, rename, latest."""
+    with open(os.path.join(tmp, META_FILE), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+    _fsync_tree(tmp)
+    old = None
+    # A stale copy of this iteration (saved, then never marked latest): swapped out, then deleted.
+    # Re-saving the iteration ``latest`` names leaves a moment where it is missing.
+    if os.path.exists(final):
+        old = os.path.join(save_dir, f"tmp-delete-{os.path.basename(final)}")
+        _remove(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_dir(save_dir)
+    _write_text_atomic(os.path.join(save_dir, LATEST_FILE), str(iteration))
+    if old is not None:
+        _remove(old)
+
+
+def prune_checkpoints(save_dir: str, keep_last: int, keep: int) -> list[int]:
+    """Delete all but the newest ``keep_last`` checkpoints (never ``keep``); returns the deleted.
+
+    Each is renamed to ``tmp-delete-...`` first, so no half-deleted ``iter_`` directory is seen.
+    """
+    doomed = [it for it in list_checkpoints(save_dir)[:-keep_last] if it != keep]
+    for it in doomed:
+        trash = os.path.join(save_dir, f"tmp-delete-{iter_dir_name(it)}")
+        os.rename(os.path.join(save_dir, iter_dir_name(it)), trash)
+        _remove(trash)
+    return doomed
+
+
+def save_checkpoint(
+    save_dir: str,
+    iteration: int,
+    parts: dict[str, Part],
+    layout: RankLayout,
+    fingerprint: dict[str, Any] | None = None,
+    keep_last: int | None = None,
+    extra: dict[str, Any] | None = None,
+    group=None,
+) -> str:
+    """Write ``parts`` as ``<save_dir>/iter_XXXXXXX`` on every rank (a collective); returns the path.
+
+    ``fingerprint``: the run's resume-relevant settings (``config_io.resume_fingerprint``);
+    ``extra``: JSON-able values for ``meta.json`` (e.g. consumed samples). ``group``: the
+    process group all ranks agree over (default: the world).
+    """
+    if iteration < 0:
+        raise ValueError(f"iteration: must be >= 0, got {iteration}")
+    name = iter_dir_name(iteration)
+    final = os.path.join(save_dir, name)
+    tmp = os.path.join(save_dir, f"tmp-{name}")
+    is_rank0 = layout.rank == 0
+    dist_parts = {k: p for k, p in parts.items() if p.scope is Scope.DIST}
+
+    error: BaseException | None = None
+    if is_rank0:
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            for entry in os.listdir(save_dir):
+                if entry.startswith("tmp-"):
+                    _remove(os.path.join(save_dir, entry))
+            os.makedirs(os.path.join(tmp, DIST_DIR) if dist_parts else tmp)
+        except Exception as err:  # noqa: BLE001 - reported to every rank below
+            error = err
+    _agree("preparing the directory", error, name, group, tmp, is_rank0)
+
+    error = None
+    try:
+        for file_name, states in _collect_local(parts, layout).items():
+            _write_torch(states, os.path.join(tmp, file_name))
+    except Exception as err:  # noqa: BLE001
+        error = err
+    _agree("writing per-rank files", error, name, group, tmp, is_rank0)
+
+    if dist_parts:
+        from megatron.core import dist_checkpointing
+
+        error = None
+        try:
+            dist_checkpointing.save({k: p.state() for k, p in dist_parts.items()}, os.path.join(tmp, DIST_DIR))
+        except Exception as err:  # noqa: BLE001
+            error = err
+        _agree("the dist-checkpointing write", error, name, group, tmp, is_rank0)
+
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "iteration": iteration,
+        "parts": {k: p.scope.value for k, p in parts.items()},
+        "layout": layout.sizes(),
+        "config_hash": fingerprint_hash(fingerprint),
+        "fingerprint": fingerprint,
+        "extra": extra or {},
+    }
+    error = None
+    if is_rank0:
+        try:
+            _publish(save_dir, tmp, final, iteration, meta)
+        except Exception as err:  # noqa: BLE001
+            error = err
+    _agree("publishing", error, name, group, tmp, is_rank0)
+    if is_rank0 and keep_last:
+        try:
+            prune_checkpoints(save_dir, keep_last, keep=iteration)
+        except OSError as err:  # the new checkpoint is safe; an old one merely survives
+            warnings.warn(f"checkpoint pruning in {save_dir} failed: {err}")
+    _barrier(group)
+    return final
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, path: str) -> None:
+    saved_parts = meta["parts"]
+    for name, part in parts.items():
+        if name not in saved_parts:
+            raise ValueError(f"{path}: has no part {name!r} (it holds {sorted(saved_parts)})")
+        if saved_parts[name] != part.scope.value:
+            raise ValueError(f"{path}: part {name!r} was saved with scope {saved_parts[name]!r}, "
+                             f"the run asks for {part.scope.value!r} (checkpoint.model_format changed?)")
+        saved, now = meta["layout"], layout.sizes()
+        diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
+        if diffs:
+            raise ValueError(
+                f"{path}: part {name!r} is stored per {part.scope.value} rank and cannot be resharded "
+                f"({', '.join(diffs)}). Resume with the checkpoint's layout (--model.tensor_model_parallel_size="
+                f"{saved['tp_size']} --model.pipeline_model_parallel_size={saved['pp_size']}, "
+                f"{saved['world_size']} ranks), save with --checkpoint.model_format=torch_dist, or skip the part "
+                f"(--checkpoint.no_load_rng / --checkpoint.no_load_optim)")
+
+
+def _check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str) -> None:
+    saved = meta.get("fingerprint")
+    if fingerprint is None or saved is None:
+        return
+    diffs = fingerprint_diff(saved, json.loads(json.dumps(fingerprint, default=str)))  # tuples -> lists, as saved
+    if diffs:
+        raise ValueError(f"{path}: the run's settings differ from the checkpoint's: {'; '.join(diffs)}. "
+                         "Use a new --checkpoint.save directory, or --checkpoint.strict_config=false to resume anyway")
+
+
+def load_checkpoint(
+    load_dir: str,
+    parts: dict[str, Part],
+    layout: RankLayout,
+    fingerprint: dict[str, Any] | None = None,
+    strict_config: bool = True,
+    iteration: int | None = None,
+) -> CheckpointInfo | None:
+    """Restore ``parts`` from the latest (or the given) checkpoint; None when there is none.
+
+    Checks before touching any state: every requested part exists with the same scope, non-DIST
+    parts were saved with this layout, and (``strict_config``) the fingerprints agree. Parts are
+    restored in the dict's order (put the RNG part last). DIST parts load collectively.
+    """
+    if iteration is None:
+        iteration = read_latest(load_dir)
+        if iteration is None:
+            return None
+    path = os.path.join(load_dir, iter_dir_name(iteration))
+    meta_path = os.path.join(path, META_FILE)
+    if not os.path.isfile(meta_path):
+        raise FileNotFoundError(f"{path}: no complete checkpoint here ({META_FILE} missing)")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+    _check_compatible(meta, parts, layout, path)
+    if strict_config:
+        _check_fingerprint(meta, fingerprint, path)
+
+    states: dict[str, Any] = {}
+    files: dict[str, dict[str, Any]] = {}
+    for name, part in parts.items():
+        if part.scope is Scope.DIST:
+            continue
+        file_name = layout.file_name(part.scope)
+        if file_name not in files:
+            file_path = os.path.join(path, file_name)
+            if not os.path.isfile(file_path):
+                raise FileNotFoundError(f"{file_path}: missing (part {name!r}, scope {part.scope.value})")
+            files[file_name] = torch.load(file_path, map_location="cpu", weights_only=True)
+        if name not in files[file_name]:
+            raise ValueError(f"{os.path.join(path, file_name)}: has no entry for part {name!r}")
+        states[name] = files[file_name][name]
+    dist_parts = {k: p for k, p in parts.items() if p.scope is Scope.DIST}
+    if dist_parts:
+        from megatron.core import dist_checkpointing
+
+        templates = {k: (p.template or p.state)() for k, p in dist_parts.items()}
+        states.update(dist_checkpointing.load(templates, os.path.join(path, DIST_DIR)))
+    for name, part in parts.items():
+        part.load(states[name])
+    return CheckpointInfo(iteration, path, meta)

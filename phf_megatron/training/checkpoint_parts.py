@@ -1,0 +1,174 @@
+"""What goes into a checkpoint: named parts, each with a scope that says who writes and reads it.
+
+The trainer hands ``checkpoint.save_checkpoint`` a ``dict[str, Part]``; a part is a pair of
+callables (``state()`` to save, ``load(state)`` to restore) and a ``Scope``:
+
+* ``DIST``: a Megatron sharded state dict, written collectively with
+  ``megatron.core.dist_checkpointing`` (reshardable: a resumed run may change TP/PP/DP).
+  Model weights of full fine-tuning, Megatron optimizer ``sharded_state_dict``.
+* ``RANK``: one file per (tp, pp, dp) rank. RNG states.
+* ``MODEL_PARALLEL``: one file per (tp, pp) rank, written by data-parallel rank 0 and read by
+  every data-parallel replica. LoRA adapters, the EMA teacher's adapters, a non-distributed
+  optimizer's state (all replicated over DP).
+* ``GLOBAL``: one file, written by global rank 0, read by all. Data position, LR scheduler.
+
+Non-DIST scopes are tied to the layout they were saved with; ``checkpoint.load_checkpoint``
+refuses a changed layout with an error that says which part and which sizes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .rng_state import capture_rng_state, restore_rng_state
+
+
+class Scope(str, enum.Enum):
+    DIST = "dist"
+    RANK = "rank"
+    MODEL_PARALLEL = "model_parallel"
+    GLOBAL = "global"
+
+
+@dataclass
+class Part:
+    """One named piece of a checkpoint."""
+
+    scope: Scope
+    state: Callable[[], Any]
+    """Returns what to save (for DIST: a sharded state dict). Plain values: tensors, numbers,
+    strings, bools, None, and lists / tuples / dicts of them (loaded with weights_only=True)."""
+    load: Callable[[Any], None]
+    """Restores from what ``state()`` returned."""
+    template: Callable[[], Any] | None = None
+    """DIST only: the sharded state dict to load into (default: ``state()``)."""
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """This rank's coordinates in the (tp, pp, dp) grid, and the grid's sizes."""
+
+    rank: int = 0
+    world_size: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    dp_rank: int = 0
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp_size * self.pp_size * self.dp_size != self.world_size:
+            raise ValueError(f"layout: tp_size x pp_size x dp_size = {self.tp_size} x {self.pp_size} x "
+                             f"{self.dp_size} does not equal world_size {self.world_size}")
+
+    @staticmethod
+    def from_parallel_state() -> "RankLayout":
+        """From Megatron's initialized ``parallel_state`` (context parallelism is not supported)."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_context_parallel_world_size() != 1:
+            raise ValueError("layout: context parallelism is not supported by the checkpoint layout")
+        return RankLayout(
+            rank=dist.get_rank(), world_size=dist.get_world_size(),
+            tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
+            dp_rank=ps.get_data_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+            pp_size=ps.get_pipeline_model_parallel_world_size(), dp_size=ps.get_data_parallel_world_size(),
+        )
+
+    @staticmethod
+    def data_parallel_only() -> "RankLayout":
+        """Every rank a data-parallel replica (or a single process without torch.distributed)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return RankLayout()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return RankLayout(rank=rank, world_size=world, dp_rank=rank, dp_size=world)
+
+    def sizes(self) -> dict[str, int]:
+        return {"tp_size": self.tp_size, "pp_size": self.pp_size, "dp_size": self.dp_size, "world_size": self.world_size}
+
+    def file_name(self, scope: Scope) -> str | None:
+        """The file this rank reads for ``scope`` (None for DIST)."""
+        if scope is Scope.RANK:
+            return f"rank_tp{self.tp_rank:02d}_pp{self.pp_rank:03d}_dp{self.dp_rank:03d}.pt"
+        if scope is Scope.MODEL_PARALLEL:
+            return f"model_parallel_tp{self.tp_rank:02d}_pp{self.pp_rank:03d}.pt"
+        if scope is Scope.GLOBAL:
+            return "global.pt"
+        return None
+
+    def writes(self, scope: Scope) -> bool:
+        """Whether this rank writes ``scope``'s file (DIST: every rank takes part)."""
+        if scope is Scope.MODEL_PARALLEL:
+            return self.dp_rank == 0
+        if scope is Scope.GLOBAL:
+            return self.rank == 0
+        return True
+
+
+#: Which saved sizes a resumed run must match, per scope.
+SCOPE_LAYOUT_KEYS = {
+    Scope.DIST: (),
+    Scope.GLOBAL: (),
+    Scope.MODEL_PARALLEL: ("tp_size", "pp_size"),
+    Scope.RANK: ("tp_size", "pp_size", "dp_size"),
+}
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def stateful_part(obj: Any, scope: Scope) -> Part:
+    """A part for anything with ``state_dict()`` / ``load_state_dict()`` (sampler, scheduler,
+    a Megatron optimizer's non-sharded state)."""
+    return Part(scope, obj.state_dict, obj.load_state_dict)
+
+
+def tensors_part(tensors: dict[str, torch.Tensor], scope: Scope = Scope.MODEL_PARALLEL) -> Part:
+    """A part for named tensors restored in place (LoRA adapters, the EMA teacher's copy).
+
+    Loading checks names and shapes and copies bit for bit into the live tensors.
+    """
+
+    def state() -> dict[str, torch.Tensor]:
+        return {name: t.detach().to("cpu", copy=True) for name, t in tensors.items()}
+
+    def load(saved: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = sorted(set(tensors) - set(saved)), sorted(set(saved) - set(tensors))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint tensors: missing {missing[:8]}, unexpected {unexpected[:8]} "
+                             "(a different LoRA target set, layer split or model?)")
+        for name, t in tensors.items():
+            if saved[name].shape != t.shape:
+                raise ValueError(f"checkpoint tensor {name}: shape {tuple(saved[name].shape)} in the checkpoint, "
+                                 f"{tuple(t.shape)} in the model")
+        with torch.no_grad():
+            for name, t in tensors.items():
+                t.copy_(saved[name])
+
+    return Part(scope, state, load)
+
+
+def rng_part() -> Part:
+    """This rank's Python / NumPy / torch / CUDA / Megatron-tracker generator states."""
+    return Part(Scope.RANK, capture_rng_state, restore_rng_state)
+
+
+def dist_model_part(model: torch.nn.Module) -> Part:
+    """The model's Megatron sharded state dict (all weights: full fine-tuning)."""
+    return Part(Scope.DIST, model.sharded_state_dict, model.load_state_dict)
+
+
+def dist_optimizer_part(optimizer, model: torch.nn.Module) -> Part:
+    """A Megatron optimizer's sharded state (reshardable across layouts)."""
+    return Part(
+        Scope.DIST,
+        state=lambda: optimizer.sharded_state_dict(model.sharded_state_dict()),
+        load=optimizer.load_state_dict,
+        template=lambda: optimizer.sharded_state_dict(model.sharded_state_dict(), is_loading=True),
+    )

@@ -1,0 +1,119 @@
+"""The training run's configuration: one dataclass per section, each field with the paper's default.
+
+A run is ``TrainConfig`` = model / lora / teacher / rollout / data / optimizer / training /
+objective / checkpoint / logging. Names follow Megatron's arguments where Megatron has one
+(``tensor_model_parallel_size``, ``micro_batch_size``, ``lr``, ``clip_grad``, ``save`` ...), so
+``--lr 1e-5`` means what it means in ``pretrain_gpt.py``. Defaults are the paper's appendix
+table and the official OPSD launch script (``siyan-zhao/OPSD``, ``scripts/run_opsd.sh`` on TRL's
+GOLDConfig / TrainingArguments defaults); each field's docstring says which.
+
+Every ``__post_init__`` error names the field and the command-line flag that changes it.
+The sections live in ``config_sections.py``; YAML loading, overrides and dumping in ``config_io.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phf_megatron.objectives.config import ObjectiveConfig
+
+from .config_sections import (  # noqa: F401 - re-exported: the sections are part of this module's API
+    LORA_TARGETS, CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig,
+    RolloutConfig, TeacherConfig, TrainingConfig, check_choice, fail,
+)
+
+#: The paper's ablation rows (Table 3 and Section 4) as switches: ``--ablation NAME`` sets these
+#: ``objective`` values before the explicit command-line overrides are applied.
+ABLATIONS: dict[str, dict[str, object]] = {
+    "opsd_only": {"flow_variant": "none"},
+    "local_only": {"flow_variant": "local"},
+    "direction_only": {"flow_variant": "direction"},
+    "geometry_only": {"flow_variant": "geometry"},
+    "pointwise_mse": {"flow_variant": "pointwise_mse"},
+    # A fixed hand-picked subset; the paper does not list it, so the run must name it.
+    "selected_layers": {"flow_variant": "phf"},
+}
+
+
+@dataclass
+class TrainConfig:
+    """One PHF training run."""
+
+    run_dir: str = "runs/phf"
+    """Directory of the run: resolved config, metrics, plots, default checkpoint dir."""
+    ablation: str | None = None
+    """A paper ablation: opsd_only | local_only | direction_only | geometry_only | pointwise_mse |
+    selected_layers (with objective.flow_layers); None: the main PHF recipe."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run_dir:
+            raise fail("run_dir", "is empty")
+        if self.ablation is not None:
+            check_choice("ablation", self.ablation, tuple(ABLATIONS))
+            for key, value in ABLATIONS[self.ablation].items():
+                if getattr(self.objective, key) != value:
+                    raise fail(f"objective.{key}", f"{getattr(self.objective, key)!r} contradicts "
+                               f"--ablation={self.ablation}, which sets {value!r}")
+            if self.ablation == "selected_layers" and self.objective.flow_layers is None:
+                raise fail("objective.flow_layers", "--ablation=selected_layers needs the layer subset, "
+                           "e.g. --objective.flow_layers=6,7,20,21")
+        if self.teacher.mode == "fixed" and not self.lora.enabled:
+            raise fail("teacher.mode", "'fixed' is the base model with the adapters off and needs "
+                       "--lora.enabled=true (or use --teacher.mode=ema)")
+        if self.training.global_batch_size % self.rollout.n:
+            raise fail("training.global_batch_size", f"{self.training.global_batch_size} rollouts do not "
+                       f"split into prompts of rollout.n = {self.rollout.n} completions")
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def save_dir(self) -> str:
+        return self.checkpoint.save or f"{self.run_dir}/checkpoints"
+
+    @property
+    def load_dir(self) -> str:
+        return self.checkpoint.load or self.save_dir
+
+    @property
+    def model_format(self) -> str:
+        """The resolved checkpoint format of the trainable weights."""
+        if self.checkpoint.model_format != "auto":
+            return self.checkpoint.model_format
+        return "per_rank" if self.lora.enabled else "torch_dist"
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.training.global_batch_size // self.rollout.n
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """World size over TP x PP; raises if the ranks do not factor."""
+        mp = self.model.tensor_model_parallel_size * self.model.pipeline_model_parallel_size
+        if world_size % mp:
+            raise fail("model.tensor_model_parallel_size", f"world size {world_size} is not a multiple of "
+                       f"tensor_model_parallel_size x pipeline_model_parallel_size = {mp}")
+        return world_size // mp
+
+    def num_microbatches(self, world_size: int) -> int:
+        """Micro-batches per step on each data-parallel rank (gradient accumulation)."""
+        dp = self.data_parallel_size(world_size)
+        per_step = self.training.micro_batch_size * dp
+        if self.training.global_batch_size % per_step:
+            raise fail("training.global_batch_size", f"{self.training.global_batch_size} is not a multiple of "
+                       f"micro_batch_size x data-parallel size = {self.training.micro_batch_size} x {dp}")
+        return self.training.global_batch_size // per_step
+
+    def require_inputs(self) -> None:
+        """Raise unless the inputs a real run needs are named (not checked at construction so that
+        presets and tests can build configs without the files)."""
+        if not self.model.hf_dir:
+            raise fail("model.hf_dir", "is required: the HF Qwen3 checkpoint directory")

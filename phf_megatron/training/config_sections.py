@@ -1,0 +1,341 @@
+"""The sections of the run config (model, LoRA, teacher, rollout, data, optimizer, training,
+checkpoint, logging); ``config.TrainConfig`` nests them with ``ObjectiveConfig``.
+
+Every field is followed by its docstring (default and source); every ``__post_init__`` error
+names the field and the command-line flag that changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TEACHER_MODES = ("ema", "fixed", "dynamic")
+ROLLOUT_BACKENDS = ("vllm", "transformers")
+DTYPES = ("bfloat16", "float16", "float32")
+RECOMPUTE_GRANULARITIES = ("full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
+LR_DECAY_STYLES = ("cosine", "linear", "constant")
+MODEL_FORMATS = ("auto", "torch_dist", "per_rank")
+
+def fail(where: str, message: str) -> ValueError:
+    """A config error that names the field (``section.field``) and the flag that changes it."""
+    return ValueError(f"{where}: {message} (change it with --{where}=...)")
+
+
+def check_choice(where: str, value, choices) -> None:
+    if value not in choices:
+        raise fail(where, f"{value!r} is not one of {tuple(choices)}")
+
+
+def _check_positive(where: str, value, allow_zero: bool = False) -> None:
+    if value is None or (value < 0 if allow_zero else value <= 0):
+        raise fail(where, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    """The policy model and how Megatron-Core lays it out."""
+
+    hf_dir: str | None = None
+    """HF Qwen3 checkpoint directory (config.json, tokenizer, safetensors). Required to run."""
+    pretrained_checkpoint: str | None = None
+    """Megatron checkpoint of the base model (Megatron's --pretrained-checkpoint); None: convert
+    ``hf_dir`` once into ``<run_dir>/base``."""
+    dtype: str = "bfloat16"
+    """Parameter dtype of the frozen base (official: torch_dtype bfloat16)."""
+    tensor_model_parallel_size: int = 1
+    """Megatron TP degree; must divide the attention heads and the KV heads (8 for Qwen3 1.7B-8B)."""
+    pipeline_model_parallel_size: int = 1
+    """Megatron PP degree; must divide the number of layers (28 or 36)."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Interleaved-schedule model chunks per pipeline rank; None: no interleaving."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (needs TP > 1; as in Megatron it is turned off at TP = 1)."""
+    recompute_granularity: str | None = "full"
+    """full | selective | None. Official runs use --gradient_checkpointing (full recompute)."""
+    recompute_method: str | None = "uniform"
+    """uniform | block, for full recompute."""
+    recompute_num_layers: int | None = 1
+    """Layers per recompute chunk (uniform) or recomputed layers per stage (block)."""
+    transformer_impl: str = "auto"
+    """auto (Transformer Engine when importable and on CUDA, else local) | local | transformer_engine."""
+    disable_dropout: bool = True
+    """Zero every dropout (TRL GOLDConfig default in the official run; this also zeroes LoRA dropout)."""
+
+    def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, DTYPES)
+        _check_positive("model.tensor_model_parallel_size", self.tensor_model_parallel_size)
+        _check_positive("model.pipeline_model_parallel_size", self.pipeline_model_parallel_size)
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None:
+            _check_positive("model.virtual_pipeline_model_parallel_size", vpp)
+            if self.pipeline_model_parallel_size == 1 and vpp > 1:
+                raise fail("model.virtual_pipeline_model_parallel_size",
+                           f"{vpp} chunks need pipeline_model_parallel_size > 1")
+        if self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False  # Megatron's rule: nothing to split at TP = 1
+        check_choice("model.transformer_impl", self.transformer_impl, TRANSFORMER_IMPLS)
+        if self.recompute_granularity is not None:
+            check_choice("model.recompute_granularity", self.recompute_granularity, RECOMPUTE_GRANULARITIES)
+        if self.recompute_granularity == "full":
+            check_choice("model.recompute_method", self.recompute_method, RECOMPUTE_METHODS)
+            _check_positive("model.recompute_num_layers", self.recompute_num_layers)
+
+    def check_model_shape(self, num_layers: int, num_attention_heads: int, num_query_groups: int) -> None:
+        """Raise if the parallel layout does not fit the model (called once the HF config is read)."""
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        for what, n in (("num_attention_heads", num_attention_heads), ("num_key_value_heads", num_query_groups)):
+            if n % tp:
+                raise fail("model.tensor_model_parallel_size", f"{tp} does not divide the model's {what} ({n})")
+        chunks = pp * (self.virtual_pipeline_model_parallel_size or 1)
+        if num_layers % chunks:
+            raise fail("model.pipeline_model_parallel_size",
+                       f"{num_layers} layers do not split into pipeline_model_parallel_size x "
+                       f"virtual_pipeline_model_parallel_size = {chunks} equal chunks")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters on the frozen base (paper: every run); disabled = full fine-tuning."""
+
+    enabled: bool = True
+    """Train LoRA adapters (True, paper) or every weight (False)."""
+    r: int = 64
+    """Adapter rank (paper: 64)."""
+    alpha: float = 128.0
+    """Scale numerator: the update is (alpha / r) * B A (paper: 128)."""
+    dropout: float = 0.05
+    """LoRA dropout (TRL ModelConfig default, which the official script keeps); note that
+    ``model.disable_dropout`` (official default) zeroes it at train time."""
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    """HF projection names adapted (paper: q, k, v, o, gate, up, down), one adapter each as PEFT."""
+
+    def __post_init__(self) -> None:
+        self.target_modules = tuple(self.target_modules)
+        _check_positive("lora.r", self.r)
+        _check_positive("lora.alpha", self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise fail("lora.dropout", f"must lie in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise fail("lora.target_modules", "is empty; use --lora.enabled=false for full fine-tuning")
+        for name in self.target_modules:
+            check_choice("lora.target_modules", name, LORA_TARGETS)
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise fail("lora.target_modules", f"repeats a module: {list(self.target_modules)}")
+
+    @property
+    def scaling(self) -> float:
+        """alpha / r, PEFT's ``scaling`` (2.0 with the paper's values)."""
+        return self.alpha / self.r
+
+
+@dataclass
+class TeacherConfig:
+    """Which weights score the privileged prompt. The EMA decay is ``objective.ema_decay``."""
+
+    mode: str = "ema"
+    """ema (paper: EMA of the student's trainable weights, rho = objective.ema_decay) | fixed
+    (adapters off: the initial policy; needs LoRA) | dynamic (the current student)."""
+
+    def __post_init__(self) -> None:
+        check_choice("teacher.mode", self.mode, TEACHER_MODES)
+
+
+@dataclass
+class RolloutConfig:
+    """On-policy sampling of the student's completions y."""
+
+    backend: str = "vllm"
+    """vllm (official, paper) | transformers (HF generate: slow, for CPU tests and debugging)."""
+    n: int = 1
+    """Completions per prompt (official num_generations = 1)."""
+    max_tokens: int = 1024
+    """Rollout length (paper: 1024)."""
+    temperature: float = 1.1
+    """Sampling temperature (paper: 1.1)."""
+    top_p: float = 0.95
+    """Nucleus threshold (paper: 0.95)."""
+    top_k: int = 20
+    """Top-k (paper: 20); 0 or -1 disables it."""
+    gpu_memory_utilization: float = 0.6
+    """Fraction of GPU memory vLLM may take (official: 0.6 on 143 GB H20s)."""
+    colocate: bool = True
+    """Run vLLM inside the training processes on the same GPUs (official vllm_mode colocate)."""
+    enable_sleep_mode: bool = False
+    """Free vLLM's weights and KV cache while training (official default off)."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallel size (official: 1)."""
+    sync_interval: int = 1
+    """Push the student's weights to the engine every this many steps (official vllm_sync_frequency 1)."""
+    verify_sync: bool = True
+    """After a weight push, check the engine's weights against the trainer's."""
+    timeout_s: float = 600.0
+    """Give up on one generate call (or engine start) after this many seconds."""
+
+    def __post_init__(self) -> None:
+        check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
+        for name in ("n", "max_tokens", "tensor_parallel_size", "sync_interval"):
+            _check_positive(f"rollout.{name}", getattr(self, name))
+        _check_positive("rollout.temperature", self.temperature)
+        _check_positive("rollout.timeout_s", self.timeout_s)
+        if not 0.0 < self.top_p <= 1.0:
+            raise fail("rollout.top_p", f"must lie in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise fail("rollout.top_k", f"must be >= 1, or 0 / -1 to disable it, got {self.top_k}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise fail("rollout.gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class DataConfig:
+    """The OPSD math set and how its prompts are rendered."""
+
+    path: str = "siyanzhao/Openthoughts_math_30k_opsd"
+    """JSONL / Parquet file, dataset directory or HF dataset name (official set: 29,434 rows)."""
+    split: str = "train"
+    """Split of a HF dataset."""
+    max_rows: int | None = None
+    """Use only the first this many rows (tiny runs); None: all."""
+    student_enable_thinking: bool = False
+    """Qwen3 thinking mode of the student's prompt (False: it ends in an empty think block)."""
+    teacher_enable_thinking: bool = True
+    """Thinking mode of the privileged prompt (official: True); used only without align_generation_prompt."""
+    align_generation_prompt: bool = True
+    """End the teacher's prompt with the student's generation prompt so y continues the same
+    assistant turn in both (fixes OPSD issue #10); False reproduces the official rendering."""
+    max_prompt_length: int = 20000
+    """Truncate prompts to this many tokens (official --max_length 20000)."""
+    skip_bad_rows: bool = False
+    """Skip and count invalid rows instead of stopping at the first one."""
+    shuffle: bool = True
+    """Reshuffle the rows every epoch (HF Trainer's RandomSampler)."""
+    shuffle_seed: int = 42
+    """Seed of the shuffle (HF TrainingArguments seed = 42)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise fail("data.path", "is empty")
+        if self.max_rows is not None:
+            _check_positive("data.max_rows", self.max_rows)
+        _check_positive("data.max_prompt_length", self.max_prompt_length)
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW (Megatron's ``adam`` decouples weight decay) and its learning-rate schedule."""
+
+    lr: float = 5e-6
+    """Peak learning rate (paper: 5e-6)."""
+    min_lr: float = 0.0
+    """Floor of the decay (HF cosine schedule: 0)."""
+    lr_decay_style: str = "cosine"
+    """cosine (paper) | linear | constant."""
+    lr_warmup_iters: int = 0
+    """Linear warm-up steps (official warmup 0)."""
+    num_train_epochs: float = 30.0
+    """Epochs the cosine spans (official num_train_epochs = 30); the run stops earlier at train_iters."""
+    lr_decay_iters: int | None = None
+    """Decay length in optimizer steps; None: num_train_epochs * ceil(rows / global_batch_size)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (HF TrainingArguments default 0)."""
+    adam_beta1: float = 0.9
+    """Adam beta1 (HF default)."""
+    adam_beta2: float = 0.999
+    """Adam beta2 (HF default)."""
+    adam_eps: float = 1e-8
+    """Adam epsilon (HF default)."""
+    clip_grad: float = 0.1
+    """Global gradient-norm clip (paper: 0.1); 0 disables it."""
+    use_distributed_optimizer: bool = False
+    """Shard optimizer state over data-parallel ranks (Megatron's distributed optimizer; CUDA only)."""
+
+    def __post_init__(self) -> None:
+        _check_positive("optimizer.lr", self.lr)
+        _check_positive("optimizer.min_lr", self.min_lr, allow_zero=True)
+        if self.min_lr > self.lr:
+            raise fail("optimizer.min_lr", f"{self.min_lr} exceeds lr = {self.lr}")
+        check_choice("optimizer.lr_decay_style", self.lr_decay_style, LR_DECAY_STYLES)
+        _check_positive("optimizer.lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
+        _check_positive("optimizer.num_train_epochs", self.num_train_epochs)
+        if self.lr_decay_iters is not None and self.lr_decay_iters <= self.lr_warmup_iters:
+            raise fail("optimizer.lr_decay_iters", f"{self.lr_decay_iters} must exceed lr_warmup_iters = {self.lr_warmup_iters}")
+        _check_positive("optimizer.weight_decay", self.weight_decay, allow_zero=True)
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise fail(f"optimizer.{name}", f"must lie in [0, 1), got {getattr(self, name)}")
+        _check_positive("optimizer.adam_eps", self.adam_eps)
+        _check_positive("optimizer.clip_grad", self.clip_grad, allow_zero=True)
+
+
+@dataclass
+class TrainingConfig:
+    """Batch sizes, step budget and seed."""
+
+    micro_batch_size: int = 4
+    """Sequences per forward/backward on one data-parallel rank (official per-device batch 4)."""
+    global_batch_size: int = 32
+    """Rollouts per optimizer step over all ranks (paper: effective batch 32)."""
+    train_iters: int = 100
+    """Optimizer steps to run (paper: the watcher stops at step 100)."""
+    seed: int = 42
+    """Seed of the model init, dropout and sampling (HF TrainingArguments default 42)."""
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "global_batch_size", "train_iters"):
+            _check_positive(f"training.{name}", getattr(self, name))
+        if self.global_batch_size % self.micro_batch_size:
+            raise fail("training.global_batch_size",
+                       f"{self.global_batch_size} is not a multiple of micro_batch_size = {self.micro_batch_size}")
+
+
+@dataclass
+class CheckpointConfig:
+    """Where and how often the run is saved (Megatron's iter_XXXXXXX layout)."""
+
+    save: str | None = None
+    """Checkpoint directory; None: <run_dir>/checkpoints."""
+    load: str | None = None
+    """Resume from this directory; None: from ``save`` when it holds a checkpoint."""
+    save_interval: int = 50
+    """Save every this many steps, and at the last step (official save_steps 50); 0: last step only."""
+    keep_last: int | None = None
+    """Keep only the newest this many checkpoints; None: keep all (the paper evaluates step 100
+    and plots the intermediate ones)."""
+    model_format: str = "auto"
+    """torch_dist (Megatron dist-checkpointing, reshardable) | per_rank (torch.save of each rank's
+    trainable tensors, same layout to resume) | auto (per_rank with LoRA, torch_dist otherwise)."""
+    no_load_optim: bool = False
+    """Do not restore the optimizer state on resume (Megatron's --no-load-optim)."""
+    no_load_rng: bool = False
+    """Do not restore the RNG states on resume (Megatron's --no-load-rng)."""
+    strict_config: bool = True
+    """Refuse to resume when a setting that changes the run's math differs from the checkpoint's."""
+
+    def __post_init__(self) -> None:
+        _check_positive("checkpoint.save_interval", self.save_interval, allow_zero=True)
+        if self.keep_last is not None:
+            _check_positive("checkpoint.keep_last", self.keep_last)
+        check_choice("checkpoint.model_format", self.model_format, MODEL_FORMATS)
+
+
+@dataclass
+class LoggingConfig:
+    """What the run writes about itself (rank 0 only)."""
+
+    log_interval: int = 1
+    """Log metrics every this many steps (per-step layer energy needs 1)."""
+    jsonl: bool = True
+    """Write <run_dir>/metrics.jsonl, one line per logged step."""
+    tensorboard: bool = False
+    """Also write TensorBoard events."""
+    tensorboard_dir: str | None = None
+    """TensorBoard directory; None: <run_dir>/tensorboard."""
+    progress_bar: bool = True
+    """Show a tqdm bar with step time and loss."""
+    log_layer_energy: bool = True
+    """Log the per-layer flow energy and its spread (paper Section 4 diagnostics)."""
+
+    def __post_init__(self) -> None:
+        _check_positive("logging.log_interval", self.log_interval)

@@ -1,0 +1,173 @@
+"""Per-step metrics on rank 0: a JSONL file, optional TensorBoard events and a tqdm progress bar.
+
+``metrics.jsonl`` holds one JSON object per logged step, ``{"step": 7, "loss": ..., ...}``,
+flushed as it is written. Steps count optimizer updates from 1. Values may be numbers, None
+(NaN and infinities are written as null, which strict JSON readers accept) or lists of numbers
+(e.g. the per-layer flow energy). On resume from step ``s`` the file keeps only lines with
+``step <= s`` (and drops a half-written last line), so the file always describes one run;
+TensorBoard gets ``purge_step = s + 1`` for the same effect.
+
+    with MetricsLogger(run_dir, total_steps=100, start_step=resumed_step, tensorboard=True) as m:
+        m.log(step, {"loss": 0.41, "lr": 5e-6, "step_time": 3.2})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+METRICS_FILE = "metrics.jsonl"
+
+#: Record keys the trainer writes and ``tools/plot_run.py`` reads.
+LOSS = "loss"            # L_OPSD + alpha * L_flow, the optimized total
+LOSS_OPSD = "loss_opsd"  # clipped JSD term
+LOSS_FLOW = "loss_flow"  # L_flow (before alpha)
+GRAD_NORM = "grad_norm"  # global gradient norm before clipping
+LR = "lr"
+STEP_TIME = "step_time"  # seconds per optimizer step
+FLOW_ENERGY = "flow_energy"  # [L] per-layer energy (diagnostics.layer_energy_metrics)
+
+
+def _is_rank0() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def to_json_value(value: Any) -> Any:
+    """Tensors/NumPy values to Python numbers or lists; NaN and +-inf to None."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()
+    elif hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics file; a half-written last line is ignored, other bad lines raise."""
+    with open(path) as f:
+        lines = f.read().split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # a crash mid-write leaves the last line without its newline
+                break
+            raise ValueError(f"{path}:{number}: not a JSON line: {line[:80]!r}") from None
+    return records
+
+
+def truncate_jsonl(path: str, last_step: int) -> int:
+    """Keep the records with ``step <= last_step`` (atomic rewrite); returns how many remain."""
+    if not os.path.isfile(path):
+        return 0
+    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        for record in kept:
+            f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def _open_tensorboard(log_dir: str, purge_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise ValueError("logging.tensorboard: the tensorboard package is not installed (pip install tensorboard) "
+                         "(change it with --logging.tensorboard=false)") from err
+    return SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+
+
+class MetricsLogger:
+    """Rank 0 writes; every other rank gets a logger whose methods do nothing."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        total_steps: int,
+        start_step: int = 0,
+        jsonl: bool = True,
+        tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        progress_bar: bool = True,
+        enabled: bool | None = None,
+    ) -> None:
+        self.enabled = _is_rank0() if enabled is None else enabled
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        self._file = None
+        self._tb = None
+        self._bar = None
+        if not self.enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        if jsonl:
+            truncate_jsonl(self.path, start_step)
+            self._file = open(self.path, "a")
+        if tensorboard:
+            self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
+                                         purge_step=start_step + 1 if start_step > 0 else None)
+        if progress_bar:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                             desc="train", mininterval=1.0)
+
+    def progress(self, step: int, **postfix: float) -> None:
+        """Move the bar to ``step`` and show ``postfix`` (e.g. loss=..., step_time=...)."""
+        if self._bar is None:
+            return
+        self._bar.update(step - self._bar.n)
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
+        self._bar.set_postfix(shown, refresh=False)
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write one record for ``step`` and advance the bar (shows ``loss`` and ``step_time``)."""
+        if not self.enabled:
+            return
+        record = {"step": int(step)}
+        record.update({k: to_json_value(v) for k, v in metrics.items()})
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key == "step":
+                    continue
+                if isinstance(value, list):
+                    for i, v in enumerate(value):
+                        if isinstance(v, (int, float)) and v is not None:
+                            self._tb.add_scalar(f"{key}/{i:02d}", v, step)
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        self.progress(step, loss=record.get("loss"), step_time=record.get("step_time"))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,82 @@
+"""The privileged teacher's weights (paper Section 3.4): EMA (paper), fixed, or dynamic.
+
+The teacher is the same network as the student, run on the privileged prompt. Which weights
+it uses is a swap of the trainable tensors around its forward pass:
+
+* ``ema``: an fp32 EMA of the trainable tensors, ``theta_bar_k = rho theta_bar_{k-1} + (1-rho) theta_k``,
+  initialised to the student's initial values. With LoRA only the adapters are averaged: the
+  frozen base is shared, so the teacher costs no second copy of the model.
+* ``fixed``: the initial policy. With LoRA the adapters are switched off (the official OPSD
+  ``--fixed_teacher``); with full fine-tuning a frozen copy of the initial weights is kept.
+* ``dynamic``: the current student, unchanged.
+
+The swap copies values in place (``param.copy_``), so parameters that are views into Megatron's
+contiguous DDP buffers stay views.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+
+from ..lora import set_adapters_enabled
+from ..objectives import ema_update
+
+TEACHER_MODES = ("ema", "fixed", "dynamic")
+
+
+class PrivilegedTeacher:
+    def __init__(self, model_chunks: Iterable[torch.nn.Module], mode: str = "ema", decay: float = 0.999,
+                 lora: bool = True):
+        if mode not in TEACHER_MODES:
+            raise ValueError(f"teacher.mode: {mode!r} is not one of {TEACHER_MODES}")
+        self.model_chunks = list(model_chunks)
+        self.mode, self.decay, self.lora = mode, decay, lora
+        self.params = [p for chunk in self.model_chunks for p in chunk.parameters() if p.requires_grad]
+        keep_copy = mode == "ema" or (mode == "fixed" and not lora)
+        self.shadow = [p.detach().float().clone() for p in self.params] if keep_copy else []
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """After each optimizer step: the EMA update (a no-op for fixed/dynamic teachers)."""
+        if self.mode == "ema":
+            ema_update(self.shadow, self.params, self.decay)
+
+    @contextlib.contextmanager
+    def weights(self):
+        """Run the enclosed forward with the teacher's weights; the student's are restored after."""
+        if self.mode == "dynamic":
+            yield
+            return
+        if self.mode == "fixed" and self.lora:
+            for chunk in self.model_chunks:
+                set_adapters_enabled(chunk, False)
+            try:
+                yield
+            finally:
+                for chunk in self.model_chunks:
+                    set_adapters_enabled(chunk, True)
+            return
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in self.params]
+            for p, s in zip(self.params, self.shadow):
+                p.copy_(s)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, s in zip(self.params, saved):
+                    p.copy_(s)
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "decay": self.decay, "shadow": [s.clone() for s in self.shadow]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["mode"] != self.mode:
+            raise ValueError(f"teacher.mode: checkpoint has {state['mode']!r}, config asks for {self.mode!r}")
+        if len(state["shadow"]) != len(self.shadow):
+            raise ValueError(f"teacher: checkpoint holds {len(state['shadow'])} tensors, model has {len(self.shadow)}")
+        for s, loaded in zip(self.shadow, state["shadow"]):
+            s.copy_(loaded)

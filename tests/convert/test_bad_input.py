@@ -1,0 +1,110 @@
+"""Bad converter input fails with a clear error before any output exists."""
+
+import json
+import os
+
+import pytest
+
+from phf_megatron.convert.checkpoints import convert_hf_to_mcore, convert_mcore_to_hf
+from phf_megatron.convert.qwen3_arch import Qwen3Arch
+
+from ..models.tiny_qwen3 import save_tiny_hf, tiny_config, tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return save_tiny_hf(tiny_hf_model("gqa"), str(tmp_path_factory.mktemp("hf")), with_tokenizer=False)
+
+
+def _copy(src, dst):
+    os.makedirs(dst)
+    for f in os.listdir(src):
+        with open(os.path.join(src, f), "rb") as a, open(os.path.join(dst, f), "wb") as b:
+            b.write(a.read())
+    return dst
+
+
+def _edit_config(path, **changes):
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
+def _expect_no_output(tmp_path, hf, exc, match, **kw):
+    out = str(tmp_path / "out")
+    with pytest.raises(exc, match=match):
+        convert_hf_to_mcore(hf, out, progress=False, **kw)
+    assert not os.path.exists(out) and not os.path.exists(out + ".tmp")
+
+
+def test_non_qwen3_architecture(tmp_path, hf_dir):
+    bad = _copy(hf_dir, str(tmp_path / "llama"))
+    _edit_config(bad, model_type="llama", architectures=["LlamaForCausalLM"])
+    _expect_no_output(tmp_path, bad, ValueError, "model_type.*qwen3.*llama")
+
+
+def test_missing_shard_file(tmp_path, hf_dir):
+    bad = _copy(hf_dir, str(tmp_path / "missing"))
+    shard = sorted(f for f in os.listdir(bad) if f.endswith(".safetensors"))[3]
+    os.remove(os.path.join(bad, shard))
+    _expect_no_output(tmp_path, bad, FileNotFoundError, shard)
+
+
+def test_partial_shards_missing_tensor(tmp_path, hf_dir):
+    bad = _copy(hf_dir, str(tmp_path / "partial"))
+    index_path = os.path.join(bad, "model.safetensors.index.json")
+    with open(index_path) as f:
+        index = json.load(f)
+    del index["weight_map"]["model.layers.2.mlp.up_proj.weight"]
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    _expect_no_output(tmp_path, bad, ValueError, "model.layers.2.mlp.up_proj.weight")
+
+
+@pytest.mark.parametrize("tp, what", [(3, "num_attention_heads"), (4, "query groups")])
+def test_tp_must_divide_heads_and_groups(tmp_path, hf_dir, tp, what):
+    _expect_no_output(tmp_path, hf_dir, ValueError, f"tp.*{what}", tp=tp)
+
+
+def test_pp_must_divide_layers(tmp_path, hf_dir):
+    _expect_no_output(tmp_path, hf_dir, ValueError, "pp.*num_hidden_layers", pp=3)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(num_hidden_layers=3), "not implied by config.json"),
+    (dict(intermediate_size=80), r"mlp\.\w+_proj\.weight has shape \(\d+, \d+\), config.json implies"),
+    (dict(num_key_value_heads=4), r"[kv]_proj.weight has shape"),
+    (dict(tie_word_embeddings=True), "tie_word_embeddings=true but lm_head.weight differs"),
+])
+def test_config_contradicting_the_weights(tmp_path, hf_dir, changes, match):
+    bad = _copy(hf_dir, str(tmp_path / "contradict"))
+    _edit_config(bad, **changes)
+    _expect_no_output(tmp_path, bad, ValueError, match)
+
+
+def test_existing_output_directory(tmp_path, hf_dir):
+    out = tmp_path / "exists"
+    out.mkdir()
+    with pytest.raises(FileExistsError, match="exists"):
+        convert_hf_to_mcore(hf_dir, str(out), progress=False)
+    assert os.listdir(out) == []
+
+
+def test_mcore_dir_without_metadata(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(FileNotFoundError, match="phf_megatron.json"):
+        convert_mcore_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "rope"),
+    (dict(num_key_value_heads=3), "num_key_value_heads"),
+])
+def test_unsupported_configs(changes, match):
+    raw = {**tiny_config("gqa").to_dict(), **changes}
+    with pytest.raises(ValueError, match=match):
+        Qwen3Arch.from_hf(raw)

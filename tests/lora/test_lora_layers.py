@@ -1,0 +1,110 @@
+"""Tensor-parallel LoRA layers equal a dense single-process computation (float64)."""
+
+import torch
+
+from phf_megatron.lora.layers import qkv_layout
+
+from ..models.spawn import megatron_layout, run_ranks
+
+HID, HEADS, GROUPS, D, RANK, ALPHA, S, B = 16, 4, 2, 4, 3, 6.0, 4, 2
+
+
+def _megatron_qkv_weight(wq, wk, wv, groups):
+    """Megatron's fused layout, built row by row: per group [its q heads, its k head, its v head]."""
+    hpg = wq.shape[0] // wk.shape[0]
+    rows = []
+    for g in range(groups):
+        d = wk.shape[0] // groups
+        rows += [wq[g * hpg * d:(g + 1) * hpg * d], wk[g * d:(g + 1) * d], wv[g * d:(g + 1) * d]]
+    return torch.cat(rows)
+
+
+def test_qkv_layout_matches_megatron_fused_weight():
+    g = torch.Generator().manual_seed(0)
+    wq, wk, wv = (torch.randn(n, HID, generator=g, dtype=torch.float64) for n in (HEADS * D, GROUPS * D, GROUPS * D))
+    x = torch.randn(3, 2, HID, generator=g, dtype=torch.float64)
+    fused = x @ _megatron_qkv_weight(wq, wk, wv, GROUPS).T
+    torch.testing.assert_close(qkv_layout(GROUPS)([x @ wq.T, x @ wk.T, x @ wv.T]), fused)
+
+
+def _check_layers(rank, world_size):
+    megatron_layout(2, 1)
+    for sp in (False, True):
+        _check_layers_sp(sp)
+
+
+def _check_layers_sp(sp):
+    import torch.nn.functional as F
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from phf_megatron.lora.layers import LoRAColumnParallelLinear, LoRARowParallelLinear, Segment, qkv_layout
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    k = parallel_state.get_tensor_model_parallel_rank()
+    cfg = TransformerConfig(num_layers=1, hidden_size=HID, num_attention_heads=HEADS, num_query_groups=GROUPS,
+                            kv_channels=D, tensor_model_parallel_size=tp, sequence_parallel=sp,
+                            use_cpu_initialization=True, params_dtype=torch.float64, add_bias_linear=False)
+    g = torch.Generator().manual_seed(7)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+    wq, wk, wv = rnd(HEADS * D, HID), rnd(GROUPS * D, HID), rnd(GROUPS * D, HID)
+    a = {n: rnd(RANK, HID) for n in ("q_proj", "k_proj", "v_proj")}
+    b = {n: rnd(w.shape[0], RANK) for n, w in (("q_proj", wq), ("k_proj", wk), ("v_proj", wv))}
+    w_o, a_o, b_o = rnd(HID, HEADS * D), rnd(RANK, HEADS * D), rnd(HID, RANK)
+    x_full, r_qkv, r_o = rnd(S, B, HID), rnd(S, B, (HEADS + 2 * GROUPS) * D), rnd(S, B, HID)
+    scale = ALPHA / RANK
+
+    # ---- dense reference (one process, full tensors, HF-style separate projections)
+    xr, ar, br = x_full.clone().requires_grad_(), {n: t.clone().requires_grad_() for n, t in a.items()}, \
+        {n: t.clone().requires_grad_() for n, t in b.items()}
+    parts = [xr @ w.T + scale * (xr @ ar[n].T) @ br[n].T for n, w in (("q_proj", wq), ("k_proj", wk), ("v_proj", wv))]
+    qkv_ref = qkv_layout(GROUPS)(parts)
+    (qkv_ref * r_qkv).sum().backward()
+    xo = torch.randn(S, B, HEADS * D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    xor, aor, bor = xo.clone().requires_grad_(), a_o.clone().requires_grad_(), b_o.clone().requires_grad_()
+    o_ref = xor @ w_o.T + scale * (xor @ aor.T) @ bor.T
+    (o_ref * r_o).sum().backward()
+
+    # ---- sharded: rank k owns query groups [k*G/tp, (k+1)*G/tp) of qkv and the same input slice of o
+    gl, hl = GROUPS // tp, HEADS // tp
+    col = ColumnParallelLinear(HID, (HEADS + 2 * GROUPS) * D, config=cfg, init_method=torch.nn.init.zeros_,
+                               bias=False, gather_output=False)
+    per_rank = (HEADS + 2 * GROUPS) * D // tp
+    col.weight.data.copy_(_megatron_qkv_weight(wq, wk, wv, GROUPS)[k * per_rank:(k + 1) * per_rank])
+    segs = [Segment("q_proj", hl * D), Segment("k_proj", gl * D), Segment("v_proj", gl * D)]
+    lcol = LoRAColumnParallelLinear(col, segs, qkv_layout(gl), ("q_proj", "k_proj", "v_proj"), RANK, ALPHA, 0.0)
+    rows = {"q_proj": slice(k * hl * D, (k + 1) * hl * D), "k_proj": slice(k * gl * D, (k + 1) * gl * D),
+            "v_proj": slice(k * gl * D, (k + 1) * gl * D)}
+    for n, ad in lcol.adapters.items():
+        ad.lora_A.data.copy_(a[n])
+        ad.lora_B.data.copy_(b[n][rows[n]])
+    seq = slice(k * S // tp, (k + 1) * S // tp) if sp else slice(None)
+    x_local = x_full[seq].clone().requires_grad_()
+    out, _ = lcol(x_local)
+    (out * r_qkv[:, :, k * per_rank:(k + 1) * per_rank]).sum().backward()
+    torch.testing.assert_close(out, qkv_ref[:, :, k * per_rank:(k + 1) * per_rank].detach())
+    torch.testing.assert_close(x_local.grad, xr.grad[seq])
+    for n, ad in lcol.adapters.items():
+        torch.testing.assert_close(ad.lora_A.grad, ar[n].grad)  # replicated: the full gradient on every rank
+        torch.testing.assert_close(ad.lora_B.grad, br[n].grad[rows[n]])
+    assert col.weight.grad is None  # the base stays frozen
+
+    row = RowParallelLinear(HEADS * D, HID, config=cfg, init_method=torch.nn.init.zeros_, bias=False,
+                            input_is_parallel=True, skip_bias_add=True)
+    cols = slice(k * HEADS * D // tp, (k + 1) * HEADS * D // tp)
+    row.weight.data.copy_(w_o[:, cols])
+    lrow = LoRARowParallelLinear(row, "o_proj", RANK, ALPHA, 0.0)
+    lrow.adapters["o_proj"].lora_A.data.copy_(a_o[:, cols])
+    lrow.adapters["o_proj"].lora_B.data.copy_(b_o)
+    xo_local = xo[:, :, cols].clone().requires_grad_()
+    out_o, _ = lrow(xo_local)
+    (out_o * r_o[seq]).sum().backward()
+    torch.testing.assert_close(out_o, o_ref[seq].detach())
+    torch.testing.assert_close(xo_local.grad, xor.grad[:, :, cols])
+    torch.testing.assert_close(lrow.adapters["o_proj"].lora_A.grad, aor.grad[:, cols])
+    torch.testing.assert_close(lrow.adapters["o_proj"].lora_B.grad, bor.grad)
+
+
+def test_tensor_parallel_lora_equals_dense_with_and_without_sp():
+    run_ranks(_check_layers, 2)

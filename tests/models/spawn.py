@@ -1,0 +1,61 @@
+"""Run a function on N gloo ranks with Megatron-Core on CPU (torch.multiprocessing spawn).
+
+    results = run_ranks(fn, world_size, *args)   # fn(rank, world_size, *args) on every rank
+
+Each rank joins a fresh gloo group, applies ``cpu_shims``, runs ``fn`` and returns a picklable
+value; ``run_ranks`` returns the list of values by rank (an exception on any rank fails the
+call with that rank's traceback). Spawning costs seconds, so run several checks per spawn and
+switch layouts inside with ``megatron_layout(tp, pp)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world_size, port, out_dir, fn, args):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    from phf_megatron.parallel import cpu_shims
+
+    cpu_shims.apply()
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size: int, *args):
+    """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each on its own process."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size, join=True)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def megatron_layout(tp: int, pp: int, seed: int = 1234) -> None:
+    """(Re)initialise Megatron's model-parallel groups for ``tp`` x ``pp`` (DP fills the rest)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(seed)

@@ -1,0 +1,138 @@
+"""The single-process oracle of a PHF step: Foundation objectives on HF transformers tensors.
+
+A fixed global batch of student/teacher sequence pairs (different prompt lengths, the same
+rollout tokens, right-padded) is split into ``PhfMicroBatch``es for any DP x micro-batch layout.
+``hf_reference`` runs HF Qwen3 on the whole batch: layer outputs (before the final norm, taken
+with forward hooks on the decoder layers) at the window positions and the logits that predict
+each rollout token, then ``objectives.opsd_loss + alpha * objectives.hidden_flow_loss`` and its
+gradient with respect to every student parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phf_megatron.objectives import ObjectiveConfig, flow_terms, hidden_flow_loss, layer_values, opsd_loss
+from phf_megatron.objectives.flow import LayerPlan
+from phf_megatron.parallel.batch import PhfMicroBatch
+
+# (student prompt length, extra teacher prompt length, rollout length) per sample: a sample with
+# one rollout token (no transition: contributes 0 to the flow), one with two, longer ones that
+# the window (budget 5) subsamples.
+SAMPLES = [(3, 4, 9), (2, 6, 1), (4, 3, 2), (5, 5, 10), (3, 3, 6), (2, 4, 8), (4, 6, 3), (3, 5, 7)]
+SEQ_STUDENT, SEQ_TEACHER, WINDOW = 16, 20, 5
+
+
+def sample_tokens(vocab: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(student sequence, teacher sequence) token lists per sample, unpadded."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for p_s, extra, n in SAMPLES:
+        prompt = torch.randint(0, vocab, (p_s,), generator=g)
+        reference = torch.randint(0, vocab, (extra,), generator=g)
+        rollout = torch.randint(0, vocab, (n,), generator=g)
+        out.append((torch.cat([prompt, rollout]), torch.cat([prompt, reference, rollout])))
+    return out
+
+
+def _pad(seqs, rollouts, length):
+    tokens = torch.zeros(len(seqs), length, dtype=torch.long)
+    response = torch.zeros(len(seqs), length, dtype=torch.bool)
+    for b, (seq, n) in enumerate(zip(seqs, rollouts)):
+        tokens[b, : len(seq)] = seq
+        response[b, len(seq) - n: len(seq)] = True
+    return tokens, response
+
+
+def microbatches(vocab: int, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1) -> list[PhfMicroBatch]:
+    """This DP rank's contiguous share of the global batch, in ``num_micro`` equal micro-batches."""
+    pairs = sample_tokens(vocab)
+    per_rank = len(pairs) // dp_size
+    mine = list(range(dp_rank * per_rank, (dp_rank + 1) * per_rank))
+    size = per_rank // num_micro
+    out = []
+    for k in range(num_micro):
+        idx = mine[k * size: (k + 1) * size]
+        n = [SAMPLES[i][2] for i in idx]
+        st, sr = _pad([pairs[i][0] for i in idx], n, SEQ_STUDENT)
+        tt, tr = _pad([pairs[i][1] for i in idx], n, SEQ_TEACHER)
+        out.append(PhfMicroBatch(st, tt, sr, tr, window_budget=WINDOW))
+    return out
+
+
+def _layer_outputs(model, tokens, grad: bool):
+    """Logits ``[B, T, V]`` and the stacked decoder-layer outputs ``[L, B, T, H]`` (pre final norm)."""
+    outs, handles = [], []
+    for layer in model.model.layers:
+        handles.append(layer.register_forward_hook(lambda m, a, o: outs.append(o[0] if isinstance(o, tuple) else o)))
+    try:
+        with torch.set_grad_enabled(grad):
+            logits = model(tokens).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, torch.stack(outs)
+
+
+def _rows(hidden, window):
+    """``[L, B, T, H]`` at ``window [B, m]`` → ``[L, B, m, H]``."""
+    idx = window[None, :, :, None].expand(hidden.shape[0], -1, -1, hidden.shape[-1])
+    return hidden.gather(2, idx)
+
+
+def _pad_cat(tensors, dim, length, value=0):
+    out = []
+    for t in tensors:
+        pad = list(t.shape)
+        pad[dim] = length - t.shape[dim]
+        out.append(torch.cat([t, torch.full(pad, value, dtype=t.dtype)], dim=dim))
+    return torch.cat(out, dim=0 if dim != 0 else 1)
+
+
+def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: ObjectiveConfig, layers_total: int):
+    """Loss, its parts, per-layer flow values and the gradient of every student parameter."""
+    student.zero_grad(set_to_none=True)
+    s_logits, t_logits, s_rows, t_rows, valid, masks = [], [], [], [], [], []
+    for mb in mbs:
+        sl, sh = _layer_outputs(student, mb.student_tokens, grad=True)
+        tl, th = _layer_outputs(teacher, mb.teacher_tokens, grad=False)
+        n_max = max(int(x) for x in mb.student_response.sum(1))
+        for b in range(mb.batch_size):
+            si = mb.student_response[b].nonzero().flatten() - 1
+            ti = mb.teacher_response[b].nonzero().flatten() - 1
+            pad = n_max - len(si)
+            s_logits.append(torch.cat([sl[b, si], sl.new_zeros(pad, sl.shape[-1])])[None])
+            t_logits.append(torch.cat([tl[b, ti], tl.new_zeros(pad, tl.shape[-1])])[None])
+            masks.append(torch.arange(n_max)[None] < len(si))
+        s_rows.append(_rows(sh, mb.student_window))
+        t_rows.append(_rows(th, mb.teacher_window))
+        valid.append(mb.window_valid)
+    n = max(x.shape[1] for x in s_logits)
+    s_lg = torch.cat([torch.cat([x, x.new_zeros(1, n - x.shape[1], x.shape[2])], 1) for x in s_logits])
+    t_lg = torch.cat([torch.cat([x, x.new_zeros(1, n - x.shape[1], x.shape[2])], 1) for x in t_logits])
+    mask = torch.cat([torch.cat([x, torch.zeros(1, n - x.shape[1], dtype=torch.bool)], 1) for x in masks])
+    m = max(v.shape[1] for v in valid)
+    h_s = torch.cat([torch.cat([r, r[:, :, -1:].expand(-1, -1, m - r.shape[2], -1)], 2) for r in s_rows], 1)
+    h_t = torch.cat([torch.cat([r, r[:, :, -1:].expand(-1, -1, m - r.shape[2], -1)], 2) for r in t_rows], 1)
+    val = torch.cat([torch.cat([v, torch.zeros(v.shape[0], m - v.shape[1], dtype=torch.bool)], 1) for v in valid])
+
+    o = objective
+    opsd = opsd_loss(s_lg, t_lg, mask, o.jsd_beta, o.jsd_temperature, o.jsd_clip, o.jsd_clip_mode)
+    out = {"opsd": opsd.item(), "flow": 0.0}
+    loss = opsd
+    if o.uses_flow:
+        flow = hidden_flow_loss(h_s, h_t, val, o.flow_variant, o.flow_eps, o.flow_layers)
+        loss = opsd + o.flow_alpha * flow
+        plan = LayerPlan.build(layers_total, o.flow_variant, o.flow_layers)
+        with torch.no_grad():
+            terms = flow_terms(h_s, h_t, val, plan, o.flow_variant, o.flow_eps)
+            w = terms.sample_mask.double()
+            per_layer = (layer_values(terms, o.flow_variant).double() * w).sum(1) / w.sum().clamp(min=1)
+            out["layer_flow"] = per_layer.tolist()
+            if terms.adjacent is not None:
+                out["pair_flow"] = ((terms.adjacent.double() * w).sum(1) / w.sum().clamp(min=1)).tolist()
+        out["flow"] = flow.item()
+    loss.backward()
+    out["loss"] = loss.item()
+    out["grads"] = {name: p.grad.detach().clone() for name, p in student.named_parameters() if p.grad is not None}
+    return out

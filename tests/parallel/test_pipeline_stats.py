@@ -1,0 +1,44 @@
+"""The stats rows that carry the flow share down the pipeline: exact values, working gradient."""
+
+import pytest
+import torch
+
+from phf_megatron.parallel.pipeline_stats import (pack_stats, pipeline_seq_length, split_received, stats_rows,
+                                                  unpack_stats)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_values_round_trip_bit_exactly(dtype):
+    values = torch.randn(3, 9) * torch.tensor([1e-30, 1e30, 1.0, 3.3, -7.0, 1e-7, 0.1, 2.0, 5.0])
+    share = values[:, 0].clone().requires_grad_()
+    stats = pack_stats(share, values, hidden_size=8, dtype=dtype)
+    assert stats.dtype == dtype and stats.shape == (stats_rows(9, 8, dtype), 3, 8)
+    got_share, got_values = unpack_stats(stats, 9)
+    assert torch.equal(got_values, values) and torch.equal(got_share.detach(), values[:, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gradient_reaches_the_share_through_the_carrier(dtype):
+    values = torch.randn(4, 3)
+    share = values[:, 0].clone().requires_grad_()
+    stats = pack_stats(share, values, hidden_size=16, dtype=dtype)
+    # What the pipeline does: the stats rows travel with the activation, the next stage unpacks.
+    received = torch.cat([torch.randn(5, 4, 16, dtype=dtype), stats]).detach().requires_grad_()
+    _, rows = split_received(received, 5, stats.shape[0])
+    got_share, _ = unpack_stats(rows, 3)
+    weights = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    (got_share * weights).sum().backward()
+    (share_grad,) = torch.autograd.grad(stats, share, received.grad[5:])
+    assert torch.equal(share_grad, weights)  # powers of two: exact even through bf16
+
+
+def test_rows_and_seq_length():
+    assert stats_rows(10, 64, torch.float32) == 1 and stats_rows(10, 64, torch.bfloat16) == 1
+    assert stats_rows(40, 64, torch.bfloat16) == 2  # 1 + 80 elements
+    assert pipeline_seq_length(16, 1, tp_size=2, sequence_parallel=True) == 18
+    assert pipeline_seq_length(16, 1, tp_size=2, sequence_parallel=False) == 17
+
+
+def test_received_tensor_without_stats_rows_is_a_clear_error():
+    with pytest.raises(ValueError, match="pipeline_seq_length"):
+        split_received(torch.zeros(8, 2, 4), 8, 1)

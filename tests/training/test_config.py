@@ -1,0 +1,244 @@
+"""The run config: paper defaults, presets, YAML + overrides, ablation switches, clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import yaml
+
+from phf_megatron.training.config import ABLATIONS, ModelConfig, TrainConfig
+from phf_megatron.training.config_io import (
+    config_from_argv, config_hash, dump_config, field_types, flatten, load_config, resolve_key, resume_fingerprint,
+    save_run_config, to_dict,
+)
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+PRESETS = ("phf_qwen3_1p7b", "phf_qwen3_4b", "phf_qwen3_8b", "tiny_cpu")
+
+#: The paper's appendix table (Hyperparameters) as config keys.
+PAPER_TABLE = {
+    "lora.r": 64,                                    # LoRA rank / alpha: 64 / 128
+    "lora.alpha": 128,
+    "lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "optimizer.lr": 5e-6,                            # 5e-6 (cosine)
+    "optimizer.lr_decay_style": "cosine",
+    "optimizer.clip_grad": 0.1,                      # grad clip
+    "training.global_batch_size": 32,                # effective batch
+    "training.train_iters": 100,                     # optimizer steps
+    "rollout.max_tokens": 1024,                      # rollout length
+    "rollout.temperature": 1.1,                      # rollout temp / top-p / top-k
+    "rollout.top_p": 0.95,
+    "rollout.top_k": 20,
+    "objective.jsd_clip": 0.05,                      # JSD token clip (1.7B/4B)
+    "objective.flow_alpha": 0.05,                    # flow coefficient
+    "objective.ema_decay": 0.999,                    # EMA decay
+    "objective.flow_window": 128,                    # hidden window |W|
+    "objective.flow_layers": None,                   # all layers ...
+    "objective.flow_variant": "phf",                 # ... with neighbouring layer pairs
+    # appendix text and the official launch script
+    "optimizer.num_train_epochs": 30.0,
+    "optimizer.lr_warmup_iters": 0,
+    "training.micro_batch_size": 4,                  # per-device batch 4 x 8 GPUs
+    "teacher.mode": "ema",
+    "lora.enabled": True,
+    "lora.dropout": 0.05,
+}
+
+QWEN3_SHAPES = {  # num_layers, num_attention_heads, num_key_value_heads
+    "phf_qwen3_1p7b": (28, 16, 8), "phf_qwen3_4b": (36, 32, 8), "phf_qwen3_8b": (36, 32, 8),
+}
+
+#: What a paper-scale preset may change: where things run, not what is optimized.
+LAYOUT_KEYS = ("run_dir", "model.", "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
+               "rollout.enable_sleep_mode", "training.micro_batch_size", "logging.tensorboard")
+
+
+def preset(name: str) -> str:
+    return os.path.join(CONFIGS, f"{name}.yaml")
+
+
+def test_defaults_are_the_paper_table():
+    flat = flatten(to_dict(TrainConfig()))
+    assert {k: flat[k] for k in PAPER_TABLE} == PAPER_TABLE
+
+
+@pytest.mark.parametrize("name", PRESETS[:3])
+def test_scale_presets_keep_the_recipe_and_fit_the_model(name):
+    cfg = load_config(preset(name))
+    default, got = flatten(to_dict(TrainConfig())), flatten(to_dict(cfg))
+    changed = {k for k in got if got[k] != default[k]}
+    allowed = {k for k in changed if any(k == p or (p.endswith(".") and k.startswith(p)) for p in LAYOUT_KEYS)}
+    expected_extra = {"objective.jsd_clip"} if name == "phf_qwen3_8b" else set()
+    assert changed - allowed == expected_extra
+    assert cfg.objective.jsd_clip == (0.06 if name == "phf_qwen3_8b" else 0.05)  # the paper's per-scale difference
+    cfg.model.check_model_shape(*QWEN3_SHAPES[name])
+    assert cfg.num_microbatches(world_size=8) * cfg.training.micro_batch_size * cfg.data_parallel_size(8) == 32
+    if cfg.rollout.colocate:  # one vLLM engine per model-parallel group of the same GPUs
+        assert cfg.rollout.tensor_parallel_size == cfg.model.tensor_model_parallel_size
+
+
+def test_tiny_cpu_preset_builds():
+    cfg = load_config(preset("tiny_cpu"), ["--model.hf_dir=/tmp/tiny"])
+    cfg.require_inputs()
+    assert cfg.num_microbatches(world_size=1) == 2 and cfg.model_format == "per_rank"
+
+
+def test_overrides_dotted_flat_spaced_and_typed():
+    cfg = load_config(preset("phf_qwen3_8b"), [
+        "--lr", "1e-5", "--objective.flow_variant=local", "--tensor_model_parallel_size=4",
+        "--lora.enabled", "--objective.flow_layers=3,4,5", "--objective.jsd_clip", "none",
+        "--rollout.top_k=-1", "--checkpoint.keep_last", "3", "--logging.progress_bar=false",
+    ])
+    assert cfg.optimizer.lr == 1e-5 and isinstance(cfg.optimizer.lr, float)
+    assert cfg.objective.flow_variant == "local"
+    assert cfg.model.tensor_model_parallel_size == 4
+    assert cfg.lora.enabled is True
+    assert cfg.objective.flow_layers == (3, 4, 5)
+    assert cfg.objective.jsd_clip is None
+    assert cfg.rollout.top_k == -1 and cfg.checkpoint.keep_last == 3 and cfg.logging.progress_bar is False
+    assert load_config(argv=["--objective.flow_layers=[0, 2]"]).objective.flow_layers == (0, 2)
+
+
+def test_yaml_float_without_dot_is_a_float(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer:\n  lr: 5e-6\n  min_lr: 0\n")  # PyYAML reads 5e-6 as a string
+    cfg = load_config(str(path))
+    assert cfg.optimizer.lr == 5e-6 and cfg.optimizer.min_lr == 0.0
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--objective.flow_varient=local"], r"--objective.flow_varient: unknown setting; did you mean objective.flow_variant"),
+    (["--lrr", "1e-5"], r"--lrr: unknown setting; did you mean .*\blr\b"),
+    (["--optimizer.lr", "abc"], r"optimizer.lr: expected float, got 'abc'"),
+    (["--lora.enabled=maybe"], r"lora.enabled: expected true/false"),
+    (["--training.train_iters"], r"--training.train_iters: missing a value"),
+    (["lr=1e-5"], r"unexpected argument 'lr=1e-5'"),
+])
+def test_bad_overrides_name_the_key(argv, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(argv=argv)
+
+
+def test_ambiguous_bare_key_lists_owners():
+    types_ = {"rollout.temperature": float, "objective.temperature": float}
+    with pytest.raises(ValueError, match=r"--temperature: ambiguous, it names rollout.temperature, objective.temperature"):
+        resolve_key("temperature", types_)
+    leaves = [k.rsplit(".", 1)[-1] for k in field_types()]
+    assert len(leaves) == len(set(leaves)), "every bare field name is unique today"
+
+
+def test_unknown_yaml_key_names_file_and_close_match(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout:\n  temprature: 1.0\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: unknown key 'rollout.temprature'; did you mean rollout.temperature"):
+        load_config(str(path))
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--training.global_batch_size=30", "training.global_batch_size"),
+    ("--objective.flow_variant=foo", "objective.flow_variant"),
+    ("--objective.flow_window=1", "objective.flow_window"),
+    ("--lora.target_modules=q_proj,qkv", "lora.target_modules"),
+    ("--lora.r=0", "lora.r"),
+    ("--teacher.mode=frozen", "teacher.mode"),
+    ("--rollout.top_p=1.5", "rollout.top_p"),
+    ("--rollout.backend=sglang", "rollout.backend"),
+    ("--optimizer.min_lr=1e-3", "optimizer.min_lr"),
+    ("--optimizer.lr_decay_style=wsd", "optimizer.lr_decay_style"),
+    ("--model.recompute_method=none", "model.recompute_method"),
+    ("--model.virtual_pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size"),
+    ("--checkpoint.model_format=zip", "checkpoint.model_format"),
+    ("--logging.log_interval=0", "logging.log_interval"),
+    ("--data.max_prompt_length=0", "data.max_prompt_length"),
+])
+def test_invalid_values_name_field_and_flag(override, key):
+    with pytest.raises(ValueError) as err:
+        load_config(argv=[override])
+    assert str(err.value).startswith(f"{key}:") and f"--{key}=" in str(err.value)
+
+
+def test_cross_section_rules():
+    with pytest.raises(ValueError, match=r"teacher.mode: 'fixed' .* --lora.enabled=true"):
+        load_config(argv=["--teacher.mode=fixed", "--lora.enabled=false"])
+    with pytest.raises(ValueError, match=r"training.global_batch_size: 32 rollouts do not split .* rollout.n = 3"):
+        load_config(argv=["--rollout.n=3"])
+    assert load_config(argv=["--teacher.mode=dynamic", "--lora.enabled=false"]).model_format == "torch_dist"
+    assert load_config(argv=["--tensor_model_parallel_size=1", "--sequence_parallel"]).model.sequence_parallel is False
+
+
+def test_parallel_layout_checks_name_the_flag():
+    cfg = load_config(argv=["--tensor_model_parallel_size=2", "--pipeline_model_parallel_size=2"])
+    with pytest.raises(ValueError, match=r"model.tensor_model_parallel_size: world size 6 .* = 4"):
+        cfg.data_parallel_size(6)
+    with pytest.raises(ValueError, match=r"training.global_batch_size: 32 is not a multiple of micro_batch_size x "
+                                         r"data-parallel size = 4 x 16"):
+        cfg.num_microbatches(64)
+    with pytest.raises(ValueError, match=r"model.tensor_model_parallel_size: 3 does not divide the model's "
+                                         r"num_key_value_heads \(8\)"):
+        ModelConfig(tensor_model_parallel_size=3).check_model_shape(36, 24, 8)
+    with pytest.raises(ValueError, match=r"model.pipeline_model_parallel_size: 28 layers .* = 3"):
+        ModelConfig(pipeline_model_parallel_size=3).check_model_shape(28, 16, 8)
+    with pytest.raises(ValueError, match=r"model.hf_dir: is required.*--model.hf_dir="):
+        TrainConfig().require_inputs()
+
+
+@pytest.mark.parametrize("name, variant", [
+    ("opsd_only", "none"), ("local_only", "local"), ("direction_only", "direction"),
+    ("geometry_only", "geometry"), ("pointwise_mse", "pointwise_mse"),
+])
+def test_ablation_switches_set_the_objective(name, variant):
+    cfg = load_config(preset("phf_qwen3_1p7b"), [f"--ablation={name}"])
+    assert cfg.ablation == name and cfg.objective.flow_variant == variant
+    assert cfg.objective.uses_flow == (name != "opsd_only")
+    others = dataclasses.replace(cfg.objective, flow_variant="phf")
+    assert dataclasses.asdict(others) == dataclasses.asdict(load_config(preset("phf_qwen3_1p7b")).objective)
+
+
+def test_selected_layers_ablation_needs_the_subset():
+    with pytest.raises(ValueError, match=r"objective.flow_layers: --ablation=selected_layers needs the layer subset"):
+        load_config(argv=["--ablation=selected_layers"])
+    cfg = load_config(argv=["--ablation", "selected_layers", "--objective.flow_layers=6,7,20,21"])
+    assert cfg.objective.flow_variant == "phf" and cfg.objective.flow_layers == (6, 7, 20, 21)
+    with pytest.raises(ValueError, match=r"objective.flow_variant: 'phf' contradicts --ablation=geometry_only"):
+        load_config(argv=["--ablation=geometry_only", "--objective.flow_variant=phf"])
+    with pytest.raises(ValueError, match=r"ablation: 'dir_only' is not one of"):
+        load_config(argv=["--ablation=dir_only"])
+    assert set(ABLATIONS) == {"opsd_only", "local_only", "direction_only", "geometry_only", "pointwise_mse",
+                              "selected_layers"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_dump_then_load_rebuilds_the_same_config(tmp_path, name):
+    cfg = load_config(preset(name), ["--ablation=selected_layers", "--objective.flow_layers=1,2", "--lr=2e-6"])
+    path = tmp_path / "run" / "config.yaml"
+    dump_config(cfg, str(path))
+    assert yaml.safe_load(path.read_text())["optimizer"]["lr"] == 2e-6
+    assert load_config(str(path)) == cfg
+    assert not [p for p in os.listdir(path.parent) if p.startswith(".tmp-")]
+
+
+def test_resume_fingerprint_ignores_budget_paths_and_layout_only():
+    base = load_config(preset("phf_qwen3_8b"))
+    harmless = load_config(preset("phf_qwen3_8b"), [
+        "--train_iters=200", "--checkpoint.save_interval=10", "--tensor_model_parallel_size=4",
+        "--model.hf_dir=/elsewhere", "--logging.tensorboard=false", "--run_dir=/tmp/other"])
+    assert resume_fingerprint(harmless) == resume_fingerprint(base) and config_hash(harmless) == config_hash(base)
+    for override in ("--lr=1e-5", "--objective.flow_alpha=0.1", "--lora.r=32", "--rollout.temperature=1.0",
+                     "--training.global_batch_size=64", "--data.shuffle_seed=1"):
+        changed = load_config(preset("phf_qwen3_8b"), [override])
+        assert config_hash(changed) != config_hash(base), override
+
+
+def test_config_from_argv_and_run_dir_dump(tmp_path):
+    argv = ["--lr=1e-5", "--config", preset("phf_qwen3_8b"), f"--run_dir={tmp_path / 'run'}"]
+    cfg = config_from_argv(argv)
+    assert cfg.objective.jsd_clip == 0.06 and cfg.optimizer.lr == 1e-5
+    assert config_from_argv([f"--config={preset('phf_qwen3_8b')}", f"--run_dir={tmp_path / 'run'}", "--lr=1e-5"]) == cfg
+    path = save_run_config(cfg)
+    assert path == str(tmp_path / "run" / "config.yaml") and load_config(path) == cfg
+    with pytest.raises(ValueError, match="--config: missing a file name"):
+        config_from_argv(["--config"])

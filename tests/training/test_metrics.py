@@ -1,0 +1,79 @@
+"""The metrics writer: JSONL lines flushed per step, resume truncation, TensorBoard, rank 0 only."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from phf_megatron.training.metrics import METRICS_FILE, MetricsLogger, read_jsonl, to_json_value, truncate_jsonl
+
+
+def _log_steps(run_dir, steps, start_step=0, **kwargs):
+    with MetricsLogger(str(run_dir), total_steps=10, start_step=start_step, progress_bar=False, **kwargs) as m:
+        for step in steps:
+            m.log(step, {"loss": 1.0 / step, "lr": 5e-6, "flow_energy": torch.tensor([0.5, 0.25])})
+
+
+def test_one_flushed_line_per_step(tmp_path):
+    m = MetricsLogger(str(tmp_path), total_steps=3, progress_bar=False)
+    m.log(1, {"loss": torch.tensor(0.5), "grad_norm": np.float32(2.0), "flow_energy": [0.1, 0.2], "note": "x"})
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()  # readable before close: flushed
+    assert json.loads(lines[0]) == {"step": 1, "loss": 0.5, "grad_norm": 2.0, "flow_energy": [0.1, 0.2], "note": "x"}
+    m.log(2, {"loss": 0.25})
+    m.close()
+    assert [r["step"] for r in read_jsonl(str(tmp_path / METRICS_FILE))] == [1, 2]
+
+
+def test_non_finite_values_become_null():
+    assert to_json_value(float("nan")) is None and to_json_value([1.0, math.inf]) == [1.0, None]
+    assert to_json_value(torch.tensor([1.5, float("-inf")])) == [1.5, None]
+
+
+def test_resume_drops_steps_after_the_checkpoint(tmp_path):
+    _log_steps(tmp_path, range(1, 6))
+    with open(tmp_path / METRICS_FILE, "a") as f:
+        f.write('{"step": 6, "loss": 0.1')  # a crash in the middle of a line
+    _log_steps(tmp_path, range(4, 8), start_step=3)
+    assert [r["step"] for r in read_jsonl(str(tmp_path / METRICS_FILE))] == [1, 2, 3, 4, 5, 6, 7]
+    _log_steps(tmp_path, [1], start_step=0)  # a fresh run starts a fresh file
+    assert [r["step"] for r in read_jsonl(str(tmp_path / METRICS_FILE))] == [1]
+
+
+def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
+    path = tmp_path / METRICS_FILE
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        read_jsonl(str(path))
+    assert truncate_jsonl(str(tmp_path / "absent.jsonl"), 3) == 0
+
+
+def test_tensorboard_events_and_purge_on_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb_dir = tmp_path / "tb"
+    _log_steps(tmp_path, range(1, 5), tensorboard=True, tensorboard_dir=str(tb_dir))
+    _log_steps(tmp_path, range(3, 5), start_step=2, tensorboard=True, tensorboard_dir=str(tb_dir))
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    assert {"loss", "lr", "flow_energy/00", "flow_energy/01"} <= set(acc.Tags()["scalars"])
+    loss = {e.step: e.value for e in acc.Scalars("loss")}
+    assert sorted(loss) == [1, 2, 3, 4] and loss[4] == pytest.approx(0.25)
+
+
+def test_only_rank_zero_writes(tmp_path):
+    m = MetricsLogger(str(tmp_path / "r1"), total_steps=3, enabled=False, tensorboard=True)
+    m.log(1, {"loss": 1.0})
+    m.close()
+    assert not (tmp_path / "r1").exists()
+
+
+def test_progress_bar_tracks_step_and_loss(tmp_path, capsys):
+    with MetricsLogger(str(tmp_path), total_steps=4, start_step=1, jsonl=False) as m:
+        assert m._bar.n == 1
+        m.log(3, {"loss": 0.125, "step_time": 2.5})
+        assert m._bar.n == 3
+        assert m._bar.postfix == "loss=0.125, step_time=2.5"

@@ -1,0 +1,84 @@
+"""tools/plot_run.py: PNGs from a metrics file, clear errors without one."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from phf_megatron.training.diagnostics import layer_energy_metrics
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOOL = os.path.join(REPO, "tools", "plot_run.py")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir, steps=30, layers=28, flow=True):
+    import torch
+
+    os.makedirs(run_dir, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+        for step in range(1, steps + 1):
+            opsd = 0.3 * math.exp(-step / 20) + 0.05
+            record = {"step": step, "loss_opsd": opsd, "grad_norm": 1.0 / step + 0.05,
+                      "lr": 5e-6 * 0.5 * (1 + math.cos(math.pi * (step - 1) / 27600)), "step_time": 3.0}
+            if flow:
+                energy = torch.rand(layers, generator=g) * torch.linspace(0.5, 1.5, layers)
+                record.update(loss_flow=float(energy.mean()), loss=opsd + 0.05 * float(energy.mean()))
+                record.update(layer_energy_metrics(energy))
+            else:
+                record["loss"] = opsd
+            f.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                for k, v in record.items()}) + "\n")
+
+
+def run_tool(*args):
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_writes_curves_and_heatmap(tmp_path):
+    run = tmp_path / "phf_run"
+    write_run(str(run))
+    out = tmp_path / "figs" / "run.png"
+    result = run_tool(str(run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for path in (out, tmp_path / "figs" / "run_layer_energy.png"):
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def _import_tool():
+    sys.path.insert(0, os.path.join(REPO, "tools"))
+    try:
+        import plot_run
+    finally:
+        sys.path.pop(0)
+    return plot_run
+
+
+def test_default_paths_and_opsd_only_run(tmp_path):
+    plot_run = _import_tool()
+    run = tmp_path / "opsd"
+    write_run(str(run), flow=False)
+    assert plot_run.main([str(run)]) == 0
+    assert (run / "plots" / "curves.png").read_bytes().startswith(PNG_MAGIC)
+    assert not (run / "plots" / "layer_energy.png").exists()  # nothing to draw without flow energy
+
+
+@pytest.mark.parametrize("content", [None, "", "\n\n"])
+def test_missing_or_empty_metrics_is_a_clear_error(tmp_path, capsys, content):
+    run = tmp_path / "run"
+    run.mkdir()
+    if content is not None:
+        (run / "metrics.jsonl").write_text(content)
+    assert _import_tool().main([str(run)]) == 2
+    stderr = capsys.readouterr().err
+    expected = "no metrics file" if content is None else "has no records"
+    assert "metrics.jsonl" in stderr and expected in stderr
+    assert not (run / "plots").exists()

@@ -1,0 +1,152 @@
+"""Plot a training run from its metrics.jsonl: loss curves and a layer x step energy heatmap.
+
+    python tools/plot_run.py runs/phf_tiny                      # -> runs/phf_tiny/plots/{curves,layer_energy}.png
+    python tools/plot_run.py runs/phf_tiny --out /tmp/run.png   # -> /tmp/run.png, /tmp/run_layer_energy.png
+
+Panels: total loss, OPSD (JSD) loss, flow loss, gradient norm, learning rate, and the spread of
+the flow energy over layers (largest layer's share, normalized entropy). The heatmap shows each
+step's share of the flow energy per layer (columns sum to 1). A panel whose metric was never
+logged (e.g. the flow in an OPSD-only run) says so instead of plotting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
+
+from phf_megatron.training import metrics as M  # noqa: E402
+
+CURVES = (
+    (M.LOSS, "total loss  L_OPSD + alpha L_flow", "linear"),
+    (M.LOSS_OPSD, "OPSD loss (clipped JSD)", "linear"),
+    (M.LOSS_FLOW, "flow loss  L_flow", "linear"),
+    (M.GRAD_NORM, "grad norm (before clip)", "log"),
+    (M.LR, "learning rate", "linear"),
+)
+
+
+def load_run(run_dir: str) -> list[dict]:
+    """The run's records; ``ValueError`` naming the file when it is missing or empty."""
+    path = os.path.join(run_dir, M.METRICS_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no metrics file (has the run logged a step? was logging.jsonl off?)")
+    records = M.read_jsonl(path)
+    if not records:
+        raise ValueError(f"{path}: the metrics file has no records yet")
+    return records
+
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and float values of ``key`` where it was logged (None -> NaN)."""
+    pairs = [(r["step"], np.nan if r[key] is None else float(r[key])) for r in records if key in r]
+    if not pairs:
+        return np.empty(0), np.empty(0)
+    steps, values = zip(*pairs)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def _not_logged(ax, title: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_curves(records: list[dict], out: str, title: str) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+    for ax, (key, label, scale) in zip(axes.flat, CURVES):
+        steps, values = series(records, key)
+        if steps.size == 0:
+            _not_logged(ax, label)
+            continue
+        ax.plot(steps, values, marker="o" if steps.size < 30 else None, ms=3, lw=1.4)
+        positive = values[np.isfinite(values)]
+        if scale == "log" and positive.size and (positive > 0).all():
+            ax.set_yscale("log")
+        else:  # full values on the ticks: a 100-step slice of a 27,600-step cosine barely moves
+            ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False, useMathText=True))
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax = axes.flat[5]
+    steps_s, share = series(records, f"{M.FLOW_ENERGY}_max_share")
+    steps_h, entropy = series(records, f"{M.FLOW_ENERGY}_entropy_norm")
+    if steps_s.size == 0 and steps_h.size == 0:
+        _not_logged(ax, "layer-energy spread")
+    else:
+        ax.plot(steps_s, share, label="largest layer's share", lw=1.4)
+        ax.plot(steps_h, entropy, label="entropy / log L", lw=1.4)
+        ax.set_ylim(0, 1.05)
+        ax.set_title("layer-energy spread", fontsize=10)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
+    """Heatmap of per-layer energy shares; False (nothing written) when no record has them."""
+    rows = [(r["step"], r[M.FLOW_ENERGY]) for r in records if isinstance(r.get(M.FLOW_ENERGY), list)]
+    if not rows:
+        return False
+    num_layers = max(len(e) for _, e in rows)
+    steps = np.asarray([s for s, _ in rows])
+    grid = np.full((num_layers, len(rows)), np.nan)
+    for j, (_, energy) in enumerate(rows):
+        e = np.asarray([np.nan if v is None else v for v in energy], dtype=float)
+        total = np.nansum(e)
+        if total > 0:
+            grid[: e.size, j] = e / total
+    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * len(rows) + 4)), 0.18 * num_layers + 2.2),
+                           constrained_layout=True)
+    image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, num_layers - 0.5))
+    ax.set_xlabel("step")
+    ax.set_ylabel("layer (0 = first)")
+    ax.set_title(f"{title}: share of the flow energy per layer", fontsize=11)
+    fig.colorbar(image, ax=ax, label="e_l / sum_k e_k")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="the run directory holding metrics.jsonl")
+    parser.add_argument("--out", help="curves PNG (default: RUN_DIR/plots/curves.png); the heatmap goes "
+                        "next to it as <name>_layer_energy.png (default: RUN_DIR/plots/layer_energy.png)")
+    args = parser.parse_args(argv)
+    try:
+        records = load_run(args.run_dir)
+    except ValueError as err:
+        print(f"plot_run: {err}", file=sys.stderr)
+        return 2
+    if args.out:
+        curves = args.out
+        heatmap = f"{os.path.splitext(args.out)[0]}_layer_energy.png"
+    else:
+        curves = os.path.join(args.run_dir, "plots", "curves.png")
+        heatmap = os.path.join(args.run_dir, "plots", "layer_energy.png")
+    os.makedirs(os.path.dirname(os.path.abspath(curves)), exist_ok=True)
+    title = os.path.basename(os.path.normpath(args.run_dir))
+    plot_curves(records, curves, title)
+    print(curves)
+    if plot_layer_energy(records, heatmap, title):
+        print(heatmap)
+    else:
+        print("no per-layer flow energy logged: no heatmap", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
