@@ -3,7 +3,7 @@
 - a HF model directory: used as is;
 - a base HF directory + a PEFT (LoRA) adapter: merged with ``peft`` into ``<run>/merged_model``;
 - a Megatron-Core checkpoint: converted to HF into ``<run>/converted_model`` by
-  ``phf_megatron.convert`` (the converters of the Megatron model; see :func:`convert_megatron`).
+  ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`).
 
 Outputs are written to a temporary directory and renamed when complete, so a kill never leaves
 a half-written model that a rerun would trust; a rerun reuses a finished one.
@@ -75,31 +75,45 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
     return _publish(tmp, final, marker)
 
 
+def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, errors) -> None:
+    try:
+        from phf_megatron.convert.checkpoints import convert_mcore_to_hf
+        convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir, progress=False)
+    except BaseException as exc:          # report to the parent, then fail the process
+        errors.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
 def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None = None) -> str:
     """Convert a Megatron-Core checkpoint to HF in ``<run_dir>/converted_model``.
 
-    Hook for the converters: it calls ``phf_megatron.convert.mcore_to_hf(mcore_dir, out_dir)``
-    (the library function behind ``tools/convert/mcore_to_hf.py``, issue 3). Until that module
-    exists this raises a clear error; convert with the tool and pass ``--model`` instead.
+    Runs ``phf_megatron.convert.checkpoints.convert_mcore_to_hf`` (what
+    ``tools/convert/mcore_to_hf.py`` runs) in a spawned process: it sets up a process group,
+    Megatron's parallel state and, on CPU, process-wide CUDA shims, none of which may leak into
+    the evaluator's process (vLLM starts its own distributed state there).
     """
+    import multiprocessing as mp
+
     if not os.path.isdir(mcore_dir):
         raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
-    try:
-        from phf_megatron.convert import mcore_to_hf   # TODO(issue 3): confirm the converter's name/signature
-    except ImportError as exc:
-        raise RuntimeError(
-            "evaluating a Megatron checkpoint needs phf_megatron.convert.mcore_to_hf (the Megatron "
-            "converters), which this install lacks; convert it with tools/convert/mcore_to_hf.py and pass "
-            f"the HF directory as --model ({exc})") from exc
     final = os.path.join(run_dir, "converted_model")
     marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
     if _reusable(final, marker):
         return final
     tmp = tempfile.mkdtemp(prefix=".converted_model.", dir=run_dir)
-    mcore_to_hf(mcore_dir, tmp)
-    if not os.path.isfile(os.path.join(tmp, "tokenizer.json")):
-        _save_tokenizer([tokenizer_dir] if tokenizer_dir else [], tmp)
-    return _publish(tmp, final, marker)
+    out = os.path.join(tmp, "hf")                     # the converter wants a new directory
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    proc = ctx.Process(target=_convert_entry, args=(mcore_dir, out, tokenizer_dir, errors), name="mcore_to_hf")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        why = errors.get() if not errors.empty() else f"exit code {proc.exitcode}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}")
+    _publish(out, final, marker)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkpoint: str | None,

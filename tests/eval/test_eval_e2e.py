@@ -148,13 +148,23 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_model_dir, shared_d
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
 
 
-def test_megatron_checkpoint_without_converter_says_what_to_do(tmp_path, tiny_model_dir, shared_data):
-    if importlib.util.find_spec("phf_megatron.convert") is not None:
-        pytest.skip("phf_megatron.convert exists; the converter path is tested with it")
-    (tmp_path / "mcore").mkdir()
-    config = _config(tmp_path, tiny_model_dir, shared_data, megatron_checkpoint=str(tmp_path / "mcore"))
-    with pytest.raises(RuntimeError, match="tools/convert/mcore_to_hf.py"):
-        run_eval(config)
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, shared_data):
+    """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
+    samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
+    pytest.importorskip("phf_megatron.convert.checkpoints")
+    mcore = str(tmp_path / "mcore")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir",
+                    tiny_model_dir, "--out-dir", mcore, "--dtype", "fp32"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
+    from_mcore = _config(tmp_path, None, shared_data, name="from_mcore", megatron_checkpoint=mcore, **kw)
+    from_hf = _config(tmp_path, tiny_model_dir, shared_data, name="from_hf", **kw)
+    assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
+    with pytest.raises(RuntimeError, match="converting the Megatron checkpoint .* failed"):
+        (tmp_path / "not_mcore").mkdir()
+        run_eval(_config(tmp_path, None, shared_data, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
+                         **kw))
 
 
 def _cli():
