@@ -54,6 +54,7 @@ def phf_microbatch_loss(
     conventions: LossConventions,
     tp_group: dist.ProcessGroup | None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    jsd_backend: str = "auto",
 ):
     """The loss function's body on the last pipeline stage.
 
@@ -65,7 +66,7 @@ def phf_microbatch_loss(
     """
     per_token = vocab_parallel_jsd(
         logits, mb.teacher_out["logits"], mb.student_score_index.to(logits.device), objective.jsd_beta,
-        objective.jsd_temperature, objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements,
+        objective.jsd_temperature, objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements, jsd_backend,
     )
     opsd_sum = per_token.sum()
     mask = mb.flow_sample_mask.to(logits.device)

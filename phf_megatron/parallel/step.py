@@ -27,6 +27,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from ..kernels.dispatch import check_backend
 from ..objectives.config import ObjectiveConfig
 from ..objectives.flow import LayerPlan
 from .batch import PhfMicroBatch, StepNormalizers, step_normalizers
@@ -34,9 +35,9 @@ from .capture import CaptureSession, WindowCapture, chunk_layer_range
 from .collectives import group_size
 from .loss import LossConventions, phf_microbatch_loss, reduce_logs
 from .pipeline_stats import pack_stats, pipeline_seq_length, split_received, stats_rows, unpack_stats
-from .stage_flow import FlowSpec, attach_stage_flow
+from .stage_flow import FlowSpec, attach_stage_flow, flow_backend
 from .stage_plan import StagePlan
-from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
+from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
 
 
 def _unwrap(model):
@@ -59,12 +60,22 @@ class PhfStep:
         tp_group, dp_group: tensor- and data-parallel groups (None: size 1).
         student_capture, teacher_capture: ``WindowCapture`` hooks on the student / teacher model
             (the same object when one model serves both); unused when the flow is off.
-        chunk_elements: the vocabulary-parallel JSD's temporary size (float32 elements).
+        chunk_elements: the vocabulary-parallel JSD's temporary size (float32 elements, eager backend).
+        flow_backend: ``"auto"`` (the fused CUDA flow kernels when the extension is built or
+            JIT-builds, see ``phf_megatron.kernels``), ``"torch"`` or ``"cuda"``.
+        jsd_backend: ``"auto"`` (Triton kernels on CUDA), ``"torch"`` or ``"triton"``
+            (``vocab_parallel_jsd``).
+
+    ``backends_used`` records what the last student pass ran: ``{"flow": ..., "jsd": ...}``.
     """
 
     def __init__(self, objective: ObjectiveConfig, config, *, tp_group: dist.ProcessGroup | None,
                  dp_group: dist.ProcessGroup | None, student_capture: WindowCapture | None = None,
-                 teacher_capture: WindowCapture | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
+                 teacher_capture: WindowCapture | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+                 flow_backend: str = "auto", jsd_backend: str = "auto"):
+        check_backend(flow_backend)
+        if jsd_backend not in JSD_BACKENDS:
+            raise ValueError(f"jsd_backend: expected one of {JSD_BACKENDS}, got {jsd_backend!r}")
         if getattr(config, "context_parallel_size", 1) > 1:
             raise ValueError("config: context parallelism is not supported by the PHF capture (context_parallel_size > 1)")
         self.objective = objective
@@ -72,6 +83,8 @@ class PhfStep:
         self.tp_group, self.dp_group = tp_group, dp_group
         self.sequence_parallel = bool(config.sequence_parallel)
         self.chunk_elements = chunk_elements
+        self.jsd_backend = jsd_backend
+        self.backends_used: dict[str, str] = {}
         self.plan = None
         if objective.uses_flow:
             if student_capture is None or teacher_capture is None:
@@ -79,7 +92,8 @@ class PhfStep:
             plan = LayerPlan.build(config.num_layers, objective.flow_variant, objective.flow_layers)
             # Only phf has an adjacent term: other variants must not capture boundary layers.
             self.plan = plan if objective.flow_variant == "phf" else LayerPlan(plan.layers, ())
-            self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs))
+            self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs),
+                                 flow_backend)
             self.num_values = 1 + len(self.plan.layers) + len(self.plan.pairs)
             dtype = config.pipeline_dtype or config.params_dtype
             self.num_stats_rows = stats_rows(self.num_values, config.hidden_size, dtype)
@@ -202,7 +216,9 @@ class PhfStep:
                 f"teacher capture: no window rows for layers [{stage.first}, {stage.stop}) of this micro-batch; run the "
                 "teacher pass (teacher_forward_step) over the same micro-batch objects, with the same pipeline layout"
             )
-        output, own = attach_stage_flow(output, session, self.student_capture, mb.teacher_out[stage.first],
+        teacher_rows = mb.teacher_out[stage.first]
+        self.backends_used["flow"] = flow_backend(teacher_rows, self.spec)
+        output, own = attach_stage_flow(output, session, self.student_capture, teacher_rows,
                                         mb.window_valid.to(output.device), self.spec)
         # The stage's layers and pairs are contiguous runs of the plan's: slices, no index tensors.
         layer_at = 1 + stage.layer_slots[0]
@@ -215,8 +231,9 @@ class PhfStep:
         return output, share + own, values
 
     def _loss(self, mb, share, values, logits):
+        self.backends_used["jsd"] = resolve_backend(self.jsd_backend, logits, mb.teacher_out["logits"])
         return phf_microbatch_loss(logits, mb, share, values, self.objective, self.normalizers, self.conventions,
-                                   self.tp_group, self.chunk_elements)
+                                   self.tp_group, self.chunk_elements, self.backends_used["jsd"])
 
 
 def _no_loss(output):
