@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from .collectives import all_reduce_
 from .stage_plan import StagePlan
+from .timing import region
 from .window_rows import WindowIndex, check_positions, local_seq_range
 
 
@@ -78,9 +79,9 @@ class CaptureSession:
 
     def store(self, layer: int, hidden: torch.Tensor) -> None:
         """Keep this rank's share of layer ``layer``'s window rows (``hidden``: ``[s_local, B, H]``)."""
-        if self.rows is None:
-            self._allocate(hidden)
-        with torch.no_grad():
+        with region("capture"), torch.no_grad():
+            if self.rows is None:
+                self._allocate(hidden)
             self.where.take(hidden.detach(), out=self.rows[self._slot[layer]].view(-1, hidden.shape[-1]))
         self._stored.add(layer)
 
@@ -140,7 +141,8 @@ class _CaptureRows(torch.autograd.Function):
         grad_rows = ctx.session.pop_grad(ctx.layer)
         if grad_rows is None:
             return grad_hidden, None, None
-        return ctx.session.where.add_grad(grad_hidden, grad_rows), None, None
+        with region("capture_bwd"):
+            return ctx.session.where.add_grad(grad_hidden, grad_rows), None, None
 
 
 def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -27,6 +27,7 @@ from ..objectives.flow import (FlowTerms, adjacent_layer_loss, direction_loss, g
                                per_sample_flow, pointwise_mse_loss, transitions, unit_directions)
 from .capture import CaptureSession, WindowCapture
 from .stage_plan import StagePlan
+from .timing import region
 
 
 @dataclass(frozen=True)
@@ -99,24 +100,26 @@ class _StageFlow(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, output, session, capture, teacher_rows, valid, spec):
-        rows = session.finish()
-        with torch.enable_grad():
-            leaves = rows.detach().requires_grad_()
-            terms = stage_terms(leaves, teacher_rows, valid, session.stage, spec)
-            share = per_sample_flow(terms, spec.variant, spec.num_layers, spec.num_pairs)
-        b = valid.shape[0]
-        session.values = StageFlowValues(
-            layer_values(terms, spec.variant).detach(),
-            terms.adjacent.detach() if terms.adjacent is not None else share.new_zeros(0, b),
-        )
+        with region("flow_fwd"):
+            rows = session.finish()
+            with torch.enable_grad():
+                leaves = rows.detach().requires_grad_()
+                terms = stage_terms(leaves, teacher_rows, valid, session.stage, spec)
+                share = per_sample_flow(terms, spec.variant, spec.num_layers, spec.num_pairs)
+            b = valid.shape[0]
+            session.values = StageFlowValues(
+                layer_values(terms, spec.variant).detach(),
+                terms.adjacent.detach() if terms.adjacent is not None else share.new_zeros(0, b),
+            )
         ctx.session, ctx.capture, ctx.leaves, ctx.share = session, capture, leaves, share
         return output, share.detach()
 
     @staticmethod
     def backward(ctx, grad_output, grad_share):
         session = ctx.session
-        (grad_rows,) = torch.autograd.grad(ctx.share, ctx.leaves, grad_share)
-        session.set_grads(grad_rows)
+        with region("flow_bwd"):
+            (grad_rows,) = torch.autograd.grad(ctx.share, ctx.leaves, grad_share)
+            session.set_grads(grad_rows)
         # A recomputed layer forward inside this stage's backward must feed this session again.
         ctx.capture.activate(session)
         ctx.leaves = ctx.share = None

@@ -37,6 +37,7 @@ from .loss import LossConventions, phf_microbatch_loss, reduce_logs
 from .pipeline_stats import pack_stats, pipeline_seq_length, split_received, stats_rows, unpack_stats
 from .stage_flow import FlowSpec, attach_stage_flow, flow_backend
 from .stage_plan import StagePlan
+from .timing import region
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
 
 
@@ -153,7 +154,8 @@ class PhfStep:
         if session is not None:
             mb.teacher_out[session.stage.first] = session.finish()
         if chunk.post_process:
-            rows = output.reshape(-1, output.shape[-1]).index_select(0, mb.teacher_score_index.to(output.device))
+            with region("teacher_rows"):
+                rows = output.reshape(-1, output.shape[-1]).index_select(0, mb.teacher_score_index.to(output.device))
             mb.teacher_out["logits"] = rows
         return output, _no_loss
 

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from ..objectives.opsd import CLIP_MODES, generalized_jsd_terms, mixture_log_probs
 from . import jsd_triton
 from .collectives import all_reduce_
+from .timing import region
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 24  # float32 elements per [chunk, V_r] temporary: 64 MiB
 JSD_BACKENDS = ("auto", "torch", "triton")
@@ -119,6 +120,11 @@ class _VocabParallelJSD(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_per_token):
+        with region("jsd_bwd"):
+            return _VocabParallelJSD._backward(ctx, grad_per_token)
+
+    @staticmethod
+    def _backward(ctx, grad_per_token):
         student_logits, teacher_rows, student_index, lse_s, lse_t, unclipped = ctx.saved_tensors
         beta, temperature, clip, clip_mode, tp_group, chunk_elements = ctx.options
         vocab_local = student_logits.shape[-1]
@@ -168,10 +174,11 @@ class _FusedVocabParallelJSD(torch.autograd.Function):
     def backward(ctx, grad_per_token):
         student_logits, teacher_rows, token_of_row, lse, h_sum, keep = ctx.saved_tensors
         beta, temperature, element_clip = ctx.options
-        w = grad_per_token.float() if keep is None else torch.where(keep, grad_per_token.float(), 0.0)
-        flat = student_logits.view(-1, student_logits.shape[-1])
-        grad = jsd_triton.logit_grad(flat, token_of_row, teacher_rows, lse, h_sum, w.contiguous(), beta,
-                                     temperature, element_clip)
+        with region("jsd_bwd"):
+            w = grad_per_token.float() if keep is None else torch.where(keep, grad_per_token.float(), 0.0)
+            flat = student_logits.view(-1, student_logits.shape[-1])
+            grad = jsd_triton.logit_grad(flat, token_of_row, teacher_rows, lse, h_sum, w.contiguous(), beta,
+                                         temperature, element_clip)
         return grad.view_as(student_logits), None, None, None, None, None, None, None
 
 
@@ -249,10 +256,11 @@ def vocab_parallel_jsd(
         )
     if student_index.dtype != torch.long or student_index.dim() != 1:
         raise ValueError(f"student_index: expected a 1-D long tensor, got {student_index.dtype} {tuple(student_index.shape)}")
-    if resolve_backend(backend, student_logits, teacher_rows) == "triton":
-        return _FusedVocabParallelJSD.apply(student_logits.contiguous(), teacher_rows.detach().contiguous(),
-                                            student_index, beta, temperature, clip, clip_mode, tp_group)
-    return _VocabParallelJSD.apply(
-        student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
-        clip_mode, tp_group, chunk_elements,
-    )
+    with region("jsd_fwd"):
+        if resolve_backend(backend, student_logits, teacher_rows) == "triton":
+            return _FusedVocabParallelJSD.apply(student_logits.contiguous(), teacher_rows.detach().contiguous(),
+                                                student_index, beta, temperature, clip, clip_mode, tp_group)
+        return _VocabParallelJSD.apply(
+            student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
+            clip_mode, tp_group, chunk_elements,
+        )
