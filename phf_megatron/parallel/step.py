@@ -33,12 +33,19 @@ from ..objectives.flow import LayerPlan
 from .batch import PhfMicroBatch, StepNormalizers, step_normalizers
 from .capture import CaptureSession, WindowCapture, chunk_layer_range
 from .collectives import group_size
+from .logit_rows import scored_logits
 from .loss import LossConventions, phf_microbatch_loss, reduce_logs
 from .pipeline_stats import pack_stats, pipeline_seq_length, split_received, stats_rows, unpack_stats
 from .stage_flow import FlowSpec, attach_stage_flow, flow_backend
 from .stage_plan import StagePlan
 from .timing import region
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
+
+
+def final_hidden_states(model, tokens, position_ids, attention_mask):
+    from ..models.lm_head import final_hidden_states as hidden_after_final_norm
+
+    return hidden_after_final_norm(model, tokens, position_ids, attention_mask)
 
 
 def _unwrap(model):
@@ -66,6 +73,8 @@ class PhfStep:
             JIT-builds, see ``phf_megatron.kernels``), ``"torch"`` or ``"cuda"``.
         jsd_backend: ``"auto"`` (Triton kernels on CUDA), ``"torch"`` or ``"triton"``
             (``vocab_parallel_jsd``).
+        score_rows_only: the last stage stops at the final norm and projects only the scored
+            positions (``logit_rows``; default); False: Megatron's output layer over every position.
 
     ``backends_used`` records what the last student pass ran: ``{"flow": ..., "jsd": ...}``.
     """
@@ -73,7 +82,7 @@ class PhfStep:
     def __init__(self, objective: ObjectiveConfig, config, *, tp_group: dist.ProcessGroup | None,
                  dp_group: dist.ProcessGroup | None, student_capture: WindowCapture | None = None,
                  teacher_capture: WindowCapture | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-                 flow_backend: str = "auto", jsd_backend: str = "auto"):
+                 flow_backend: str = "auto", jsd_backend: str = "auto", score_rows_only: bool = True):
         check_backend(flow_backend)
         if jsd_backend not in JSD_BACKENDS:
             raise ValueError(f"jsd_backend: expected one of {JSD_BACKENDS}, got {jsd_backend!r}")
@@ -85,6 +94,7 @@ class PhfStep:
         self.sequence_parallel = bool(config.sequence_parallel)
         self.chunk_elements = chunk_elements
         self.jsd_backend = jsd_backend
+        self.score_rows_only = score_rows_only
         self.backends_used: dict[str, str] = {}
         self.plan = None
         if objective.uses_flow:
@@ -150,13 +160,15 @@ class PhfStep:
         session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, tokens.shape[1])
         if session is not None and not chunk.pre_process:
             chunk.decoder.input_tensor = self.teacher_capture.capture_input(chunk.decoder.input_tensor, session)
-        output = self._forward(model, tokens, self.teacher_capture, session)
+        output = self._forward(model, chunk, tokens, self.teacher_capture, session)
         if session is not None:
             mb.teacher_out[session.stage.first] = session.finish()
         if chunk.post_process:
             with region("teacher_rows"):
-                rows = output.reshape(-1, output.shape[-1]).index_select(0, mb.teacher_score_index.to(output.device))
-            mb.teacher_out["logits"] = rows
+                logits, index = self._scored_logits(model, output, mb.teacher_score_index, tokens.shape[1])
+                if not self.score_rows_only:
+                    logits = logits.reshape(-1, logits.shape[-1]).index_select(0, index)
+                mb.teacher_out["logits"] = logits
         return output, _no_loss
 
     # ------------------------------------------------------------------ student pass
@@ -171,8 +183,8 @@ class PhfStep:
         if chunk.post_process and "logits" not in mb.teacher_out:
             raise RuntimeError("teacher logits: missing for this micro-batch; run the teacher pass first")
         if self.plan is None:
-            output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
-            return output, partial(self._loss, mb, None, None)
+            output = self._forward(model, chunk, tokens, None, None)
+            return output, partial(self._loss, mb, None, None, model)
 
         session = self._begin_capture(chunk, self.student_capture, mb.student_window, tokens.shape[1])
         b, dev = mb.batch_size, tokens.device
@@ -183,13 +195,13 @@ class PhfStep:
             if session is not None:
                 hidden = self.student_capture.capture_input(hidden, session)
             chunk.decoder.input_tensor = hidden
-        output = self._forward(model, tokens, self.student_capture, session)
+        output = self._forward(model, chunk, tokens, self.student_capture, session)
         if session is not None:
             output, share, values = self._add_stage_flow(output, session, mb, share, values)
         if not chunk.post_process:
             stats_out = pack_stats(share, values, output.shape[-1], output.dtype)
             return torch.cat([output, stats_out], dim=0), _no_loss
-        return output, partial(self._loss, mb, share, values)
+        return output, partial(self._loss, mb, share, values, model)
 
     def _begin_capture(self, chunk, capture, window, seq_len) -> CaptureSession | None:
         """A session for the chunk's captured layers (None if the flow is off or it owns no term)."""
@@ -200,15 +212,25 @@ class PhfStep:
             return None
         return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel, check=False)
 
-    @staticmethod
-    def _forward(model, tokens, capture, session):
+    def _forward(self, model, chunk, tokens, capture, session):
+        """The chunk's forward (capture active); the last stage stops at the final norm if rows only."""
         if session is not None:
             capture.activate(session)
         try:
+            if self.score_rows_only and chunk.post_process:
+                return final_hidden_states(model, tokens, _positions(tokens), None)
             return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
         finally:
             if session is not None:
                 capture.activate(None)
+
+    def _scored_logits(self, model, output, score_index, seq_len):
+        """``(logits rows [N, V/tp], their row of each scored token)`` from the last stage's output."""
+        score_index = score_index.to(output.device)
+        if self.score_rows_only:
+            logits = scored_logits(model, output, score_index, seq_len, self.tp_group, self.sequence_parallel)
+            return logits, torch.arange(score_index.numel(), device=output.device)
+        return output, score_index
 
     def _add_stage_flow(self, output, session, mb, share, values):
         """This stage's flow share and per-layer values, added to what earlier stages sent."""
@@ -232,9 +254,10 @@ class PhfStep:
             values[:, pair_at: pair_at + len(stage.pair_slots)] += session.values.pair_values.T
         return output, share + own, values
 
-    def _loss(self, mb, share, values, logits):
+    def _loss(self, mb, share, values, model, output):
+        logits, index = self._scored_logits(model, output, mb.student_score_index, mb.student_tokens.shape[1])
         self.backends_used["jsd"] = resolve_backend(self.jsd_backend, logits, mb.teacher_out["logits"])
-        return phf_microbatch_loss(logits, mb, share, values, self.objective, self.normalizers, self.conventions,
+        return phf_microbatch_loss(logits, index, mb, share, values, self.objective, self.normalizers, self.conventions,
                                    self.tp_group, self.chunk_elements, self.backends_used["jsd"])
 
 

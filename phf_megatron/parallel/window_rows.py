@@ -56,10 +56,18 @@ class WindowIndex:
 
     @staticmethod
     def build(positions: torch.Tensor, start: int, seq_local: int, sharded: bool = True) -> "WindowIndex":
-        local = positions - start
-        batch = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        index = (local.clamp(0, seq_local - 1) * positions.shape[0] + batch).reshape(-1)
-        owned = ((local >= 0) & (local < seq_local)).reshape(-1) if sharded else None
+        """From ``positions [B, m]`` (global sequence positions per sample)."""
+        batch = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
+        return WindowIndex.of_entries(positions.reshape(-1), batch.reshape(-1), positions.shape[0], start, seq_local,
+                                      sharded)
+
+    @staticmethod
+    def of_entries(seq_pos: torch.Tensor, batch: torch.Tensor, batch_size: int, start: int, seq_local: int,
+                   sharded: bool = True) -> "WindowIndex":
+        """From flat entries: global sequence position ``seq_pos [K]`` of sample ``batch [K]``."""
+        local = seq_pos - start
+        index = local.clamp(0, seq_local - 1) * batch_size + batch
+        owned = ((local >= 0) & (local < seq_local)) if sharded else None
         return WindowIndex(index, owned)
 
     def take(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

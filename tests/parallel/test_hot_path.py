@@ -12,6 +12,8 @@ as a PHF step, after a warm-up step of each:
   its backward stay a small number per layer (no per-layer kernel storm).
 """
 
+import os
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ def audited():
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
 
-    out = {}
+    out, environ = {}, dict(os.environ)  # megatron_session leaves its rendezvous variables behind
     with megatron_session(1, 1):
         model = build_chunks(tiny_hf_model("gqa", seed=0), Layout(num_micro=2), ddp=True)
         capture = WindowCapture(model)
@@ -62,6 +64,8 @@ def audited():
                 step.finish()
                 out[kind] = dict(teacher=teacher, student=student, micro=len(mbs))
         capture.remove()
+    os.environ.clear()
+    os.environ.update(environ)
     return out
 
 
