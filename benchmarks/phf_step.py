@@ -186,6 +186,20 @@ def summarize(runs: list[dict], peak) -> dict:
     }
 
 
+def ratios(timings: dict) -> dict:
+    """PHF / OPSD by several estimators: step medians, medians of the time-adjacent pairs (robust to
+    clock or host drift shared by a pair), best steps, and device time (CUDA events) of the passes."""
+    phf, opsd = timings["phf"], timings["opsd"]
+    out = {"median": _median(phf, "step_s") / _median(opsd, "step_s"),
+           "paired_median": statistics.median(p["step_s"] / o["step_s"] for p, o in zip(phf, opsd)),
+           "best": min(r["step_s"] for r in phf) / min(r["step_s"] for r in opsd)}
+    if phf[0]["student"]["device_s"] is not None:
+        device = [(p["teacher"]["device_s"] + p["student"]["device_s"]) / (o["teacher"]["device_s"] + o["student"]["device_s"])
+                  for p, o in zip(phf, opsd)]
+        out["device_paired_median"] = statistics.median(device)
+    return {k: round(v, 4) for k, v in out.items()}
+
+
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
@@ -248,6 +262,8 @@ def run(args) -> dict:
                 f" student {r['student_s_median'] * 1e3:.1f}; host until return: teacher "
                 f"{r['teacher_host_s_median'] * 1e3:.1f}, student {r['student_host_s_median'] * 1e3:.1f}) peak {peak[kind]} GiB")
         result["ratio_phf_over_opsd"] = result["phf"]["step_s_median"] / result["opsd"]["step_s_median"]
+        result["ratios"] = ratios(timings)
+        log(args.out_dir, f"ratios: {result['ratios']}")
 
         result["breakdown_ms"] = {}  # device time per region, mean over a few instrumented steps
         for kind in ("opsd", "phf"):
