@@ -99,6 +99,18 @@ if triton is not None:
         return e, h
 
     @triton.jit
+    def _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE: tl.constexpr,
+              CLIP: tl.constexpr):
+        """One vocabulary tile of a token: (a, clipped e, h) with h = 0 where the element clip is active."""
+        a = tl.load(s_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_s
+        b = tl.load(t_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_t
+        e, h = _summand(a, b, beta, log_w_s, log_w_t, MODE)
+        if CLIP:  # torch.clamp(max=clip) passes the gradient where e <= clip
+            h = tl.where(e <= clip, h, 0.0)
+            e = tl.minimum(e, clip)
+        return a, e, h
+
+    @triton.jit
     def _row_stats_kernel(s_ptr, s_index_ptr, t_ptr, out_ptr, n_tokens, vocab, tau, BLOCK: tl.constexpr):
         tok = tl.program_id(0)
         s_row = s_ptr + tl.load(s_index_ptr + tok).to(tl.int64) * vocab
@@ -138,12 +150,7 @@ if triton is not None:
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             inside = cols < vocab
-            a = tl.load(s_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_s
-            b = tl.load(t_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_t
-            e, h = _summand(a, b, beta, log_w_s, log_w_t, MODE)
-            if CLIP:  # torch.clamp(max=clip) passes the gradient where e <= clip
-                h = tl.where(e <= clip, h, 0.0)
-                e = tl.minimum(e, clip)
+            _, e, h = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE, CLIP)
             acc_e += tl.where(inside, e, 0.0)
             acc_h += tl.where(inside, h, 0.0)
         tl.store(out_ptr + tok, tl.sum(acc_e, 0))
@@ -169,11 +176,8 @@ if triton is not None:
             for start in range(0, vocab, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
                 inside = cols < vocab
-                a = tl.load(s_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_s
-                b = tl.load(t_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_t
-                e, h = _summand(a, b, beta, log_w_s, log_w_t, MODE)
-                if CLIP:
-                    h = tl.where(e <= clip, h, 0.0)
+                a, _, h = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE,
+                                CLIP)
                 g = w * (h - tl.exp(a) * h_sum) / tau
                 tl.store(g_row + cols, g.to(g_ptr.dtype.element_ty), mask=inside)
 
