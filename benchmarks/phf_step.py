@@ -32,8 +32,8 @@ clock and thermal drift hit both alike. Reported in ``OUTDIR/phf_step.json``:
 * ``breakdown_ms``: device time per region of a few instrumented steps (``parallel.timing``:
   capture, capture_bwd, flow_fwd, flow_bwd, jsd_fwd, jsd_bwd, teacher_rows): the PHF-only
   costs are capture + capture_bwd + flow_fwd + flow_bwd;
-* ``checks``: a PHF step on the reference backends (eager JSD and flow equations) against the
-  fused ones: relative differences of the OPSD and flow values.
+* ``checks``: a PHF step on the reference paths (Megatron's full output layer, eager JSD, flow
+  equations) against the fast ones: relative differences of the OPSD and flow values.
 
 Also ``OUTDIR/phf_step.log``; ``--profile`` adds ``OUTDIR/{phf,opsd}_profile.txt``, the top
 kernels of one step of each kind. Any error is recorded in the JSON.
@@ -284,11 +284,11 @@ def run(args) -> dict:
 
 
 def cross_check_backends(runner, steps, phf_objective, cfg, groups, capture, args, result) -> dict:
-    """One PHF step on the reference backends: the fused kernels must give the same metrics."""
+    """One PHF step on the reference paths (full output layer, eager JSD, flow equations): same metrics?"""
     from phf_megatron.parallel import PhfStep
 
     reference = PhfStep(phf_objective, cfg, **groups, student_capture=capture, teacher_capture=capture,
-                        flow_backend="torch", jsd_backend="torch")
+                        flow_backend="torch", jsd_backend="torch", score_rows_only=False)
     ref = runner.step(reference)["metrics"]
     fast = result["metrics_phf"]
     return {"backends": result["backends"]["phf"],
