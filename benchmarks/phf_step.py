@@ -122,6 +122,28 @@ def build_flow_extension() -> dict:
                 reason=None if module is not None else unavailable_reason())
 
 
+def preflight_triton_jsd(vocab: int) -> dict:
+    """The Triton JSD against the eager one on a small bf16 batch (fwd + bwd). On failure the
+    benchmark falls back to the eager JSD (recorded), so that one GPU run still yields its numbers."""
+    from phf_megatron.parallel.vocab_parallel_jsd import vocab_parallel_jsd
+
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        zs = (4 * torch.randn(2, 64, vocab, generator=g, device="cuda")).bfloat16()
+        rows = (4 * torch.randn(100, vocab, generator=g, device="cuda")).bfloat16()
+        idx = torch.arange(10, 110, device="cuda")
+        out = {}
+        for backend in ("torch", "triton"):
+            x = zs.clone().requires_grad_()
+            per_token = vocab_parallel_jsd(x, rows, idx, 0.5, 1.0, 0.05, backend=backend)
+            (grad,) = torch.autograd.grad(per_token.sum(), x)
+            out[backend] = (per_token.detach().float(), grad.float())
+        rel = [float((b - a).abs().max() / a.abs().max()) for a, b in zip(out["torch"], out["triton"])]
+        return dict(ok=rel[0] < 1e-4 and rel[1] < 2e-2, value_rel_diff=rel[0], grad_rel_diff=rel[1])
+    except Exception as e:  # noqa: BLE001 - recorded, then the eager JSD runs
+        return dict(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+
+
 class StepRunner:
     """One teacher pass + one student pass of a ``PhfStep`` through Megatron's schedule, timed.
 
@@ -218,6 +240,11 @@ def run(args) -> dict:
     if torch.cuda.is_available() and args.flow_backend != "torch":
         result["flow_extension"] = build_flow_extension()
         log(args.out_dir, f"flow extension: {result['flow_extension']}")
+    if torch.cuda.is_available() and args.jsd_backend != "torch":
+        result["triton_jsd_preflight"] = preflight_triton_jsd((TINY if args.tiny else QWEN3_1_7B)["vocab_size"])
+        log(args.out_dir, f"Triton JSD preflight: {result['triton_jsd_preflight']}")
+        if not result["triton_jsd_preflight"]["ok"]:
+            args.jsd_backend = "torch"
     with megatron_session(1, 1):
         model, dtype = build(args, device)
         cfg = model.config
