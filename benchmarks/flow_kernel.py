@@ -4,16 +4,19 @@
 
 For each shape (L, B, m, H) and dtype it times the forward+backward of the PHF flow loss
 (median of many CUDA-event-timed runs after warm-up) for:
-  cuda       the extension, product precision "auto" (3xTF32 for fp32, TF32 for bf16), the
-             1-CTA-per-SM build (no register spills; the default);
-  cuda-2cta  the same with the 2-CTAs-per-SM build (PHF_FLOW_CTAS_PER_SM=2);
-  cuda-fp32  the extension with plain fp32 FMA products (the exact fallback);
+  cuda       the extension, product precision "auto" (3xTF32 for fp32, 3xBF16 for bf16);
+  cuda-bf16  precision "bf16" (one bf16 product; the fastest, less accurate; 16-bit inputs only);
+  cuda-fp32  precision "fp32" (fp32 FMA on CUDA cores, the fallback);
   eager      the PyTorch reference (phf_megatron.objectives.flow equations, no input checks);
   compile    torch.compile of that same reference (Inductor, which emits Triton kernels;
              no hand-written Triton version exists).
-It also measures a device-to-device copy (bytes/s) and reports the memory floor: student and
-teacher read once, the gradient written once. Writes flow_kernel.json and flow_kernel.md into
-OUTDIR (atomically, after every measurement, so a killed run keeps what it had).
+Roofline columns (csrc/README.md): the memory floor (student and teacher read once, the
+gradient written once, at a measured device-to-device copy bandwidth) and the compute floor
+(the useful FLOPs: symmetric Grams counted once, at a measured 8192³ GEMM rate: bf16 for 16-bit
+inputs, three TF32 products for fp32 inputs, the least that reaches fp32 accuracy on tensor
+cores). The loss of each implementation is compared with a float64 evaluation of the same
+inputs. Writes flow_kernel.json and flow_kernel.md into OUTDIR (atomically, after every
+measurement, so a killed run keeps what it had).
 """
 
 from __future__ import annotations
@@ -42,10 +45,38 @@ from phf_megatron.objectives.flow import (
 SHAPES = ((36, 4, 128, 4096), (28, 4, 128, 2048))
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 TARGETS = {"vs_eager": 3.0, "vs_compile": 1.5, "vs_floor": 2.0}
+CUDA_IMPLS = {"cuda": {}, "cuda-bf16": {"precision": "bf16"}, "cuda-fp32": {"precision": "fp32"}}
+
+
+def useful_flops(L: int, B: int, m: int, H: int) -> float:
+    """FLOPs of the PHF loss's products (all layers), fwd+bwd, n = m - 1 transitions:
+    two symmetric Grams per layer n(n+1)H each, two cross products per pair 2n²H each; backward
+    W'·Δh: one per layer (geometry) and two per pair (adjacent), 2n²H each."""
+    n, pairs = m - 1, L - 1
+    return float(B * H * (2 * L * n * (n + 1) + 4 * pairs * n * n + 2 * L * n * n + 4 * pairs * n * n))
+
+
+def gemm_tflops(dtype: torch.dtype, size: int = 8192) -> float:
+    """Measured dense GEMM rate (fp32 runs on TF32 tensor cores here)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        a = torch.randn(size, size, device="cuda", dtype=dtype)
+        b = torch.randn(size, size, device="cuda", dtype=dtype)
+        ms = statistics.median(time_ms(lambda: a @ b, 10, 3))
+        return 2 * size**3 / (ms * 1e-3) / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def float64_loss(student, teacher, valid, plan: LayerPlan) -> float:
+    with torch.no_grad():
+        return float(reference_loss(student.double(), teacher.double(), valid, plan))
 
 
 def reference_loss(student, teacher, valid, plan: LayerPlan, eps: float = 1e-6):
-    """The PHF flow loss from the reference's equations, without input checks (compilable)."""
+    """The PHF flow loss from the reference's equations, without input checks (compilable);
+    returned in the compute dtype (float32 for 16-bit inputs)."""
     idx = torch.tensor(plan.layers, device=student.device)
     dtype = torch.float32 if student.dtype in (torch.bfloat16, torch.float16) else student.dtype
     h_s = student.index_select(0, idx).to(dtype)
@@ -63,7 +94,7 @@ def reference_loss(student, teacher, valid, plan: LayerPlan, eps: float = 1e-6):
         valid.sum(-1) >= 2,
     )
     per_sample = per_sample_flow(terms, "phf", len(plan.layers), len(plan.pairs))
-    return batch_mean(per_sample, terms.sample_mask).to(student.dtype)
+    return batch_mean(per_sample, terms.sample_mask)
 
 
 def time_ms(fn, iters: int, warmup: int) -> list[float]:
@@ -102,15 +133,12 @@ def make_case(shape, dtype):
 
 def step_fn(impl: str, student, teacher, valid, plan, compiled):
     """One forward+backward of `impl` (the gradient buffer is dropped each time)."""
-    if impl in ("cuda", "cuda-2cta", "cuda-fp32"):  # no input checks (no host sync), like eager/compile
+    if impl in CUDA_IMPLS:  # no input checks (no host sync), like eager/compile
         from phf_megatron.kernels.flow_cuda import flow_terms_cuda
 
-        kwargs = {"cuda": {}, "cuda-2cta": {"ctas_per_sm": 2}, "cuda-fp32": {"precision": "fp32"}}[impl]
-
         def loss_fn():
-            terms = flow_terms_cuda(student, teacher, valid, plan, "phf", **kwargs)
-            loss = batch_mean(per_sample_flow(terms, "phf", len(plan.layers), len(plan.pairs)), terms.sample_mask)
-            return loss.to(student.dtype)
+            terms = flow_terms_cuda(student, teacher, valid, plan, "phf", **CUDA_IMPLS[impl])
+            return batch_mean(per_sample_flow(terms, "phf", len(plan.layers), len(plan.pairs)), terms.sample_mask)
     elif impl == "eager":
         loss_fn = lambda: reference_loss(student, teacher, valid, plan)  # noqa: E731
     elif impl == "compile":
@@ -155,19 +183,22 @@ def write_atomic(path: str, text: str) -> None:
 
 def markdown(results: dict) -> str:
     lines = [
-        f"Device: {results['device']}; copy bandwidth {results['copy_GBps']:.0f} GB/s; "
+        f"Device: {results['device']}; copy bandwidth {results['copy_GBps']:.0f} GB/s; dense 8192³ GEMM "
+        f"{results['gemm_TFLOPs']['bf16']:.0f} TFLOP/s bf16, {results['gemm_TFLOPs']['tf32']:.0f} TFLOP/s TF32; "
         f"median of {results['iters']} runs after {results['warmup']} warm-up runs, fwd+bwd.",
         "",
-        "| L,B,m,H | dtype | impl | ms | × eager | × compile | GB/s (floor bytes) | × floor | loss rel. diff vs eager |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| L,B,m,H | dtype | impl | ms | × eager | × compile | mem floor ms | × mem floor | compute floor ms "
+        "| × compute floor | useful TFLOP/s | loss rel. diff vs float64 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         fmt = lambda x, f="{:.2f}": "-" if x is None else f.format(x)  # noqa: E731
         lines.append(
             f"| {row['shape']} | {row['dtype']} | {row['impl']} | {fmt(row['ms'], '{:.3f}')} | "
             f"{fmt(row.get('speedup_vs_eager'))} | {fmt(row.get('speedup_vs_compile'))} | "
-            f"{fmt(row.get('achieved_GBps'), '{:.0f}')} | {fmt(row.get('time_over_floor'))} | "
-            f"{fmt(row.get('loss_rel_diff_vs_eager'), '{:.1e}')} |"
+            f"{fmt(row.get('mem_floor_ms'), '{:.3f}')} | {fmt(row.get('time_over_floor'))} | "
+            f"{fmt(row.get('compute_floor_ms'), '{:.3f}')} | {fmt(row.get('time_over_compute_floor'))} | "
+            f"{fmt(row.get('useful_TFLOPs'), '{:.0f}')} | {fmt(row.get('loss_rel_diff_vs_float64'), '{:.1e}')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -177,7 +208,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="output directory")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--impls", default="cuda,cuda-2cta,cuda-fp32,eager,compile")
+    ap.add_argument("--impls", default="cuda,cuda-bf16,cuda-fp32,eager,compile")
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--quick", action="store_true", help="small shapes, few runs (a smoke test)")
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip torch.compile runs once this is spent")
@@ -192,7 +223,11 @@ def main() -> None:
 
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "iters": iters,
                "warmup": warmup, "copy_GBps": copy_bandwidth() / 1e9, "targets": TARGETS, "rows": [],
-               "breakdown_us": {}, "notes": ["triton: no hand-written Triton kernel; 'compile' is Inductor/Triton"]}
+               "gemm_TFLOPs": {"bf16": gemm_tflops(torch.bfloat16), "tf32": gemm_tflops(torch.float32)},
+               "breakdown_us": {}, "notes": ["triton: no hand-written Triton kernel; 'compile' is Inductor/Triton",
+                                             "compute floor: useful FLOPs at the bf16 GEMM rate (16-bit inputs) or "
+                                             "3x at the TF32 GEMM rate (fp32 inputs, fp32-accurate products)"]}
+    reference64 = {}
     json_path, md_path = os.path.join(args.out, "flow_kernel.json"), os.path.join(args.out, "flow_kernel.md")
     compiled = torch.compile(reference_loss, dynamic=False) if "compile" in impls else None
     # Fast implementations for every configuration first; the slow-to-compile one last.
@@ -203,8 +238,13 @@ def main() -> None:
                 if impl == "compile" and time.time() - t_start > args.budget_s:
                     results["notes"].append(f"compile {shape} {dname}: skipped (time budget)")
                     continue
-                dtype = DTYPES[dname]
-                student, teacher, valid, plan = make_case(shape, dtype)
+                if impl == "cuda-bf16" and dname == "fp32":
+                    continue  # one bf16 product cannot meet fp32 accuracy: not an fp32 option
+                student, teacher, valid, plan = make_case(shape, DTYPES[dname])
+                key = (shape, dname)
+                if key not in reference64:
+                    reference64[key] = float64_loss(student, teacher, valid, plan)
+                    torch.cuda.empty_cache()
                 run = step_fn(impl, student, teacher, valid, plan, compiled)
                 try:
                     t0 = time.time()
@@ -220,11 +260,19 @@ def main() -> None:
                     continue
                 numel, item = student.numel(), student.element_size()
                 floor_bytes = 3 * numel * item  # student + teacher read once, gradient written once
+                flops = useful_flops(*shape)
+                mem_floor_ms = floor_bytes / (results["copy_GBps"] * 1e9) * 1e3
+                peak = results["gemm_TFLOPs"]["tf32"] / 3 if dname == "fp32" else results["gemm_TFLOPs"]["bf16"]
+                compute_floor_ms = flops / (peak * 1e12) * 1e3
+                loss = float(first.detach())
                 row = {"shape": ",".join(map(str, shape)), "dtype": dname, "impl": impl, "ms": ms,
-                       "first_call_s": round(first_s, 2), "loss": float(first.detach()),
+                       "first_call_s": round(first_s, 2), "loss": loss, "loss_float64": reference64[key],
+                       "loss_rel_diff_vs_float64": abs(loss - reference64[key]) / max(abs(reference64[key]), 1e-30),
                        "floor_bytes": floor_bytes, "achieved_GBps": floor_bytes / (ms * 1e-3) / 1e9,
-                       "time_over_floor": ms * 1e-3 / (floor_bytes / (results["copy_GBps"] * 1e9))}
-                if impl in ("cuda", "cuda-2cta"):
+                       "mem_floor_ms": mem_floor_ms, "time_over_floor": ms / mem_floor_ms, "useful_flops": flops,
+                       "useful_TFLOPs": flops / (ms * 1e-3) / 1e12, "compute_floor_ms": compute_floor_ms,
+                       "time_over_compute_floor": ms / compute_floor_ms}
+                if impl == "cuda":
                     results["breakdown_us"][f"{impl}/{row['shape']}/{dname}"] = kernel_breakdown(run)
                 results["rows"].append(row)
                 del student, teacher, run
@@ -243,7 +291,6 @@ def _fill_ratios(rows: list[dict]) -> None:
         eager, comp = by.get((r["shape"], r["dtype"], "eager")), by.get((r["shape"], r["dtype"], "compile"))
         r["speedup_vs_eager"] = eager["ms"] / r["ms"] if eager else None
         r["speedup_vs_compile"] = comp["ms"] / r["ms"] if comp else None
-        r["loss_rel_diff_vs_eager"] = abs(r["loss"] - eager["loss"]) / max(abs(eager["loss"]), 1e-30) if eager else None
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 // torch binding of the fused flow-loss kernels: argument checks, workspace, launches.
 //
 //   forward(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo,
-//           eps, mode, ctas_per_sm, n_chunks, poison)
+//           eps, mode, n_chunks, poison)
 //     -> (dir [nL, B], geo [nL, B], adj [nP, B], mats, stats, vecs, n_chunks_used)
 //   backward(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, layers, need_dir,
-//            need_geo, eps, mode, ctas_per_sm, mats, stats, vecs, g_dir, g_geo, g_adj, poison) -> grad
+//            need_geo, eps, mode, mats, stats, vecs, g_dir, g_geo, g_adj, poison) -> grad
+// `mode` is the product mode of flow_params.h (0 = fp32 FMA, 1 = bf16, 2 = 3xTF32, 3 = 3xBF16).
 //
 // `meta` (int32, on the device) packs the plan built by phf_megatron/kernels/flow_cuda.py:
 // tasks [n_tasks, 4], layer_ids [nL], pair_lo [nP], pair_hi [nP], up_pair [nL], dn_pair [nL].
@@ -85,22 +86,18 @@ void check_launch(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, "phf flow kernel ", what, " failed: ", cudaGetErrorString(err));
 }
 
-// Calls fn(mode, ctas) with both as compile-time constants.
+// Calls fn(mode) with the mode as a compile-time constant.
 template <typename Fn>
-cudaError_t by_variant(int64_t mode, int64_t ctas, Fn&& fn) {
-  TORCH_CHECK(ctas == 1 || ctas == 2, "ctas_per_sm: must be 1 or 2, got ", ctas);
-  using phf_flow::kSimt, phf_flow::kTf32, phf_flow::kTf32x3;
+cudaError_t by_mode(int64_t mode, Fn&& fn) {
+  using phf_flow::kBf16, phf_flow::kBf16x3, phf_flow::kSimt, phf_flow::kTf32x3;
   using std::integral_constant;
-  const bool one = ctas == 1;
   switch (mode) {
-    case kSimt: return one ? fn(integral_constant<int, kSimt>{}, integral_constant<int, 1>{})
-                           : fn(integral_constant<int, kSimt>{}, integral_constant<int, 2>{});
-    case kTf32: return one ? fn(integral_constant<int, kTf32>{}, integral_constant<int, 1>{})
-                           : fn(integral_constant<int, kTf32>{}, integral_constant<int, 2>{});
-    case kTf32x3: return one ? fn(integral_constant<int, kTf32x3>{}, integral_constant<int, 1>{})
-                             : fn(integral_constant<int, kTf32x3>{}, integral_constant<int, 2>{});
+    case kSimt: return fn(integral_constant<int, kSimt>{});
+    case kBf16: return fn(integral_constant<int, kBf16>{});
+    case kTf32x3: return fn(integral_constant<int, kTf32x3>{});
+    case kBf16x3: return fn(integral_constant<int, kBf16x3>{});
   }
-  TORCH_CHECK(false, "mode: unknown product mode ", mode, " (0 = fp32 FMA, 1 = TF32, 2 = 3xTF32)");
+  TORCH_CHECK(false, "mode: unknown product mode ", mode, " (0 = fp32 FMA, 1 = bf16, 2 = 3xTF32, 3 = 3xBF16)");
   return cudaErrorInvalidValue;
 }
 
@@ -113,7 +110,7 @@ at::Tensor new_output(at::IntArrayRef shape, const at::TensorOptions& opts, bool
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> flow_forward(
     const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& lengths, const at::Tensor& meta,
     int64_t n_layers, int64_t n_pairs, int64_t n_tasks, bool need_dir, bool need_geo, double eps, int64_t mode,
-    int64_t ctas_per_sm, int64_t n_chunks, bool poison) {
+    int64_t n_chunks, bool poison) {
   const c10::cuda::CUDAGuard guard(student.device());
   FlowParams p = make_params(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo, eps);
   const auto f32 = student.options().dtype(at::kFloat);
@@ -132,10 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   p.n_chunks = (int)n_chunks;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const DType dtype = dtype_of(student);
-  check_launch(by_variant(mode, ctas_per_sm,
-                          [&](auto m, auto c) {
-                            return phf_flow::launch_products<decltype(m)::value, decltype(c)::value>(p, dtype, stream);
-                          }),
+  check_launch(by_mode(mode, [&](auto m) { return phf_flow::launch_products<decltype(m)::value>(p, dtype, stream); }),
                "products");
   check_launch(phf_flow::launch_finalize(p, stream), "finalize");
   return {dir, geo, adj, mats, stats, vecs, (int64_t)p.n_chunks};
@@ -144,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 at::Tensor flow_backward(const at::Tensor& student, const at::Tensor& teacher, const at::Tensor& lengths,
                          const at::Tensor& meta, int64_t n_layers, int64_t n_pairs, int64_t n_tasks,
                          const std::vector<int64_t>& layers, bool need_dir, bool need_geo, double eps, int64_t mode,
-                         int64_t ctas_per_sm, const at::Tensor& mats, const at::Tensor& stats, const at::Tensor& vecs,
+                         const at::Tensor& mats, const at::Tensor& stats, const at::Tensor& vecs,
                          const at::Tensor& g_dir, const at::Tensor& g_geo, const at::Tensor& g_adj, bool poison) {
   const c10::cuda::CUDAGuard guard(student.device());
   FlowParams p = make_params(student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo, eps);
@@ -171,10 +165,7 @@ at::Tensor flow_backward(const at::Tensor& student, const at::Tensor& teacher, c
   p.grad = grad.data_ptr();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const DType dtype = dtype_of(student);
-  check_launch(by_variant(mode, ctas_per_sm,
-                          [&](auto m, auto c) {
-                            return phf_flow::launch_backward<decltype(m)::value, decltype(c)::value>(p, dtype, stream);
-                          }),
+  check_launch(by_mode(mode, [&](auto m) { return phf_flow::launch_backward<decltype(m)::value>(p, dtype, stream); }),
                "backward");
   return grad;
 }

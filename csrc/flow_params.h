@@ -14,17 +14,22 @@
 
 namespace phf_flow {
 
-constexpr int kTile = 128;  // transitions per (layer, sample), zero-padded: m - 1 <= 127
+constexpr int kTile = 128;       // transitions per (layer, sample), zero-padded: m - 1 <= 127
 constexpr int kMat = kTile * kTile;
-constexpr int kKc = 32;     // K columns staged in shared memory per step
+constexpr int kChunkAlign = 64;  // hidden-axis chunks are multiples of every mode's K step
 
 enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-// How the 128x128 products are computed (fp32 accumulation in every mode):
-//   kSimt   - fp32 FMA on CUDA cores (exact fp32, slowest; the fallback / cross-check);
-//   kTf32   - one TF32 tensor-core product (10-bit mantissa operands; for bf16/fp16 inputs);
-//   kTf32x3 - 3xTF32 split (big*big + big*small + small*big): fp32-level accuracy on tensor cores.
-enum Mode : int { kSimt = 0, kTf32 = 1, kTf32x3 = 2 };
+// How the 128x128 products are computed (fp32 accumulation in every mode; see warp_tile.cuh):
+//   kSimt   - fp32 FMA on CUDA cores (plain fp32; the fallback / cross-check);
+//   kBf16   - operands (Δh, coef·W') rounded to bf16, bf16 tensor cores (mma m16n8k16):
+//             fastest, ~2^-9 operand error;
+//   kBf16x3 - operands split x = hi + lo (both bf16), lo*hi + hi*lo + hi*hi on bf16 tensor
+//             cores: ~2^-17 operand error; the default for bf16/fp16 inputs;
+//   kTf32x3 - operands split x = big + small (both TF32), small*big + big*small + big*big on
+//             TF32 tensor cores (mma m16n8k8), summed into an fp32 register accumulator every
+//             K step: fp32-level accuracy; the default for fp32 inputs.
+enum Mode : int { kSimt = 0, kBf16 = 1, kTf32x3 = 2, kBf16x3 = 3 };
 
 // Forward product tasks, one 128x128 product each (see flow_products.cuh).
 enum TaskKind : int { kGramS = 0, kGramT = 1, kCrossS = 2, kCrossT = 3 };
@@ -142,25 +147,24 @@ inline int choose_chunks(int work, int slots, int max_chunks) {
 }
 
 // Fix p.n_chunks (requested, or <= 0 for automatic given `slots` concurrent CTAs) and
-// p.chunk_cols (a multiple of kKc); no chunk is empty.
+// p.chunk_cols (a multiple of kChunkAlign); no chunk is empty.
 inline void set_chunks(FlowParams& p, int slots) {
-  const int max_chunks = ceil_div_host(p.H, kKc);
+  const int max_chunks = ceil_div_host(p.H, kChunkAlign);
   if (p.n_chunks <= 0) p.n_chunks = choose_chunks(p.n_tasks * p.B, slots > 0 ? slots : 1, max_chunks);
   if (p.n_chunks > max_chunks) p.n_chunks = max_chunks;
-  p.chunk_cols = ceil_div_host(ceil_div_host(p.H, p.n_chunks), kKc) * kKc;
+  p.chunk_cols = ceil_div_host(ceil_div_host(p.H, p.n_chunks), kChunkAlign) * kChunkAlign;
   p.n_chunks = ceil_div_host(p.H, p.chunk_cols);
 }
 
 // Forward pass 1: all 128x128 raw products and row statistics (fills p.n_chunks/chunk_cols).
-// CTAS (1 or 2): CTAs per SM the kernels' register budget is sized for.
-template <int MODE, int CTAS>
+template <int MODE>
 cudaError_t launch_products(FlowParams& p, DType dtype, cudaStream_t stream);
 
 // Forward pass 2: normalize, per-term losses, and the backward's coefficient matrices.
 cudaError_t launch_finalize(const FlowParams& p, cudaStream_t stream);
 
 // Backward: d loss / d student for the selected layers.
-template <int MODE, int CTAS>
+template <int MODE>
 cudaError_t launch_backward(const FlowParams& p, DType dtype, cudaStream_t stream);
 
 }  // namespace phf_flow

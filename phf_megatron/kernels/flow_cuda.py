@@ -6,18 +6,18 @@ aggregation (``per_sample_flow``, ``batch_mean``) and the pipeline-parallel reus
 Gradients flow into the student only; the teacher is a constant. ``pointwise_mse`` is not
 implemented here (the reference handles it).
 
-Product precision (``precision``): ``"auto"`` = 3xTF32 for float32 inputs (fp32-level
-accuracy on tensor cores) and TF32 for bfloat16/float16 inputs; ``"fp32"`` = plain fp32 FMA;
-``"tf32"``, ``"3xtf32"`` force a mode. Norms, cosines and everything pointwise are fp32.
-
-``ctas_per_sm`` (1 or 2; default ``$PHF_FLOW_CTAS_PER_SM`` or 1) picks the kernel build whose
-register budget allows that many 256-thread CTAs per SM (2 trades a few register spills for
-twice the warps in flight). Both compute exactly the same arithmetic.
+Product precision (``precision``, how the 128 x 128 products run; see csrc/warp_tile.cuh):
+``"auto"`` = ``"3xtf32"`` for float32 inputs and ``"3xbf16"`` for bfloat16/float16 inputs;
+``"3xtf32"`` = TF32 tensor cores with a big + small operand split and round-to-nearest fp32
+sums (fp32-level accuracy); ``"3xbf16"`` = bf16 tensor cores with a hi + lo split (operands
+to ~2^-17); ``"bf16"`` = the transitions and coefficient matrices rounded to bfloat16 (the
+fastest; ~1e-3 relative on typical terms, but a term that is itself a small difference, e.g.
+a single transition on a short hidden axis, can be off by more than 1e-2); ``"fp32"`` = plain
+fp32 FMA on CUDA cores. Norms, cosines and everything pointwise are fp32 in every mode.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +25,7 @@ import torch
 from ..objectives.flow import FlowTerms, LayerPlan
 from .loader import require
 
-PRECISIONS = {"fp32": 0, "tf32": 1, "3xtf32": 2}
+PRECISIONS = {"fp32": 0, "bf16": 1, "3xtf32": 2, "3xbf16": 3}  # csrc/flow_params.h Mode
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_POSITIONS = 128  # m: the kernel pads transitions to one 128-row tile
 KINDS = {"gram_s": 0, "gram_t": 1, "cross_s": 2, "cross_t": 3}
@@ -81,7 +81,7 @@ def _meta_tensor(kplan: KernelPlan, device: torch.device) -> torch.Tensor:
 
 def precision_mode(precision: str, dtype: torch.dtype) -> int:
     if precision == "auto":
-        return PRECISIONS["3xtf32"] if dtype == torch.float32 else PRECISIONS["tf32"]
+        return PRECISIONS["3xtf32"] if dtype == torch.float32 else PRECISIONS["3xbf16"]
     if precision not in PRECISIONS:
         raise ValueError(f"precision: unknown value {precision!r}; choose 'auto' or one of {tuple(PRECISIONS)}")
     return PRECISIONS[precision]
@@ -91,16 +91,16 @@ class FlowTermsFunction(torch.autograd.Function):
     """(student, teacher, lengths, meta, ...) -> (dir [nL, B], geo [nL, B], adj [nP, B])."""
 
     @staticmethod
-    def forward(ctx, student, teacher, lengths, meta, kplan: KernelPlan, eps: float, mode: int, ctas: int,
-                n_chunks: int, poison: bool):
+    def forward(ctx, student, teacher, lengths, meta, kplan: KernelPlan, eps: float, mode: int, n_chunks: int,
+                poison: bool):
         ext = require()
         nL, nP = len(kplan.layers), len(kplan.pairs)
         common = (nL, nP, kplan.n_tasks)
         dir_, geo, adj, mats, stats, vecs, chunks = ext.forward(
-            student, teacher, lengths, meta, *common, kplan.need_dir, kplan.need_geo, eps, mode, ctas, n_chunks, poison
+            student, teacher, lengths, meta, *common, kplan.need_dir, kplan.need_geo, eps, mode, n_chunks, poison
         )
         ctx.save_for_backward(student, teacher, lengths, meta, mats, stats, vecs)
-        ctx.args = (common, kplan, eps, mode, ctas, poison)
+        ctx.args = (common, kplan, eps, mode, poison)
         ctx.n_chunks = chunks
         return dir_, geo, adj
 
@@ -108,13 +108,13 @@ class FlowTermsFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g_dir, g_geo, g_adj):
         student, teacher, lengths, meta, mats, stats, vecs = ctx.saved_tensors
-        common, kplan, eps, mode, ctas, poison = ctx.args
+        common, kplan, eps, mode, poison = ctx.args
         grads = [g.float().contiguous() for g in (g_dir, g_geo, g_adj)]
         grad = require().backward(
             student, teacher, lengths, meta, *common, list(kplan.layers), kplan.need_dir, kplan.need_geo, eps, mode,
-            ctas, mats, stats, vecs, *grads, poison,
+            mats, stats, vecs, *grads, poison,
         )
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def flow_terms_cuda(
@@ -125,7 +125,6 @@ def flow_terms_cuda(
     variant: str = "phf",
     eps: float = 1e-6,
     precision: str = "auto",
-    ctas_per_sm: int | None = None,
     n_chunks: int = 0,
     poison: bool = False,
 ) -> FlowTerms:
@@ -136,7 +135,6 @@ def flow_terms_cuda(
         valid: ``[B, m]`` bool True-prefix mask.
         plan, variant, eps: as in ``flow_terms`` (variant not ``pointwise_mse``).
         precision: product precision (module docstring).
-        ctas_per_sm: 1 or 2 (module docstring); None reads ``$PHF_FLOW_CTAS_PER_SM`` (default 1).
         n_chunks: CTAs per task along the hidden axis in the forward (0 = automatic).
         poison: fill outputs with NaN before each launch (tests: unwritten elements show).
     """
@@ -144,12 +142,9 @@ def flow_terms_cuda(
     lengths = valid.sum(-1, dtype=torch.int32)
     meta = _meta_tensor(kplan, student.device)
     mode = precision_mode(precision, student.dtype)
-    ctas = int(os.environ.get("PHF_FLOW_CTAS_PER_SM", "1")) if ctas_per_sm is None else int(ctas_per_sm)
-    if ctas not in (1, 2):
-        raise ValueError(f"ctas_per_sm: must be 1 or 2, got {ctas} (check $PHF_FLOW_CTAS_PER_SM)")
     dir_, geo, adj = FlowTermsFunction.apply(
-        student.contiguous(), teacher.detach().contiguous(), lengths, meta, kplan, float(eps), mode, ctas,
-        int(n_chunks), bool(poison),
+        student.contiguous(), teacher.detach().contiguous(), lengths, meta, kplan, float(eps), mode, int(n_chunks),
+        bool(poison),
     )
     return FlowTerms(
         direction=dir_ if kplan.need_dir else None,

@@ -1,10 +1,13 @@
 """Backend dispatch and the extension loader on any machine (CPU CI included)."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from phf_megatron import kernels
-from phf_megatron.kernels.flow_cuda import KernelPlan, precision_mode
+from phf_megatron.kernels.flow_cuda import PRECISIONS, KernelPlan, precision_mode
 from phf_megatron.objectives import hidden_flow_loss
 from phf_megatron.objectives.flow import LayerPlan
 
@@ -86,8 +89,18 @@ def test_kernel_plan_tables_for_a_layer_selection():
 
 
 def test_precision_modes():
-    assert precision_mode("auto", torch.float32) == 2  # 3xTF32
-    assert precision_mode("auto", torch.bfloat16) == 1  # TF32
-    assert precision_mode("fp32", torch.bfloat16) == 0
+    assert precision_mode("auto", torch.float32) == PRECISIONS["3xtf32"]
+    assert precision_mode("auto", torch.bfloat16) == PRECISIONS["3xbf16"]
+    assert precision_mode("auto", torch.float16) == PRECISIONS["3xbf16"]
+    assert precision_mode("bf16", torch.float32) == PRECISIONS["bf16"]
     with pytest.raises(ValueError, match="precision"):
-        precision_mode("fp64", torch.float32)
+        precision_mode("tf32", torch.float32)
+
+
+def test_precision_codes_match_the_kernel_modes():
+    """PRECISIONS must use the numbers of csrc/flow_params.h's `enum Mode`."""
+    header = (Path(__file__).resolve().parents[2] / "csrc" / "flow_params.h").read_text()
+    enum = re.search(r"enum Mode : int \{([^}]*)\}", header).group(1)
+    modes = {name.strip(): int(value) for name, value in (item.split("=") for item in enum.split(","))}
+    names = {"fp32": "kSimt", "bf16": "kBf16", "3xtf32": "kTf32x3", "3xbf16": "kBf16x3"}
+    assert {p: modes[names[p]] for p in PRECISIONS} == PRECISIONS

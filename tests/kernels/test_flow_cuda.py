@@ -4,19 +4,36 @@ Tolerances (‖Δ‖ / ‖ref‖): 1e-5 for float32 inputs (3xTF32 and fp32-FMA 
 bfloat16/float16 inputs, on the per-term values and on the input gradient of a random
 weighting of the terms (so every upstream-gradient path is exercised), and on the scalar
 ``hidden_flow_loss``. Every launch has its outputs poisoned with NaN first.
+
+Two comparisons need a stated scale:
+- geometry/adjacent are ‖G^S - G^T‖² / n²: computing E = G^S - G^T to tol relative to |G|
+  (what any finite precision, the float32 reference included, can do) bounds their error by
+  about tol·value + tol²·(‖G^S‖² + ‖G^T‖²)/n². The second part matters only where E cancels
+  to ~0, e.g. one transition (m_b = 2): E = ‖d^S‖² - ‖d^T‖² = O(eps), the value ~1e-15.
+- float16 gradients of the unscaled loss are ~1e-6, float16 subnormals with a few bits;
+  as in float16 training (GradScaler), the loss is scaled by 2^12 before backward and the
+  gradient unscaled for the comparison.
 """
 
 import pytest
 import torch
 
 from phf_megatron.objectives import hidden_flow_loss
-from phf_megatron.objectives.flow import LayerPlan, flow_terms
+from phf_megatron.objectives.flow import (
+    LayerPlan,
+    adjacent_layer_loss,
+    flow_terms,
+    geometry_loss,
+    transitions,
+    unit_directions,
+)
 
 pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+LOSS_SCALE = {torch.float32: 1.0, torch.bfloat16: 1.0, torch.float16: 2.0**12}
 
 # variant, L, layers, B, m, H, lengths (None = all valid), repeats (which, l, b, i): h_{i+1} = h_i
 CASES = [
@@ -48,8 +65,32 @@ def _inputs(case, dtype, offset=0.0):
 
 
 def _rel(got, ref):
-    got, ref = got.double(), ref.double()
+    got, ref = got.detach().double(), ref.detach().double()
     return float((got - ref).norm() / ref.norm().clamp(min=1e-30))
+
+
+def _gram_scales(s, t, valid, plan):
+    """(‖G^S‖² + ‖G^T‖²)/n² per (layer, sample) and (‖C^S‖² + ‖C^T‖²)/n² per (pair, sample)."""
+    idx = torch.tensor(plan.layers, device=s.device)
+    delta_s, tv = transitions(s.double().index_select(0, idx), valid)
+    delta_t, _ = transitions(t.double().index_select(0, idx), valid)
+    d_s, d_t = unit_directions(delta_s, tv, EPS), unit_directions(delta_t, tv, EPS)
+    zero = torch.zeros_like(d_s)
+    geo = geometry_loss(d_s, zero, tv) + geometry_loss(zero, d_t, tv)
+    pos = {layer: i for i, layer in enumerate(plan.layers)}
+    lo = torch.tensor([pos[a] for a, _ in plan.pairs], device=s.device, dtype=torch.long)
+    hi = torch.tensor([pos[c] for _, c in plan.pairs], device=s.device, dtype=torch.long)
+    z = zero[lo]
+    adj = adjacent_layer_loss(d_s[lo], d_s[hi], z, z, tv) + adjacent_layer_loss(z, z, d_t[lo], d_t[hi], tv)
+    return {"geo": geo, "adj": adj}
+
+
+def _assert_term_close(name, got, ref, tol, scale=None, seed=None):
+    """‖got - ref‖ <= tol ‖ref‖ (+ tol² ‖scale‖ for the squared Gram differences)."""
+    assert torch.isfinite(got).all(), f"{name}: unwritten/NaN values (seed {seed})"
+    err = float((got.detach().double() - ref.detach().double()).norm())
+    bound = tol * float(ref.detach().double().norm()) + (tol * tol * float(scale.norm()) if scale is not None else 0.0)
+    assert err <= bound, f"{name}: |Δ| {err:.2e} > {bound:.2e} (rel {_rel(got, ref):.2e}, seed {seed})"
 
 
 def _weighted(terms, weights):
@@ -78,15 +119,17 @@ def test_terms_and_gradient_equal_float64_reference(case, dtype, precision, seed
 
     s_k = s.clone().requires_grad_(True)
     terms = flow_terms_cuda(s_k, t, valid, plan, variant, EPS, precision=precision, poison=True)
-    loss, got = _weighted(terms, {k: w.float() for k, w in weights.items()})
+    scale = LOSS_SCALE[dtype]
+    loss, got = _weighted(terms, {k: scale * w.float() for k, w in weights.items()})
     (grad,) = torch.autograd.grad(loss, s_k)
+    _check(got, ref, grad.double() / scale, ref_grad, TOL[dtype], _gram_scales(s, t, valid, plan), seed)
 
-    tol = TOL[dtype]
+
+def _check(got, ref, grad, ref_grad, tol, scales, seed):
     for k in ("dir", "geo", "adj"):
         assert (got[k] is None) == (ref[k] is None), k
         if got[k] is not None:
-            assert torch.isfinite(got[k]).all(), f"{k}: unwritten/NaN values (seed {seed})"
-            assert _rel(got[k], ref[k]) <= tol, f"{k}: rel {_rel(got[k], ref[k]):.2e} > {tol} (seed {seed})"
+            _assert_term_close(k, got[k], ref[k], tol, scales.get(k), seed)
     assert torch.isfinite(grad).all(), f"gradient: unwritten/NaN values (seed {seed})"
     assert _rel(grad, ref_grad) <= tol, f"gradient: rel {_rel(grad, ref_grad):.2e} > {tol} (seed {seed})"
 
@@ -102,10 +145,10 @@ def test_hidden_flow_loss_cuda_backend_equals_reference(variant, dtype, seed):
     ref.backward()
     s_k = s.clone().requires_grad_(True)
     got = hidden_flow_loss(s_k, t, valid, variant=variant, backend="cuda")
-    got.backward()
+    (LOSS_SCALE[dtype] * got).backward()
     assert got.dtype == dtype
     assert _rel(got.detach(), ref.detach()) <= TOL[dtype], f"loss (seed {seed})"
-    assert _rel(s_k.grad, s_ref.grad) <= TOL[dtype], f"gradient (seed {seed})"
+    assert _rel(s_k.grad.double() / LOSS_SCALE[dtype], s_ref.grad) <= TOL[dtype], f"gradient (seed {seed})"
 
 
 def test_auto_backend_runs_the_kernel_on_cuda_inputs(monkeypatch, seed):
@@ -130,8 +173,9 @@ def test_split_of_the_hidden_axis_does_not_change_the_result(n_chunks, seed):
     plan = LayerPlan.build(5, "phf", [0, 1, 3, 4])
     ref = flow_terms(s.double(), t.double(), valid, plan, "phf", EPS)
     got = flow_terms_cuda(s, t, valid, plan, "phf", EPS, n_chunks=n_chunks, poison=True)
-    for name in ("direction", "geometry", "adjacent"):
-        assert _rel(getattr(got, name), getattr(ref, name)) <= 1e-5, f"{name} (seed {seed})"
+    scales = _gram_scales(s, t, valid, plan)
+    for name, key in (("direction", "dir"), ("geometry", "geo"), ("adjacent", "adj")):
+        _assert_term_close(name, getattr(got, name), getattr(ref, name), 1e-5, scales.get(key), seed)
 
 
 def test_batch_without_transitions_gives_zero_loss_and_zero_gradient():
@@ -166,23 +210,36 @@ def test_long_window_falls_back_on_auto_and_raises_on_cuda():
         hidden_flow_loss(s, t, backend="cuda")
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("case", CASES[:3], ids=IDS[:3])
-def test_two_ctas_per_sm_build_agrees_with_reference(case, dtype, seed):
-    """The register-capped build (PHF_FLOW_CTAS_PER_SM=2) is a separately compiled kernel."""
+MODE_CASES = [CASES[1], CASES[3]]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "3xbf16", "3xtf32"])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("case", MODE_CASES, ids=[IDS[1], IDS[3]])
+def test_every_product_mode_runs_on_every_input_dtype(case, dtype, precision, seed):
+    """Each (mode, dtype) kernel is a separate instantiation. bf16 products round Δh to
+    bfloat16 (about 2^-9): on m_b = 2 with H = 37 the single adjacent term (the square of one
+    difference of two cosines) then misses 1e-2 in about a quarter of the draws
+    (tests/kernels/test_kernel_emulation.py), so there its value is only checked for being
+    written and finite. 3xbf16 meets 1e-2 everywhere, 3xtf32 / fp32 1e-5 on float32 inputs."""
     from phf_megatron.kernels.flow_cuda import flow_terms_cuda
 
     dtype = DTYPES[dtype]
     variant, L, layers = case[:3]
-    s, t, valid = _inputs(case, dtype)
+    s, t, valid = _inputs(case, dtype, offset=1.0)
     valid = torch.ones(s.shape[1], s.shape[2], dtype=torch.bool, device="cuda") if valid is None else valid
     plan = LayerPlan.build(L, variant, layers)
     s_ref = s.double().requires_grad_(True)
     ref = flow_terms(s_ref, t.double(), valid, plan, variant, EPS)
-    (ref_grad,) = torch.autograd.grad(ref.geometry.sum() + ref.adjacent.sum() + ref.direction.sum(), s_ref)
+    ref_parts = {"dir": ref.direction, "geo": ref.geometry, "adj": ref.adjacent}
+    (ref_grad,) = torch.autograd.grad(sum(v.sum() for v in ref_parts.values()), s_ref)
     s_k = s.clone().requires_grad_(True)
-    got = flow_terms_cuda(s_k, t, valid, plan, variant, EPS, ctas_per_sm=2, poison=True)
-    (grad,) = torch.autograd.grad(got.geometry.sum() + got.adjacent.sum() + got.direction.sum(), s_k)
-    for name in ("direction", "geometry", "adjacent"):
-        assert _rel(getattr(got, name), getattr(ref, name)) <= TOL[dtype], f"{name} (seed {seed})"
-    assert _rel(grad, ref_grad) <= TOL[dtype], f"gradient (seed {seed})"
+    got = flow_terms_cuda(s_k, t, valid, plan, variant, EPS, precision=precision, poison=True)
+    parts = {"dir": got.direction, "geo": got.geometry, "adj": got.adjacent}
+    scale = LOSS_SCALE[dtype]
+    (grad,) = torch.autograd.grad(scale * sum(v.sum() for v in parts.values()), s_k)
+    tol = 1e-5 if dtype == torch.float32 and precision in ("fp32", "3xtf32") else 1e-2
+    if precision == "bf16" and case is CASES[3]:
+        assert torch.isfinite(parts["adj"]).all(), f"adj: unwritten/NaN values (seed {seed})"
+        parts["adj"] = ref_parts["adj"] = None
+    _check(parts, ref_parts, grad.double() / scale, ref_grad, tol, _gram_scales(s, t, valid, plan), seed)

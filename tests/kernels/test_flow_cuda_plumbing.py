@@ -41,9 +41,9 @@ class FakeExtension:
     NAMES = ("rs", "rt", "xs", "xt", "nsq_s", "nsq_t", "dot_st", "cos", "rho_geo", "rho_up", "rho_dn")
 
     def forward(self, student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, need_dir, need_geo, eps, mode,
-                ctas_per_sm, n_chunks, poison):
+                n_chunks, poison):
         kp = _plan_from_meta(meta, n_layers, n_pairs, n_tasks, need_dir, need_geo)
-        ws = emu.products(student.double(), teacher.double(), lengths, kp, 32 * max(n_chunks, 1), torch.float64, "exact")
+        ws = emu.products(student.double(), teacher.double(), lengths, kp, 64 * max(n_chunks, 1), torch.float64, "exact")
         out = emu.finalize(ws, lengths, kp, eps)
         self.shapes = {k: ws[k].shape for k in self.NAMES}
         mats = torch.cat([ws[k].flatten() for k in self.NAMES[:4]])
@@ -52,7 +52,7 @@ class FakeExtension:
         return out["dir"].float(), out["geo"].float(), out["adj"].float(), mats, stats, vecs, max(n_chunks, 1)
 
     def backward(self, student, teacher, lengths, meta, n_layers, n_pairs, n_tasks, layers, need_dir, need_geo, eps,
-                 mode, ctas_per_sm, mats, stats, vecs, g_dir, g_geo, g_adj, poison):
+                 mode, mats, stats, vecs, g_dir, g_geo, g_adj, poison):
         kp = _plan_from_meta(meta, n_layers, n_pairs, n_tasks, need_dir, need_geo)
         assert list(layers) == list(kp.layers)
         ws, flat = {}, {0: mats, 1: stats, 2: vecs}

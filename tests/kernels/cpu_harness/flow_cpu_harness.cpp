@@ -1,4 +1,5 @@
-// Runs the real csrc/ kernels on the CPU (tests/kernels/test_cpu_harness.py drives it).
+// Runs the real csrc/ kernels on the CPU (tests/kernels/test_cpu_harness.py drives it), with
+// the launch configuration of the GPU build (threads per CTA, dynamic shared memory bytes).
 //
 //   flow_cpu_harness IN OUT
 //
@@ -81,8 +82,10 @@ void run(FlowParams p, Reader& in, std::ofstream& out, int slots) {
   p.out_adj = adj.data();
   set_chunks(p, slots);
 
-  phf_emu::launch((long long)p.n_tasks * p.B * p.n_chunks, [&] { flow_products_kernel<T, MODE, 1>(p); });
-  phf_emu::launch((long long)(p.n_layers + p.n_pairs) * p.B, [&] { flow_finalize_kernel(p); });
+  phf_emu::launch((long long)p.n_tasks * p.B * p.n_chunks, kThreads, products_smem_bytes<MODE>(),
+                  [&] { flow_products_kernel<T, MODE>(p); });
+  phf_emu::launch((long long)(p.n_layers + p.n_pairs) * p.B, kFinalizeThreads, kFinalizeSmem,
+                  [&] { flow_finalize_kernel(p); });
 
   std::vector<T> grad(numel);
   fill_nan(grad.data(), grad.size());
@@ -94,7 +97,8 @@ void run(FlowParams p, Reader& in, std::ofstream& out, int slots) {
   p.g_dir = g_dir.data();
   p.g_geo = g_geo.data();
   p.g_adj = g_adj.data();
-  phf_emu::launch((long long)p.n_layers * p.B * ceil_div(p.H, kHt), [&] { flow_backward_kernel<T, MODE, 1>(p); });
+  phf_emu::launch((long long)p.n_layers * p.B * ceil_div(p.H, kHt), kThreads, backward_smem_bytes<MODE>(),
+                  [&] { flow_backward_kernel<T, MODE>(p); });
 
   out.write(reinterpret_cast<const char*>(dir.data()), dir.size() * 4);
   out.write(reinterpret_cast<const char*>(geo.data()), geo.size() * 4);
@@ -107,8 +111,9 @@ template <typename T>
 void by_mode(int mode, FlowParams p, Reader& in, std::ofstream& out, int slots) {
   switch (mode) {
     case kSimt: return run<T, kSimt>(p, in, out, slots);
-    case kTf32: return run<T, kTf32>(p, in, out, slots);
+    case kBf16: return run<T, kBf16>(p, in, out, slots);
     case kTf32x3: return run<T, kTf32x3>(p, in, out, slots);
+    case kBf16x3: return run<T, kBf16x3>(p, in, out, slots);
   }
   phf_emu::fail("unknown mode");
 }
