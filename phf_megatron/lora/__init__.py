@@ -3,6 +3,7 @@
 from .config import ALL_TARGETS, LoRAConfig
 from .inject import adapter_parameters, apply_lora, lora_modules, set_adapters_enabled
 from .layers import LoRAColumnParallelLinear, LoRARowParallelLinear
+from .merge import merged_weight_selector
 
 __all__ = ["ALL_TARGETS", "LoRAConfig", "LoRAColumnParallelLinear", "LoRARowParallelLinear", "adapter_parameters",
-           "apply_lora", "lora_modules", "set_adapters_enabled"]
+           "apply_lora", "lora_modules", "merged_weight_selector", "set_adapters_enabled"]

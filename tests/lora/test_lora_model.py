@@ -46,10 +46,19 @@ def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     logits = megatron_logits(model, ids)
     export_peft_adapter([model], out_dir, cfg, base_model_name_or_path="tiny")
     deltas = merged_deltas([model], cfg.scaling)
-    return {"logits": logits, "deltas": deltas, "ids": ids}
+    # the rollout sync's path: merged weights gathered tensor by tensor under HF names
+    from megatron.core import parallel_state
+
+    from phf_megatron.lora import merged_weight_selector
+    from phf_megatron.convert.live_model import iter_hf_weights
+
+    merged = dict(iter_hf_weights(model, Qwen3Arch.from_hf(hf.config), select=merged_weight_selector([model]),
+                                  pp_group=parallel_state.get_pipeline_model_parallel_group()))
+    return {"logits": logits, "deltas": deltas, "ids": ids, "merged": merged if rank == 0 else None}
 
 
-@pytest.mark.parametrize("name,tp,pp", [("gqa", 2, 1), ("tied", 2, 2)], ids=["gqa-tp2-sp", "tied-tp2xpp2"])
+@pytest.mark.parametrize("name,tp,pp", [("gqa", 1, 1), ("gqa", 2, 1), ("tied", 2, 2)],
+                         ids=["gqa-tp1-two-groups-per-rank", "gqa-tp2-sp", "tied-tp2xpp2"])
 def test_peft_export_and_merged_deltas_reproduce_megatron_logits(tmp_path, name, tp, pp):
     from peft import PeftModel
 
@@ -74,6 +83,12 @@ def test_peft_export_and_merged_deltas_reproduce_megatron_logits(tmp_path, name,
         for weight_name, delta in deltas.items():
             params[weight_name].add_(delta)
         torch.testing.assert_close(megatron, merged(ids).logits, atol=1e-4, rtol=0)
+    # the merged HF state dict from iter_hf_weights(select=merged_weight_selector) is the same model
+    synced = tiny_hf_model(name)
+    missing, unexpected = synced.load_state_dict(results[0]["merged"], strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing)  # tied models have no separate head
+    with torch.no_grad():
+        torch.testing.assert_close(megatron, synced(ids).logits, atol=1e-4, rtol=0)
     # and the adapters matter: without them the logits differ
     with torch.no_grad():
         assert (tiny_hf_model(name)(ids).logits - megatron).abs().max() > 1e-2
