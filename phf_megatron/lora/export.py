@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from .config import LoRAConfig
+from .config import LoraConfig
 from .inject import lora_modules
 from .layers import LoRAColumnParallelLinear
 
@@ -78,15 +78,15 @@ def _gather_to_rank0(local: dict) -> dict | None:
     return merged
 
 
-def peft_adapter_config(cfg: LoRAConfig, base_model_name_or_path: str | None) -> dict:
+def peft_adapter_config(cfg: LoraConfig, base_model_name_or_path: str | None) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model_name_or_path,
-        "r": cfg.rank,
+        "r": cfg.r,
         "lora_alpha": cfg.alpha,
         "lora_dropout": cfg.dropout,
-        "target_modules": sorted(cfg.targets),
+        "target_modules": sorted(cfg.target_modules),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -97,7 +97,7 @@ def peft_adapter_config(cfg: LoRAConfig, base_model_name_or_path: str | None) ->
     }
 
 
-def export_peft_adapter(model_chunks, out_dir: str, cfg: LoRAConfig, base_model_name_or_path: str | None = None) -> None:
+def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_name_or_path: str | None = None) -> None:
     """Write a PEFT LoRA directory (``adapter_config.json`` + ``adapter_model.safetensors``).
 
     A collective: every rank calls it; rank 0 writes, atomically (a temp dir renamed into place).

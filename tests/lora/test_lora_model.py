@@ -30,18 +30,18 @@ def _random_adapters(hf_model, rank, seed=3):
 def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     from phf_megatron.convert.live_model import load_hf_weights
     from phf_megatron.convert.qwen3_arch import Qwen3Arch
-    from phf_megatron.lora import LoRAConfig, apply_lora
+    from phf_megatron.lora import LoraConfig, apply_lora
     from phf_megatron.lora.export import export_peft_adapter, load_full_adapters, merged_deltas
     from phf_megatron.models import build_qwen3_model
 
     megatron_layout(tp, pp)
     hf = tiny_hf_model(name)
-    cfg = LoRAConfig(rank=4, alpha=8.0, dropout=0.0)
+    cfg = LoraConfig(r=4, alpha=8.0, dropout=0.0)
     model = build_qwen3_model(hf.config, sp=tp > 1, dtype=torch.float32)
     load_hf_weights(model, hf.state_dict().__getitem__, Qwen3Arch.from_hf(hf.config))
     apply_lora(model, cfg)
     assert all(("adapters" in n) == p.requires_grad for n, p in model.named_parameters())
-    load_full_adapters([model], _random_adapters(hf, cfg.rank))
+    load_full_adapters([model], _random_adapters(hf, cfg.r))
     ids = torch.randint(0, hf.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
     logits = megatron_logits(model, ids)
     export_peft_adapter([model], out_dir, cfg, base_model_name_or_path="tiny")
