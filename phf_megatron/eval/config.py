@@ -1,0 +1,95 @@
+"""EvalConfig: one Average@k evaluation, with the paper's defaults."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+from phf_megatron.rollout.factory import BACKENDS
+
+PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
+
+
+@dataclass
+class EvalConfig:
+    """Paper defaults (Appendix C): n=12, T=1.0, top-p 0.95, top-k off, 38,912 new tokens, thinking."""
+
+    out_dir: str
+    """run directory: samples.rank*.jsonl, summary.json, run_config.json (a rerun resumes it)."""
+    model: str | None = None
+    """HF model directory (or the base model when ``adapter`` is given)."""
+    adapter: str | None = None
+    """PEFT adapter directory, merged into ``model`` before evaluation."""
+    megatron_checkpoint: str | None = None
+    """Megatron-Core checkpoint, converted to HF on the fly (phf_megatron.convert)."""
+    benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
+    """names (aime24, aime25, hmmt25) or paths to .jsonl files with problem/answer fields."""
+    data_dir: str | None = None
+    """directory of <name>.jsonl files; without it, names load from the HF Hub (needs `datasets`)."""
+    n: int = 12
+    """samples per problem (k of Average@k)."""
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = -1
+    """-1 or 0 = off."""
+    max_new_tokens: int = 38_912
+    thinking: bool = True
+    """Qwen3 chat template enable_thinking."""
+    seed: int = 0
+    """sample i of problem p uses seed hash(seed, benchmark, p, i): reruns and resumes reproduce it."""
+    backend: str = "auto"
+    """auto (vLLM if installed) | vllm | hf."""
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None
+    """engine context length; None = the model's."""
+    data_parallel: int = 1
+    """engine replicas (one per GPU); 0 = one per visible GPU."""
+    batch_size: int = 512
+    """samples per engine call; each finished call is written to disk before the next."""
+    require_boxed: bool = True
+    """official OPSD rule: an output without \\boxed is wrong (False: math-verify's fallback extraction)."""
+    limit: int | None = None
+    """evaluate only the first N problems of each benchmark (smoke runs)."""
+    pass_ks: tuple[int, ...] = (1,)
+    """pass@k values reported besides pass@n."""
+    plot: bool = False
+    """also write avg_at_k.png (needs matplotlib)."""
+    engine_kwargs: dict = field(default_factory=dict)
+    """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
+
+    def __post_init__(self) -> None:
+        self.benchmarks = tuple(self.benchmarks)
+        if not self.benchmarks:
+            raise ValueError("benchmarks: give at least one")
+        if self.n < 1:
+            raise ValueError(f"n: must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: {self.backend!r} is not one of {BACKENDS}")
+        if self.data_parallel < 0:
+            raise ValueError(f"data_parallel: must be >= 0 (0 = all GPUs), got {self.data_parallel}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit: must be >= 1 or None, got {self.limit}")
+        if self.model is None and self.megatron_checkpoint is None:
+            raise ValueError("model: give a HF model directory, or megatron_checkpoint")
+
+    def generation_fingerprint(self, model_dir: str, backend: str) -> dict:
+        """What fixes the samples: a rerun into the same out_dir must match it to resume."""
+        keys = ("temperature", "top_p", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "max_model_len")
+        fp = {k: getattr(self, k) for k in keys}
+        fp.update(model_dir=model_dir, backend=backend, adapter=self.adapter,
+                  megatron_checkpoint=self.megatron_checkpoint)
+        return fp
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sample_seed(seed: int, benchmark: str, problem_id: str, sample_index: int) -> int:
+    """A stable 31-bit seed for one sample (independent of batching, order and resumption)."""
+    h = hashlib.sha256(json.dumps([seed, benchmark, problem_id, sample_index]).encode()).digest()
+    return int.from_bytes(h[:8], "little") % (2**31 - 1)

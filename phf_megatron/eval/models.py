@@ -1,0 +1,130 @@
+"""What the evaluator can load, reduced to one HF model directory for the rollout engine.
+
+- a HF model directory: used as is;
+- a base HF directory + a PEFT (LoRA) adapter: merged with ``peft`` into ``<run>/merged_model``;
+- a Megatron-Core checkpoint: converted to HF into ``<run>/converted_model`` by
+  ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`).
+
+Outputs are written to a temporary directory and renamed when complete, so a kill never leaves
+a half-written model that a rerun would trust; a rerun reuses a finished one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+
+def check_hf_dir(path: str, what: str = "model") -> str:
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{what} directory {path!r} does not exist")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path}: no config.json (not a HF {what} directory)")
+    return path
+
+
+def _publish(tmp: str, final: str, marker: dict) -> str:
+    with open(os.path.join(tmp, "phf_source.json"), "w") as f:
+        json.dump(marker, f, indent=1)
+    if os.path.isdir(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def _reusable(final: str, marker: dict) -> bool:
+    path = os.path.join(final, "phf_source.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f) == marker
+
+
+def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
+    """The first source directory holding tokenizer files, else the shipped Qwen3 tokenizer."""
+    for d in src_dirs:
+        if os.path.isfile(os.path.join(d, "tokenizer.json")) or os.path.isfile(os.path.join(d, "vocab.json")):
+            load_qwen3_tokenizer(d).save_pretrained(out_dir)
+            return
+    load_qwen3_tokenizer().save_pretrained(out_dir)
+
+
+def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
+    """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    check_hf_dir(base_dir, "base model")
+    if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
+        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
+    final = os.path.join(run_dir, "merged_model")
+    marker = {"base": os.path.abspath(base_dir), "adapter": os.path.abspath(adapter_dir), "dtype": dtype,
+              "adapter_mtime": os.path.getmtime(os.path.join(adapter_dir, "adapter_config.json"))}
+    if _reusable(final, marker):
+        return final
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    tmp = tempfile.mkdtemp(prefix=".merged_model.", dir=run_dir)
+    merged.save_pretrained(tmp)
+    _save_tokenizer([adapter_dir, base_dir], tmp)
+    return _publish(tmp, final, marker)
+
+
+def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, errors) -> None:
+    try:
+        from phf_megatron.convert.checkpoints import convert_mcore_to_hf
+        convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir, progress=False)
+    except BaseException as exc:          # report to the parent, then fail the process
+        errors.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None = None) -> str:
+    """Convert a Megatron-Core checkpoint to HF in ``<run_dir>/converted_model``.
+
+    Runs ``phf_megatron.convert.checkpoints.convert_mcore_to_hf`` (what
+    ``tools/convert/mcore_to_hf.py`` runs) in a spawned process: it sets up a process group,
+    Megatron's parallel state and, on CPU, process-wide CUDA shims, none of which may leak into
+    the evaluator's process (vLLM starts its own distributed state there).
+    """
+    import multiprocessing as mp
+
+    if not os.path.isdir(mcore_dir):
+        raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
+    final = os.path.join(run_dir, "converted_model")
+    marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
+    if _reusable(final, marker):
+        return final
+    tmp = tempfile.mkdtemp(prefix=".converted_model.", dir=run_dir)
+    out = os.path.join(tmp, "hf")                     # the converter wants a new directory
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    proc = ctx.Process(target=_convert_entry, args=(mcore_dir, out, tokenizer_dir, errors), name="mcore_to_hf")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        why = errors.get() if not errors.empty() else f"exit code {proc.exitcode}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}")
+    _publish(out, final, marker)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkpoint: str | None,
+                      run_dir: str, dtype: str = "bfloat16") -> str:
+    """The HF directory to evaluate (see the module docstring)."""
+    if megatron_checkpoint is not None:
+        if adapter is not None:
+            raise ValueError("adapter: not supported with megatron_checkpoint (merge LoRA before saving)")
+        return convert_megatron(megatron_checkpoint, run_dir, tokenizer_dir=model)
+    if model is None:
+        raise ValueError("model: give a HF model directory (or megatron_checkpoint)")
+    if adapter is not None:
+        return merge_adapter(model, adapter, run_dir, dtype=dtype)
+    return check_hf_dir(model)

@@ -1,0 +1,56 @@
+"""Progress bars for the evaluator: samples/s (tqdm's rate) and generated tokens/s (postfix)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+
+from tqdm import tqdm
+
+from .records import shard_path
+
+
+class SampleProgress:
+    """A bar over samples whose postfix shows generated tokens per second."""
+
+    def __init__(self, total: int, *, enabled: bool = True, desc: str = "eval"):
+        self._bar = tqdm(total=total, unit="sample", desc=desc, disable=not enabled, dynamic_ncols=True)
+        self._tokens = 0
+        self._t0 = time.perf_counter()
+
+    def update(self, samples: int, tokens: int) -> None:
+        self._tokens += tokens
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        self._bar.set_postfix_str(f"{self._tokens / elapsed:,.0f} tok/s", refresh=False)
+        self._bar.update(samples)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class ShardProgress(SampleProgress):
+    """The parent's bar in data-parallel mode: tails the workers' shards for new records."""
+
+    def __init__(self, run_dir: str, *, total: int, ranks: Iterable[int]):
+        super().__init__(total)
+        self._paths = [shard_path(run_dir, r) for r in ranks]
+        self._offsets = {p: (os.path.getsize(p) if os.path.isfile(p) else 0) for p in self._paths}
+
+    def poll(self) -> None:
+        samples = tokens = 0
+        for path in self._paths:
+            if not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                f.seek(self._offsets[path])
+                data = f.read()
+            complete = data[:data.rfind(b"\n") + 1]
+            self._offsets[path] += len(complete)
+            for line in complete.splitlines():
+                if line.strip():
+                    samples += 1
+                    tokens += int(json.loads(line).get("completion_tokens", 0))
+        if samples:
+            self.update(samples, tokens)

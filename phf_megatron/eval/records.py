@@ -1,0 +1,108 @@
+"""Per-sample records: append-only JSONL shards, fsynced, deduplicated on load.
+
+A run directory holds ``samples.rank<r>.jsonl`` (one shard per data-parallel worker; rank 0
+alone without data parallelism). Each finished sample is one line, written and fsynced before
+the next chunk starts, so a kill loses at most the chunk in flight. A line cut short by a kill
+is cut off (truncated to the last newline) before the shard is appended to again. On load,
+the first record of each key ``(benchmark, problem_id, sample_index)`` wins; later duplicates
+(impossible unless shards were copied around) are ignored and counted.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable
+
+SHARD_GLOB = "samples.rank*.jsonl"
+
+
+def sample_key(record: dict) -> tuple[str, str, int]:
+    return record["benchmark"], record["problem_id"], int(record["sample_index"])
+
+
+def shard_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"samples.rank{rank}.jsonl")
+
+
+def repair_torn_tail(path: str) -> int:
+    """Drop a trailing partial line (no final newline); returns the bytes removed."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        pos = size - 1
+        while pos > 0:                               # scan back for the last newline
+            step = min(1 << 16, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                keep = pos - step + nl + 1
+                break
+            pos -= step
+        else:
+            keep = 0
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+class SampleWriter:
+    """Appends records to one shard; each ``write`` is flushed and fsynced."""
+
+    def __init__(self, path: str):
+        repair_torn_tail(path)
+        self.path = path
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, records: Iterable[dict]) -> None:
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        if lines:
+            self._f.write(lines)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_records(run_dir: str) -> tuple[dict[tuple[str, str, int], dict], int]:
+    """All finished samples of a run, keyed; returns (records, duplicates ignored).
+
+    A torn final line of a shard (a kill mid-write) is skipped; a malformed line elsewhere is
+    an error naming ``file:line``.
+    """
+    records: dict[tuple[str, str, int], dict] = {}
+    duplicates = 0
+    for path in sorted(glob.glob(os.path.join(run_dir, SHARD_GLOB))):
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        for lineno, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                key = sample_key(rec)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                if lineno == len(lines):             # torn tail: no newline after it
+                    continue
+                raise ValueError(f"{path}:{lineno}: corrupt sample record ({exc})") from None
+            if key in records:
+                duplicates += 1
+                continue
+            records[key] = rec
+    return records, duplicates

@@ -1,0 +1,98 @@
+"""The evaluation's outputs: a table on stdout, summary.json, and an optional bar plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .benchmarks import Problem
+from .config import EvalConfig
+from .grading import is_correct
+from .metrics import BenchmarkScore, score_benchmark, suite_average
+
+SUMMARY = "summary.json"
+PLOT = "avg_at_k.png"
+
+
+@dataclass
+class Summary:
+    scores: list[BenchmarkScore]
+    suite_average_at_k: float
+    k: int
+    samples: int
+    generated: int
+    duplicates_ignored: int
+    seconds: float
+    summary_path: str
+    plot_path: str | None
+
+    def table(self) -> str:
+        ks = sorted({k for s in self.scores for k in s.pass_at_k})
+        head = ["benchmark", "problems", f"Avg@{self.k}", *[f"pass@{k}" for k in ks], "boxed%", "truncated%"]
+        rows = [[s.benchmark, str(s.problems), f"{s.average_at_k:.2f}", *[f"{s.pass_at_k[k]:.2f}" for k in ks],
+                 f"{s.boxed_rate:.1f}", f"{s.truncated_rate:.1f}"] for s in self.scores]
+        rows.append(["suite average", "", f"{self.suite_average_at_k:.2f}", *[""] * len(ks), "", ""])
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows)])
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".summary.", dir=os.path.dirname(path) or ".")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: dict, *, duplicates: int,
+              generated: int, seconds: float, model_dir: str, backend: str) -> Summary:
+    """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot)."""
+    by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for (bench, pid, idx), rec in records.items():
+        if idx < config.n:
+            if rec.get("require_boxed") != config.require_boxed:      # graded under the other rule
+                rec = {**rec, "require_boxed": config.require_boxed,
+                       "correct": is_correct(rec["output"], rec["gold"], require_boxed=config.require_boxed)}
+            by_problem[bench][pid].append(rec)
+    scores = []
+    for bench, ps in problems.items():
+        per = {p.id: by_problem[bench][p.id] for p in ps}
+        missing = [pid for pid, ss in per.items() if len(ss) < config.n]
+        if missing:
+            raise RuntimeError(f"{bench}: {len(missing)} problems lack samples (e.g. {missing[0]}); rerun to resume")
+        scores.append(score_benchmark(bench, per, config.n, config.pass_ks))
+    summary_path = os.path.join(config.out_dir, SUMMARY)
+    plot_path = plot_scores(scores, config.n, os.path.join(config.out_dir, PLOT)) if config.plot else None
+    summary = Summary(scores, suite_average(scores), config.n, sum(s.problems for s in scores) * config.n,
+                      generated, duplicates, seconds, summary_path, plot_path)
+    _atomic_write_json(summary_path, {
+        "k": config.n, "suite_average_at_k": summary.suite_average_at_k,
+        "benchmarks": {s.benchmark: s.to_json() for s in scores},
+        "samples": summary.samples, "generated_this_run": generated, "duplicates_ignored": duplicates,
+        "seconds_this_run": seconds, "model_dir": model_dir, "backend": backend, "config": config.to_json(),
+    })
+    return summary
+
+
+def plot_scores(scores: list[BenchmarkScore], k: int, path: str) -> str:
+    """Bar chart of Average@k per benchmark and the suite average (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.benchmark for s in scores] + ["average"]
+    values = [s.average_at_k for s in scores] + [suite_average(scores)]
+    fig, ax = plt.subplots(figsize=(1.4 * len(names) + 1.5, 3.2))
+    bars = ax.bar(names, values, color=["#4C72B0"] * len(scores) + ["#55A868"])
+    ax.bar_label(bars, fmt="%.1f")
+    ax.set_ylabel(f"Average@{k} (%)")
+    ax.set_ylim(0, max(100.0, max(values) * 1.15))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

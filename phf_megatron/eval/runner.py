@@ -1,0 +1,182 @@
+"""Run an Average@k evaluation: plan the missing samples, generate them, grade, write, resume.
+
+    summary = run_eval(EvalConfig(model="/models/Qwen3-1.7B", data_dir="data", out_dir="runs/eval"))
+
+Resumption: the run directory keeps every finished sample (records.py). A rerun loads them,
+generates only the missing ``(benchmark, problem, sample_index)`` triples and never touches a
+finished one. Each sample has its own seed (``config.sample_seed``), so a resumed run samples
+what an uninterrupted one would have (same backend; batched kernels may differ in the last bits).
+Data parallelism starts one engine per GPU in a spawned process; worker r takes every r-th
+missing sample and writes its own shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import time
+
+from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, resolve_backend
+from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+from .benchmarks import Problem, load_benchmark
+from .config import EvalConfig, sample_seed
+from .grading import is_correct, last_boxed
+from .models import resolve_model_dir
+from .progress import ShardProgress, SampleProgress
+from .prompts import eval_prompt_ids
+from .records import SampleWriter, load_records, shard_path
+from .report import Summary, summarize
+
+RUN_CONFIG = "run_config.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkItem:
+    problem: Problem
+    sample_index: int
+
+
+def load_problems(config: EvalConfig) -> dict[str, list[Problem]]:
+    """All benchmarks, validated before any model is loaded."""
+    out: dict[str, list[Problem]] = {}
+    for spec in config.benchmarks:
+        name, problems = load_benchmark(spec, config.data_dir)
+        if name in out:
+            raise ValueError(f"benchmarks: {name!r} given twice")
+        out[name] = problems[:config.limit] if config.limit else problems
+    return out
+
+
+def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[WorkItem]:
+    return [WorkItem(p, i) for ps in problems.values() for p in ps for i in range(n)
+            if (p.benchmark, p.id, i) not in done]
+
+
+def _check_fingerprint(out_dir: str, fingerprint: dict) -> None:
+    """Refuse to mix samples of different generation settings in one run directory."""
+    path = os.path.join(out_dir, RUN_CONFIG)
+    if os.path.isfile(path):
+        with open(path) as f:
+            old = json.load(f)
+        diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"{out_dir}: holds samples generated with other settings {diff} "
+                             "(old, new); use another --out-dir")
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(fingerprint, f, indent=1)
+    os.replace(tmp, path)
+
+
+def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
+                     show_progress: bool = True) -> None:
+    """Generate, grade and append ``items`` to shard ``rank`` (one engine in this process)."""
+    if not items:
+        return
+    tok = load_qwen3_tokenizer(model_dir)
+    engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
+    engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype, seed=config.seed,
+                                       max_model_len=config.max_model_len, **engine_kwargs))
+    prompt_cache: dict[tuple[str, str], list[int]] = {}
+    bar = SampleProgress(len(items), enabled=show_progress)
+    try:
+        with SampleWriter(shard_path(config.out_dir, rank)) as writer:
+            for start in range(0, len(items), config.batch_size):
+                chunk = items[start:start + config.batch_size]
+                prompts, params = [], []
+                for it in chunk:
+                    key = (it.problem.benchmark, it.problem.id)
+                    if key not in prompt_cache:
+                        prompt_cache[key] = eval_prompt_ids(tok, it.problem.problem, thinking=config.thinking)
+                    prompts.append(prompt_cache[key])
+                    params.append(SamplingParams(
+                        n=1, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        max_tokens=config.max_new_tokens,
+                        seed=sample_seed(config.seed, it.problem.benchmark, it.problem.id, it.sample_index)))
+                outs = engine.generate(prompts, params)
+                records = [_record(tok, it, prompt, p.seed, comps[0], config.require_boxed)
+                           for it, prompt, p, comps in zip(chunk, prompts, params, outs)]
+                writer.write(records)
+                bar.update(len(records), sum(r["completion_tokens"] for r in records))
+    finally:
+        bar.close()
+        engine.close()
+
+
+def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, require_boxed: bool) -> dict:
+    text = tok.decode(completion.token_ids, skip_special_tokens=True)
+    pred = last_boxed(text)
+    return {
+        "benchmark": item.problem.benchmark, "problem_id": item.problem.id, "sample_index": item.sample_index,
+        "seed": seed, "gold": item.problem.answer, "pred": pred, "boxed": pred is not None,
+        "correct": is_correct(text, item.problem.answer, require_boxed=require_boxed), "require_boxed": require_boxed,
+        "finish_reason": completion.finish_reason, "prompt_tokens": len(prompt),
+        "completion_tokens": len(completion.token_ids), "output": text,
+    }
+
+
+def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int, gpu: int | None):
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    generate_samples(config, model_dir, backend, items, rank, show_progress=False)
+
+
+def _data_parallel_size(config: EvalConfig) -> tuple[int, bool]:
+    import torch
+    gpus = torch.cuda.device_count()
+    size = config.data_parallel or max(gpus, 1)
+    if gpus and size > gpus:
+        raise ValueError(f"data_parallel: {size} replicas but only {gpus} visible GPUs")
+    return size, gpus > 0
+
+
+def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], size: int,
+                      on_gpus: bool) -> None:
+    """One spawned engine per replica; the parent shows one bar by tailing the shards."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, r if on_gpus else None),
+                         name=f"eval-dp{r}") for r in range(size)]
+    for p in procs:
+        p.start()
+    watch = ShardProgress(config.out_dir, total=len(items), ranks=range(size))
+    try:
+        while any(p.is_alive() for p in procs):
+            watch.poll()
+            time.sleep(1.0)
+        watch.poll()
+    finally:
+        watch.close()
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+    failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
+    if failed:
+        raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")
+
+
+def run_eval(config: EvalConfig) -> Summary:
+    """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
+    problems = load_problems(config)
+    os.makedirs(config.out_dir, exist_ok=True)
+    model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,
+                                  megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
+                                  dtype=config.dtype)
+    backend = resolve_backend(config.backend)
+    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend))
+    done, _ = load_records(config.out_dir)
+    items = pending_work(problems, config.n, set(done))
+    t0 = time.perf_counter()
+    if items:
+        size, on_gpus = _data_parallel_size(config)
+        if size == 1:
+            generate_samples(config, model_dir, backend, items, rank=0)
+        else:
+            run_data_parallel(config, model_dir, backend, items, size, on_gpus)
+    records, duplicates = load_records(config.out_dir)
+    return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
+                     seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)

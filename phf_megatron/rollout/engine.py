@@ -1,0 +1,227 @@
+"""The rollout engine interface: token ids in, completions out; weights pushed by HF name.
+
+    engine = build_engine(EngineConfig(model_dir="/models/Qwen3-1.7B"))   # vLLM if installed
+    outs = engine.generate([[151644, 872, ...]], SamplingParams(n=4, temperature=1.0))
+    outs[0][3].token_ids, outs[0][3].logprobs, outs[0][3].finish_reason
+    engine.update_weights(hf_named_tensor_stream)     # or rollout.sync.sync_weights(...)
+    engine.score(prompt_ids, completion_ids)           # raw logprobs of completion tokens
+    engine.sleep(); engine.wake(); engine.close()
+
+Subclasses implement the ``_``-prefixed hooks; this class owns state (weight version,
+unusable-after-failure), validation, bucketing and timeouts, so every backend fails the same
+way. Calls are serialized by a lock: no generate overlaps a weight update.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import EngineUnusableError, GenerationTimeoutError, RolloutEngineError, WeightSyncError
+from .types import Completion, SamplingParams, normalize_requests
+from .weights import QWEN3_PACKED_MODULES, WeightSpec, iter_buckets
+
+
+@dataclass
+class UpdateStats:
+    """What one update_weights call pushed."""
+
+    tensors: int
+    bytes: int
+    buckets: int
+    seconds: float
+    weight_version: int
+
+
+class RolloutEngine(abc.ABC):
+    """Base class of the rollout backends (see the module docstring)."""
+
+    #: fused parameter groups loaded as a whole (see weights.iter_buckets). vLLM needs this;
+    #: the fallback keeps the same rule so a trainer bug shows up on either backend.
+    packed_modules: dict[str, tuple[str, ...]] = QWEN3_PACKED_MODULES
+
+    def __init__(self, spec: WeightSpec, *, bucket_bytes: int, timeout_s: float | None):
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0 or None, got {timeout_s}")
+        self.spec = spec
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self.weight_version = 0
+        """bumped by every successful update_weights; tag rollouts with it."""
+        self._broken: str | None = None
+        """why the engine is unusable for good (closed, timed out)."""
+        self._stale: str | None = None
+        """why generate() is refused until an update succeeds (a sync failed half-way)."""
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: concurrent.futures.Future | None = None
+
+    # ----------------------------------------------------------------- public API
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams], *,
+                 timeout_s: float | None = None) -> list[list[Completion]]:
+        """Sample ``params.n`` completions for each prompt.
+
+        Args:
+            prompt_token_ids: B prompts, each a non-empty list of token ids.
+            params: one SamplingParams for all prompts, or one per prompt.
+            timeout_s: overrides the engine's timeout for this call (None = engine default).
+        Returns:
+            B lists; list i holds the n completions of prompt i, in order.
+        Raises:
+            GenerationTimeoutError: no result within the timeout (the engine becomes unusable).
+        """
+        prompts = [list(p) for p in prompt_token_ids]
+        per_prompt = normalize_requests(prompts, params)
+        if self._stale is not None:
+            raise EngineUnusableError(f"{type(self).__name__} refuses to generate: {self._stale}")
+        if not prompts:
+            return []
+        return self._guarded("generate", timeout_s, self._generate, prompts, per_prompt)
+
+    def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
+              timeout_s: float | None = None) -> list[float]:
+        """Raw log-probability of each completion token given the prompt and earlier tokens
+        (float32 values; len == len(completion_ids))."""
+        prompt, completion = list(prompt_ids), list(completion_ids)
+        normalize_requests([prompt, completion], SamplingParams())
+        return self._guarded("score", timeout_s, self._score, prompt, completion)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                       bucket_bytes: int | None = None) -> UpdateStats:
+        """Push HF-named tensors into the running engine, bucket by bucket, in stream order.
+
+        Each bucket is validated (names, shapes, complete fused groups) before it is pushed and
+        loaded before the next one is drawn from ``named_tensors``, so a producer that gathers
+        tensor by tensor holds at most about one bucket. A subset of the model's tensors is a
+        valid (partial) update. A failure after the first bucket went in makes generate() refuse
+        until a later update succeeds (it would otherwise sample from a mix of versions);
+        score() still works.
+        """
+        self._check_usable()
+        with self._lock:
+            t0 = time.perf_counter()
+            n_tensors = n_bytes = n_buckets = 0
+            try:
+                for bucket in iter_buckets(named_tensors, self.spec, packed=self.packed_modules,
+                                           bucket_bytes=bucket_bytes or self.bucket_bytes):
+                    self._load_bucket(bucket)
+                    n_buckets += 1
+                    n_tensors += len(bucket)
+                    n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                if n_buckets:
+                    self._after_update()
+            except BaseException as exc:
+                if n_buckets:
+                    self._stale = (f"a weight update failed after {n_tensors} tensors went in "
+                                      f"({type(exc).__name__}: {exc}); push a full update before generating")
+                    self._after_update()
+                if isinstance(exc, RolloutEngineError) or not isinstance(exc, Exception):
+                    raise
+                raise WeightSyncError(f"weight update failed: {type(exc).__name__}: {exc}") from exc
+            self._stale = None
+            self.weight_version += 1
+            return UpdateStats(n_tensors, n_bytes, n_buckets, time.perf_counter() - t0, self.weight_version)
+
+    def sleep(self) -> None:
+        """Free accelerator memory (weights offloaded, KV cache dropped) while the trainer runs.
+        A no-op where the backend cannot (vLLM on CPU, the transformers fallback)."""
+        self._check_usable()
+        with self._lock:
+            self._sleep()
+
+    def wake(self) -> None:
+        """Undo sleep(); the weights are those of the last update."""
+        self._check_usable()
+        with self._lock:
+            self._wake()
+
+    def close(self, wait_s: float = 60.0) -> None:
+        """Release the engine; later calls raise EngineUnusableError.
+
+        After a timeout the abandoned call may still be running in its thread: close waits up to
+        ``wait_s`` for it before tearing the backend down (vLLM keeps process-global state that
+        must not be destroyed under a running step). If it is still running then, the backend
+        is left as is; the process is expected to exit (the trainer checkpoints and stops).
+        """
+        if self._broken == "closed":
+            return
+        self._broken = "closed"
+        self._cancel.set()
+        if self._inflight is not None and not self._inflight.done():
+            try:
+                self._inflight.result(timeout=wait_s)
+            except concurrent.futures.TimeoutError:
+                return
+            except Exception:
+                pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- hooks
+    @abc.abstractmethod
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[Completion]]:
+        ...
+
+    @abc.abstractmethod
+    def _score(self, prompt: list[int], completion: list[int]) -> list[float]:
+        ...
+
+    @abc.abstractmethod
+    def _load_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy a validated bucket (complete fused groups) into the live model."""
+
+    def _after_update(self) -> None:
+        """Drop state derived from the old weights (prefix/KV caches)."""
+
+    def _sleep(self) -> None:
+        pass
+
+    def _wake(self) -> None:
+        pass
+
+    def _close(self) -> None:
+        pass
+
+    # ----------------------------------------------------------------- plumbing
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise EngineUnusableError(f"{type(self).__name__} is unusable: {self._broken}")
+
+    def _guarded(self, what: str, timeout_s: float | None, fn, *args):
+        """Run ``fn`` under the lock; with a timeout, in a worker thread that we stop waiting for."""
+        self._check_usable()
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        if timeout_s is None:
+            with self._lock:
+                return fn(*args)
+        if not self._lock.acquire(timeout=timeout_s):
+            raise GenerationTimeoutError(f"{what}: the engine stayed busy for {timeout_s:.3g} s")
+        try:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+            future = self._inflight = self._pool.submit(fn, *args)
+            try:
+                return future.result(timeout=timeout_s)
+            except concurrent.futures.TimeoutError:
+                self._broken = f"{what} timed out after {timeout_s:.3g} s"
+                self._cancel.set()   # backends that loop in Python stop at their next step
+                raise GenerationTimeoutError(
+                    f"{type(self).__name__}.{what} did not finish within {timeout_s:.3g} s; the engine "
+                    "is now unusable (save a checkpoint and restart)") from None
+        finally:
+            self._lock.release()

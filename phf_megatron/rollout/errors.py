@@ -1,0 +1,56 @@
+"""The rollout engine's error types: what a trainer catches, and what it should do then.
+
+    RolloutEngineError                  base; the trainer saves a checkpoint and exits on it
+    ├── EngineStartError                the engine could not start (bad model dir, no memory, ...)
+    ├── GenerationTimeoutError          a generate() call ran past its timeout (engine now unusable)
+    ├── EngineUnusableError             a call after a timeout, a failed sync or close()
+    └── WeightSyncError                 a weight sync failed
+        ├── WeightMismatchError         a pushed tensor's name or shape is unknown to the engine
+        │                               (also a ValueError: it is bad input, named)
+        └── SyncVerificationError       the probe's logprobs after the sync differ from the
+                                        trainer's (``no_effect`` = the sync changed nothing)
+"""
+
+from __future__ import annotations
+
+
+class RolloutEngineError(RuntimeError):
+    """Base class: any failure of the rollout engine the trainer should treat as fatal."""
+
+
+class EngineStartError(RolloutEngineError):
+    """The engine failed to start; the message names the backend and the model directory."""
+
+
+class GenerationTimeoutError(RolloutEngineError):
+    """generate()/score() did not return within its timeout. The engine is marked unusable."""
+
+
+class EngineUnusableError(RolloutEngineError):
+    """The engine was closed, or a previous timeout / failed sync left it in an unknown state."""
+
+
+class WeightSyncError(RolloutEngineError):
+    """A weight sync failed. Tensors pushed before the failure may already be live."""
+
+
+class WeightMismatchError(WeightSyncError, ValueError):
+    """A pushed tensor's name is unknown, its shape differs from the engine's, or a fused group
+    (q/k/v, gate/up) was pushed incompletely. ``tensor_name`` names the culprit."""
+
+    def __init__(self, tensor_name: str, message: str):
+        super().__init__(f"{tensor_name}: {message}")
+        self.tensor_name = tensor_name
+
+
+class SyncVerificationError(WeightSyncError):
+    """After a sync the engine's probe logprobs differ from the trainer's by more than ``atol``.
+
+    ``no_effect`` is True when the engine's probe logprobs did not change at all across the
+    sync: the classic silent failure (weights pushed to a copy, a no-op loader, a stale cache).
+    """
+
+    def __init__(self, message: str, *, max_abs_diff: float, no_effect: bool):
+        super().__init__(message)
+        self.max_abs_diff = max_abs_diff
+        self.no_effect = no_effect

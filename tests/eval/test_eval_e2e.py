@@ -1,0 +1,189 @@
+"""The evaluator end to end on CPU: a tiny Qwen3 with the real tokenizer on AIME 2024 problems.
+
+Checks the records against an independent regrading and recount, resumption (rerun, more
+samples, a SIGKILL mid-run), data parallelism, the PEFT path and bad input through the CLI.
+The random tiny model never answers correctly; the metric arithmetic is tested in test_metrics.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phf_megatron.eval import EvalConfig, is_correct, run_eval, sample_seed
+from phf_megatron.eval.metrics import score_benchmark
+from phf_megatron.eval.records import load_records, shard_path
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
+
+
+def _config(tmp_path, model, data, name="run", **kw):
+    base = dict(out_dir=str(tmp_path / name), model=model, benchmarks=("aime24",), data_dir=data, n=2, limit=3,
+                max_new_tokens=16, backend="hf", dtype="float32", batch_size=1, pass_ks=(1, 2))
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+def _lines(run_dir):
+    out = []
+    for r in sorted(f for f in os.listdir(run_dir) if f.startswith("samples.rank")):
+        with open(os.path.join(run_dir, r)) as f:
+            out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def _check_run(config, summary):
+    """Independent recount of a finished run; returns {(problem, sample): output text}."""
+    records, dups = load_records(config.out_dir)
+    lines = _lines(config.out_dir)
+    assert dups == 0 and len(lines) == len(records) == 3 * config.n         # nothing lost, nothing twice
+    per = {}
+    for r in lines:
+        assert r["seed"] == sample_seed(config.seed, r["benchmark"], r["problem_id"], r["sample_index"])
+        assert r["correct"] == is_correct(r["output"], r["gold"], require_boxed=True)
+        assert 0 < r["completion_tokens"] <= config.max_new_tokens
+        per.setdefault(r["problem_id"], []).append(r)
+    assert sorted(per) == ["aime24-I-01", "aime24-I-02", "aime24-I-03"]
+    want = score_benchmark("aime24", per, config.n, config.pass_ks)
+    with open(summary.summary_path) as f:
+        got = json.load(f)
+    assert got["benchmarks"]["aime24"] == want.to_json()
+    assert got["suite_average_at_k"] == want.average_at_k
+    return {(r["problem_id"], r["sample_index"]): r["output"] for r in lines}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_model_dir, shared_data):
+    """One uninterrupted single-process run (n=2, 3 problems): (config, summary, outputs)."""
+    config = _config(tmp_path_factory.mktemp("reference"), tiny_model_dir, shared_data, plot=True)
+    summary = run_eval(config)
+    return config, summary, _check_run(config, summary)
+
+
+def test_transformers_backend_end_to_end_and_resume(tmp_path, reference):
+    config, summary, outputs = reference
+    assert summary.generated == 6 and os.path.isfile(summary.plot_path)
+    assert "Avg@2" in summary.table() and "suite average" in summary.table()
+    config = dataclasses.replace(config, out_dir=str(tmp_path / "copy"), plot=False)
+    shutil.copytree(reference[0].out_dir, config.out_dir)
+    # rerun: nothing regenerated; more samples: only the new ones, the old ones untouched
+    assert run_eval(config).generated == 0
+    more = dataclasses.replace(config, n=3)
+    assert run_eval(more).generated == 3
+    assert {k: v for k, v in _check_run(more, run_eval(more)).items() if k[1] < 2} == outputs
+    # the other grading rule regrades the stored outputs; it generates nothing
+    assert run_eval(dataclasses.replace(config, require_boxed=False)).generated == 0
+    # other generation settings may not be mixed into the same run
+    with pytest.raises(ValueError, match="other settings.*temperature"):
+        run_eval(dataclasses.replace(config, temperature=0.6))
+
+
+@pytest.mark.vllm
+def test_vllm_backend_end_to_end_matches_transformers_greedy(tmp_path, tiny_model_dir, shared_data):
+    pytest.importorskip("vllm")
+    config = _config(tmp_path, tiny_model_dir, shared_data, name="vllm", backend="vllm", temperature=0.0, batch_size=8)
+    vllm_out = _check_run(config, run_eval(config))
+    hf = _config(tmp_path, tiny_model_dir, shared_data, name="hf", temperature=0.0, batch_size=8)
+    assert _check_run(hf, run_eval(hf)) == vllm_out          # greedy: same text from both backends
+
+
+def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_model_dir, shared_data, reference):
+    run_dir = str(tmp_path / "killed")
+    cmd = [sys.executable, TOOL, "--model", tiny_model_dir, "--data-dir", shared_data, "--benchmarks", "aime24",
+           "--limit", "3", "--n", "2", "--max-new-tokens", "16", "--backend", "hf", "--dtype", "float32",
+           "--batch-size", "1", "--out-dir", run_dir]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shard = shard_path(run_dir, 0)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.isfile(shard) and open(shard).read().count("\n") >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with open(shard) as f:
+        before = f.read()
+    kept = before[:before.rfind("\n") + 1]
+    assert 2 <= kept.count("\n") < 6, "the run was not killed mid-way; lengthen the generation"
+    config = _config(tmp_path, tiny_model_dir, shared_data, name="killed")
+    summary = run_eval(config)
+    assert summary.generated == 6 - kept.count("\n")
+    with open(shard) as f:
+        assert f.read().startswith(kept)                       # finished samples untouched
+    assert _check_run(config, summary) == reference[2]           # same samples as an uninterrupted run
+
+
+def test_data_parallel_replicas_split_the_work(tmp_path, tiny_model_dir, shared_data, reference):
+    config = _config(tmp_path, tiny_model_dir, shared_data, name="dp", data_parallel=2)
+    assert _check_run(config, run_eval(config)) == reference[2]
+    assert all(os.path.getsize(shard_path(config.out_dir, r)) > 0 for r in (0, 1))
+
+
+def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_model_dir, shared_data):
+    peft = pytest.importorskip("peft")
+    import torch
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    lora.save_pretrained(str(tmp_path / "adapter"))
+    want = lora.merge_and_unload().state_dict()
+    config = _config(tmp_path, tiny_model_dir, shared_data, name="peft", adapter=str(tmp_path / "adapter"),
+                     n=1, max_new_tokens=2)
+    run_eval(config)
+    merged = AutoModelForCausalLM.from_pretrained(os.path.join(config.out_dir, "merged_model"), dtype=torch.float32)
+    for name, t in merged.state_dict().items():
+        torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
+
+
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, shared_data):
+    """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
+    samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
+    pytest.importorskip("phf_megatron.convert.checkpoints")
+    mcore = str(tmp_path / "mcore")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir",
+                    tiny_model_dir, "--out-dir", mcore, "--dtype", "fp32"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
+    from_mcore = _config(tmp_path, None, shared_data, name="from_mcore", megatron_checkpoint=mcore, **kw)
+    from_hf = _config(tmp_path, tiny_model_dir, shared_data, name="from_hf", **kw)
+    assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
+    with pytest.raises(RuntimeError, match="converting the Megatron checkpoint .* failed"):
+        (tmp_path / "not_mcore").mkdir()
+        run_eval(_config(tmp_path, None, shared_data, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
+                         **kw))
+
+
+def _cli():
+    spec = importlib.util.spec_from_file_location("eval_avg_at_k", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize("bench,message", [
+    ("aime23", "unknown benchmark 'aime23'"),
+    ("{tmp}/empty.jsonl", "empty.jsonl: empty file"),
+    ("{tmp}/bad.jsonl", "bad.jsonl:2: row has no answer"),
+])
+def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_model_dir, shared_data, capsys,
+                                                               bench, message):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.jsonl").write_text('{"problem": "1+1", "answer": 2}\n{"problem": "2+2"}\n')
+    rc = _cli()(["--model", tiny_model_dir, "--data-dir", shared_data, "--out-dir", str(tmp_path / "o"),
+                 "--benchmarks", bench.format(tmp=tmp_path), "--backend", "hf"])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o" / "run_config.json")

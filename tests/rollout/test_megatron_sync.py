@@ -1,0 +1,103 @@
+"""Megatron TP=2 shards (gloo) → HF names → rollout engine: tokens and logprobs equal the trainer's.
+
+Two ranks build the tiny Qwen3 in Megatron-Core at TP=2 from the HF checkpoint, then take a
+"training step" (seeded noise on every shard). Rank 0 owns a transformers-fallback engine
+started from the *old* checkpoint and syncs it from ``iter_hf_weights`` — the tensor-by-tensor
+TP gather, streamed through ``sync_weights`` with the probe built from Megatron's own logits —
+while rank 1 drains the same generator (its gathers are collectives). The engine's greedy
+tokens must be Megatron's argmax and its logprobs Megatron's (fp32, 1e-4). Rank 0 also returns
+the gathered stream, which the parent pushes into a vLLM engine (vLLM cannot start inside a
+rank that already holds a 2-rank process group) for the same checks.
+"""
+
+import pytest
+import torch
+
+from phf_megatron.rollout import SamplingParams, SyncProbe, probe_token_ids, sync_weights
+from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE
+
+from ..models.spawn import megatron_layout, run_ranks
+from .conftest import HAS_VLLM, start_engine
+
+ATOL = 1e-4
+PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
+
+
+def _megatron_logprobs(model, prompt, completion):
+    from tests.models.forward import megatron_logits
+    ids = torch.tensor([prompt + completion])
+    logits = megatron_logits(model, ids)[0, len(prompt) - 1:-1]                     # [C, V]
+    return torch.log_softmax(logits.double(), -1).gather(-1, ids[0, len(prompt):, None])[:, 0].tolist(), logits
+
+
+def _train_and_sync(rank, world_size, model_dir):
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from transformers import AutoModelForCausalLM
+
+    from phf_megatron.convert.live_model import global_name, iter_hf_weights, load_hf_weights
+    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models import build_qwen3_model
+    from phf_megatron.rollout.hf_engine import HFEngine
+
+    megatron_layout(2, 1)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    arch = Qwen3Arch.from_hf(hf.config)
+    model = build_qwen3_model(hf.config, dtype=torch.float32)
+    load_hf_weights(model, hf.state_dict().__getitem__, arch)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    with torch.no_grad():                      # the "optimizer step": same noise on replicated tensors
+        for name, p in model.named_parameters():
+            sharded = getattr(p, "tensor_model_parallel", False)
+            seed = sum(map(ord, global_name(model, name))) * 10 + (tp_rank if sharded else 0)
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)) * 0.05 * max(float(p.std()), 0.1))
+
+    probe_prompt, probe_completion = probe_token_ids(QWEN3_TOKENIZER_SIZE)
+    expected, _ = _megatron_logprobs(model, probe_prompt, probe_completion)
+    out = {}
+    if rank == 0:
+        engine = HFEngine(model_dir, dtype="float32")
+        report = sync_weights(engine, iter_hf_weights(model, arch),
+                              probe=SyncProbe(probe_prompt, probe_completion, expected, atol=ATOL))
+        (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, ignore_eos=True))
+        out.update(tensors=report.update.tensors, probe_diff=report.probe_max_abs_diff, tokens=c.token_ids,
+                   logprobs=c.logprobs)
+    else:
+        for _ in iter_hf_weights(model, arch):   # the gathers are collective: drain in lockstep
+            pass
+    tokens = [out.get("tokens")]
+    dist.broadcast_object_list(tokens, src=0)
+    ref, logits = _megatron_logprobs(model, PROMPT, tokens[0])
+    stream = list(iter_hf_weights(model, arch))   # for the parent's vLLM engine
+    if rank == 0:
+        out.update(megatron_logprobs=ref, megatron_argmax=logits.argmax(-1).tolist(), stream=stream,
+                   probe=(probe_prompt, probe_completion, expected))
+    return out
+
+
+@pytest.fixture(scope="module")
+def synced(tiny_dir):
+    pytest.importorskip("phf_megatron.convert.live_model")
+    return run_ranks(_train_and_sync, 2, tiny_dir)[0]
+
+
+def test_tp2_megatron_stream_syncs_the_fallback_engine(synced):
+    assert synced["tensors"] == 25 and synced["probe_diff"] <= ATOL
+    assert synced["tokens"] == synced["megatron_argmax"]
+    torch.testing.assert_close(torch.tensor(synced["logprobs"]), torch.tensor(synced["megatron_logprobs"],
+                                                                                dtype=torch.float32), atol=ATOL, rtol=0)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_tp2_megatron_stream_syncs_vllm(synced, tiny_dir):
+    engine = start_engine("vllm", tiny_dir)
+    try:
+        prompt, completion, expected = synced["probe"]
+        sync_weights(engine, synced["stream"], probe=SyncProbe(prompt, completion, expected, atol=ATOL))
+        (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, ignore_eos=True))
+    finally:
+        engine.close()
+    assert c.token_ids == synced["tokens"]
+    torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(synced["megatron_logprobs"], dtype=torch.float32),
+                               atol=ATOL, rtol=0)
