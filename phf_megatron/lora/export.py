@@ -38,14 +38,19 @@ def _all_gather_cat(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def full_adapters(model_chunks: Iterable[torch.nn.Module]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{hf_module_name: (A [r, in], B [out, r])}`` for this pipeline stage's layers (a TP collective)."""
+def full_adapters(model_chunks: Iterable[torch.nn.Module], select=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{hf_module_name: (A [r, in], B [out, r])}`` for this pipeline stage's layers (a TP collective).
+
+    ``select(param)`` picks what to gather of each adapter tensor (default: the values; e.g.
+    ``lambda p: p.main_grad`` for gradients in the same layout).
+    """
+    select = select or (lambda p: p)
     out = {}
     for chunk in model_chunks:
         for layer_idx, module in lora_modules(chunk):
             column = isinstance(module, LoRAColumnParallelLinear)
             for proj, adapter in module.adapters.items():
-                a, b = adapter.lora_A.detach(), adapter.lora_B.detach()
+                a, b = select(adapter.lora_A).detach(), select(adapter.lora_B).detach()
                 if column:
                     b = _all_gather_cat(b, 0, module.tp_group)
                 else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
-ROLLOUT_BACKENDS = ("vllm", "transformers")
+ROLLOUT_BACKENDS = ("auto", "vllm", "transformers", "vllm_server")
 DTYPES = ("bfloat16", "float16", "float32")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -51,6 +51,10 @@ class ModelConfig:
     """auto (Transformer Engine when importable and on CUDA, else local) | local | transformer_engine."""
     disable_dropout: bool = True
     """Zero every dropout (TRL GOLDConfig default in the official run; this also zeroes LoRA dropout)."""
+    fused_kernels: bool = True
+    """Compiled RMSNorm / RoPE / SwiGLU fast paths (GPU only; measured 1.31x HF tokens/s on an H100)."""
+    compile_layers: bool = False
+    """``torch.compile`` each decoder layer (GPU; measured 1.65x HF tokens/s on an H100, longer start-up)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPES)
@@ -100,8 +104,11 @@ class TeacherConfig:
 class RolloutConfig:
     """On-policy sampling of the student's completions y."""
 
-    backend: str = "vllm"
-    """vllm (official, paper) | transformers (HF generate: slow, for CPU tests and debugging)."""
+    backend: str = "auto"
+    """auto (vLLM when installed, else transformers) | vllm (official, paper) | transformers (HF
+    generate: slow, for CPU tests and debugging) | vllm_server (a separate vLLM server at server_url)."""
+    server_url: str | None = None
+    """Base URL of the rollout server for backend vllm_server (disaggregated set-ups)."""
     n: int = 1
     """Completions per prompt (official num_generations = 1)."""
     max_tokens: int = 1024
@@ -129,6 +136,8 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
+        if self.backend == "vllm_server" and not self.server_url:
+            raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
         for name in ("n", "max_tokens", "tensor_parallel_size", "sync_interval"):
             _check_positive(f"rollout.{name}", getattr(self, name))
         _check_positive("rollout.temperature", self.temperature)
