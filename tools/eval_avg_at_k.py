@@ -11,8 +11,8 @@
 
 Rerunning the same command resumes: finished samples are kept, only missing ones are generated.
 Outputs in --out-dir: samples.rank*.jsonl (one line per sample), summary.json, and with --plot
-avg_at_k.png. Backend: vLLM when installed (one replica per GPU with --data-parallel 0),
-otherwise transformers.
+avg_at_k.png. Backend: vLLM when installed, otherwise transformers; one engine replica per GPU
+(data parallel) unless --data-parallel says otherwise.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def parse_args(argv=None) -> EvalConfig:
     p.add_argument("--backend", choices=["auto", "vllm", "hf"], default="auto")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=d["dtype"].default)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--data-parallel", type=int, default=1, help="engine replicas, one per GPU (0 = all GPUs)")
+    p.add_argument("--data-parallel", type=int, default=0,
+                   help="engine replicas, each on --tensor-parallel-size GPUs (0 = fill the visible GPUs)")
     p.add_argument("--batch-size", type=int, default=d["batch_size"].default,
                    help="samples per engine call (each call's results are saved before the next)")
     p.add_argument("--grade-unboxed", dest="require_boxed", action="store_false",

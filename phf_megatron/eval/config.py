@@ -43,8 +43,8 @@ class EvalConfig:
     dtype: str = "bfloat16"
     max_model_len: int | None = None
     """engine context length; None = the model's."""
-    data_parallel: int = 1
-    """engine replicas (one per GPU); 0 = one per visible GPU."""
+    data_parallel: int = 0
+    """engine replicas, each on tensor_parallel_size GPUs; 0 = as many as the visible GPUs allow (1 on CPU)."""
     batch_size: int = 512
     """samples per engine call; each finished call is written to disk before the next."""
     require_boxed: bool = True

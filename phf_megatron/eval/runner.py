@@ -119,26 +119,33 @@ def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, requi
     }
 
 
-def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int, gpu: int | None):
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
+            gpus: list[int] | None):
+    if gpus is not None:                      # before any CUDA call in this (spawned) process
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     generate_samples(config, model_dir, backend, items, rank, show_progress=False)
 
 
-def _data_parallel_size(config: EvalConfig) -> tuple[int, bool]:
+def _replica_gpus(config: EvalConfig) -> list[list[int]] | None:
+    """GPUs of each engine replica (tensor_parallel_size each), or None on a CPU machine."""
     import torch
     gpus = torch.cuda.device_count()
-    size = config.data_parallel or max(gpus, 1)
-    if gpus and size > gpus:
-        raise ValueError(f"data_parallel: {size} replicas but only {gpus} visible GPUs")
-    return size, gpus > 0
+    per = int(config.engine_kwargs.get("tensor_parallel_size", 1))
+    size = config.data_parallel or max(gpus // per, 1)
+    if not gpus:
+        return None if size == 1 else [None] * size
+    if size * per > gpus:
+        raise ValueError(f"data_parallel: {size} replicas x tensor_parallel_size {per} needs {size * per} GPUs, "
+                         f"{gpus} are visible")
+    return [list(range(r * per, (r + 1) * per)) for r in range(size)]
 
 
-def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], size: int,
-                      on_gpus: bool) -> None:
+def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem],
+                      replicas: list[list[int] | None]) -> None:
     """One spawned engine per replica; the parent shows one bar by tailing the shards."""
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, r if on_gpus else None),
+    size = len(replicas)
+    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, replicas[r]),
                          name=f"eval-dp{r}") for r in range(size)]
     for p in procs:
         p.start()
@@ -172,11 +179,11 @@ def run_eval(config: EvalConfig) -> Summary:
     items = pending_work(problems, config.n, set(done))
     t0 = time.perf_counter()
     if items:
-        size, on_gpus = _data_parallel_size(config)
-        if size == 1:
+        replicas = _replica_gpus(config)
+        if replicas is None or len(replicas) == 1:
             generate_samples(config, model_dir, backend, items, rank=0)
         else:
-            run_data_parallel(config, model_dir, backend, items, size, on_gpus)
+            run_data_parallel(config, model_dir, backend, items, replicas)
     records, duplicates = load_records(config.out_dir)
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
                      seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)

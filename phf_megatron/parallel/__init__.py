@@ -4,15 +4,19 @@ Map (one idea per module):
 
 * ``batch``: ``PhfMicroBatch`` (student/teacher sequences sharing the rollout, windows, OPSD
   score indices, validation) and ``step_normalizers`` (global counts of a step);
-* ``window_rows``: the window rows of an ``[s, b, H]`` activation under sequence parallelism;
+* ``window_rows``: the window rows of an ``[s, b, H]`` activation under sequence parallelism
+  (``WindowIndex``: one gather forward, one scatter-add backward per layer, no host sync);
 * ``capture``: ``WindowCapture`` hooks on the TransformerLayers and per-micro-batch
-  ``CaptureSession``s (recomputation-safe);
+  ``CaptureSession``s (recomputation-safe; without autograd the hook only gathers);
 * ``stage_plan``/``stage_flow``: which flow terms a pipeline stage owns; its share of the loss;
 * ``pipeline_stats``: the running flow share travelling with the pipeline activation;
-* ``vocab_parallel_jsd``: the clipped generalized JSD on vocabulary-sharded logits;
+* ``vocab_parallel_jsd``: the clipped generalized JSD on vocabulary-sharded logits (chunked
+  eager loop, or the fused Triton passes of ``jsd_triton`` on CUDA);
+* ``logit_rows``: the last stage's logits at the scored positions only;
 * ``loss``: ``L_OPSD + alpha L_flow`` per micro-batch in Megatron's loss conventions; logs;
 * ``step``: ``PhfStep``, the teacher and student forward-step functions for
   ``forward_backward_func``;
+* ``timing``: optional device-time regions of the PHF-only work (benchmarks);
 * ``cpu_shims``: Megatron-Core on CPU + gloo (tests only).
 """
 

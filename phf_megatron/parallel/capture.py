@@ -3,10 +3,11 @@
 How it works (one forward, no second pass, works with activation recomputation):
 
 * ``WindowCapture`` puts a forward hook on each ``TransformerLayer`` of the model. While a
-  ``CaptureSession`` is active, the hook passes the layer output through ``_CaptureRows``, an
-  identity whose forward copies this rank's window rows into the session (``[B, m, H]`` per
-  layer, detached) and whose backward adds the flow loss's gradient for those rows into the
-  layer-output gradient.
+  ``CaptureSession`` is active, the hook copies this rank's window rows of the layer output
+  into the session's stack (one ``index_select`` per layer, ``[B, m, H]``, detached). With
+  autograd on (the student) it also passes the output through ``_CaptureRows``, an identity
+  whose backward adds the flow loss's gradient for those rows into the layer-output gradient
+  (one ``index_add``); without autograd (the teacher) the output is left untouched.
 * The flow loss is evaluated on the session's rows once the stage's forward is done
   (``stage_flow.attach_stage_flow``). Its gradient with respect to the rows is computed in the
   backward of a node placed after the last layer, hence before any layer's backward runs.
@@ -32,7 +33,8 @@ import torch.distributed as dist
 
 from .collectives import all_reduce_
 from .stage_plan import StagePlan
-from .window_rows import add_window_grad, check_positions, local_seq_range, local_window_rows
+from .timing import region
+from .window_rows import WindowIndex, check_positions, local_seq_range
 
 
 class CaptureSession:
@@ -45,6 +47,10 @@ class CaptureSession:
         tp_group, sequence_parallel: how activations are split over tensor parallelism.
         check: check the positions' range (one host sync for device tensors; ``PhfMicroBatch``
             has checked them already).
+
+    The first stored layer fixes the row index (``WindowIndex``) and allocates the stack
+    ``rows [len(stage.captured), B, m, H]``; each layer then costs one ``index_select`` into
+    its slot (no per-layer allocation, no stack at the end).
     """
 
     def __init__(self, stage: StagePlan, positions: torch.Tensor, seq_len: int,
@@ -52,39 +58,69 @@ class CaptureSession:
         if check:
             check_positions("positions", positions, seq_len)
         self.stage = stage
+        self.layers = frozenset(stage.own_layers)  # the hooks' layers (the boundary enters by capture_input)
         self.positions = positions
         self.tp_group = tp_group
         self.sequence_parallel = sequence_parallel
-        self.start: int | None = None
-        self._local: dict[int, torch.Tensor] = {}
+        self.where: WindowIndex | None = None
         self.rows: torch.Tensor | None = None
+        self._slot = {layer: k for k, layer in enumerate(stage.captured)}
+        self._stored: set[int] = set()
         self.grads: dict[int, torch.Tensor] = {}
         self.sealed = False
 
+    def _allocate(self, hidden: torch.Tensor) -> None:
+        s_local, b, h = hidden.shape
+        if b != self.positions.shape[0]:
+            raise ValueError(f"positions: {self.positions.shape[0]} samples, but the activation has batch {b}")
+        start, _ = local_seq_range(s_local, self.tp_group, self.sequence_parallel)
+        self.where = WindowIndex.build(self.positions, start, s_local, sharded=self.sequence_parallel)
+        self.rows = hidden.new_empty(len(self.stage.captured), b, self.positions.shape[1], h)
+
     def store(self, layer: int, hidden: torch.Tensor) -> None:
         """Keep this rank's share of layer ``layer``'s window rows (``hidden``: ``[s_local, B, H]``)."""
-        if hidden.shape[1] != self.positions.shape[0]:
-            raise ValueError(f"positions: {self.positions.shape[0]} samples, but the activation has batch {hidden.shape[1]}")
-        self.start, _ = local_seq_range(hidden.shape[0], self.tp_group, self.sequence_parallel)
-        with torch.no_grad():
-            self._local[layer] = local_window_rows(hidden.detach(), self.positions, self.start)
+        with region("capture"), torch.no_grad():
+            if self.rows is None:
+                self._allocate(hidden)
+            self.where.take(hidden.detach(), out=self.rows[self._slot[layer]].view(-1, hidden.shape[-1]))
+        self._stored.add(layer)
+
+    def capture(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Store the rows of ``hidden`` and return what replaces it in the forward.
+
+        Without autograd (the teacher, or the first forward under recomputation) that is
+        ``hidden`` itself; with autograd an identity node that adds the flow gradient of the
+        rows in the backward (and stores nothing once the session is sealed: recomputation).
+        """
+        if not torch.is_grad_enabled():
+            if not self.sealed:
+                self.store(layer, hidden)
+            return hidden
+        return _CaptureRows.apply(hidden, self, layer)
 
     def finish(self) -> torch.Tensor:
-        """Stack the captured layers (``stage.captured`` order) and complete them over TP.
+        """Complete the stack over TP (``stage.captured`` order); afterwards the session stores nothing.
 
-        Returns ``rows [len(captured), B, m, H]``; afterwards the session stores nothing more.
+        Returns ``rows [len(captured), B, m, H]``.
         """
         if not self.sealed:
-            missing = [l for l in self.stage.captured if l not in self._local]
+            missing = [l for l in self.stage.captured if l not in self._stored]
             if missing:
                 raise RuntimeError(
                     f"capture: no rows for layers {missing}; is WindowCapture installed on this model chunk "
                     f"(global layers [{self.stage.first}, {self.stage.stop}))?"
                 )
-            rows = torch.stack([self._local.pop(l) for l in self.stage.captured])
-            self.rows = all_reduce_(rows, self.tp_group) if self.sequence_parallel else rows
+            if self.sequence_parallel:
+                n, b, m, h = self.rows.shape
+                self.rows = all_reduce_(self.where.mask(self.rows.view(n, b * m, h)).view(n, b, m, h), self.tp_group)
             self.sealed = True
         return self.rows
+
+    def set_grads(self, grad_rows: torch.Tensor) -> None:
+        """The flow gradient ``[len(captured), B, m, H]`` of the rows, for the layers' backward."""
+        n, b, m, h = grad_rows.shape
+        grads = self.where.mask(grad_rows.reshape(n, b * m, h)).to(self.rows.dtype)
+        self.grads = dict(zip(self.stage.captured, grads.unbind(0)))
 
     def pop_grad(self, layer: int) -> torch.Tensor | None:
         return self.grads.pop(layer, None)
@@ -105,7 +141,8 @@ class _CaptureRows(torch.autograd.Function):
         grad_rows = ctx.session.pop_grad(ctx.layer)
         if grad_rows is None:
             return grad_hidden, None, None
-        return add_window_grad(grad_hidden, grad_rows, ctx.session.positions, ctx.session.start), None, None
+        with region("capture_bwd"):
+            return ctx.session.where.add_grad(grad_hidden, grad_rows), None, None
 
 
 def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -140,12 +177,16 @@ class WindowCapture:
 
     def _hook(self, module, args, output):
         session = self.active
-        layer = module.layer_number - 1
-        if session is None or layer not in session.stage.own_layers:
+        if session is None:
             return None
-        if isinstance(output, tuple):
-            return (_CaptureRows.apply(output[0], session, layer), *output[1:])
-        return _CaptureRows.apply(output, session, layer)
+        layer = module.layer_number - 1
+        if layer not in session.layers:
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        captured = session.capture(layer, hidden)
+        if captured is hidden:
+            return None  # no autograd: nothing replaces the output
+        return (captured, *output[1:]) if isinstance(output, tuple) else captured
 
     def activate(self, session: CaptureSession | None) -> None:
         """Make ``session`` receive the rows of the following layer forwards (None: stop)."""
@@ -163,7 +204,7 @@ class WindowCapture:
         """Capture the stage input as the boundary layer (the previous stage's last layer output)."""
         if session.stage.boundary is None:
             return hidden
-        return _CaptureRows.apply(hidden, session, session.stage.boundary)
+        return session.capture(session.stage.boundary, hidden)
 
     def remove(self) -> None:
         for handle in self._handles:

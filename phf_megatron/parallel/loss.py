@@ -46,6 +46,7 @@ class LossConventions:
 
 def phf_microbatch_loss(
     logits: torch.Tensor,
+    student_index: torch.Tensor,
     mb: PhfMicroBatch,
     flow_share: torch.Tensor | None,
     flow_values: torch.Tensor | None,
@@ -54,18 +55,22 @@ def phf_microbatch_loss(
     conventions: LossConventions,
     tp_group: dist.ProcessGroup | None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    jsd_backend: str = "auto",
 ):
     """The loss function's body on the last pipeline stage.
 
     Args:
-        logits: ``[B, Ts, V/tp]`` student logits (Megatron's GPTModel output without labels).
+        logits: ``[..., V/tp]`` student logits: the scored rows ``[N, V/tp]`` (``logit_rows``), or
+            Megatron's GPTModel output ``[B, Ts, V/tp]``.
+        student_index: ``[N]`` long, the row of ``logits`` (flattened to ``[-1, V/tp]``) of each
+            scored token.
         mb: the micro-batch; ``mb.teacher_out["logits"]`` holds the teacher's ``[N, V/tp]`` rows.
         flow_share: ``[B]`` the summed flow shares of all stages (differentiable), None if no flow.
         flow_values: ``[B, 1 + n_layers + n_pairs]`` their detached values (share, per layer, per pair).
     """
     per_token = vocab_parallel_jsd(
-        logits, mb.teacher_out["logits"], mb.student_score_index.to(logits.device), objective.jsd_beta,
-        objective.jsd_temperature, objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements,
+        logits, mb.teacher_out["logits"], student_index, objective.jsd_beta,
+        objective.jsd_temperature, objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements, jsd_backend,
     )
     opsd_sum = per_token.sum()
     mask = mb.flow_sample_mask.to(logits.device)

@@ -6,7 +6,9 @@ directions, L_dir, L_geo, the adjacent term, L_mse) on its captured stack: the b
 layer only feeds the crossing pair; its local terms belong to the previous stage.
 ``per_sample_flow`` with the *global* layer and pair counts makes the stages' shares add up to
 Eq. (L_flow) per sample. (This is ``objectives.flow.flow_terms`` restricted to the stage, with
-layer selection by slices: no index tensors built per step, no host synchronisation.)
+layer selection by slices: no index tensors built per step, no host synchronisation. With the
+fused CUDA kernels built (``phf_megatron.kernels``, backend "auto"), the kernels evaluate the
+same terms on the stage's stack in one launch each way.)
 
 ``attach_stage_flow`` puts the share into the autograd graph behind a node placed on the
 stage's output tensor: its backward runs before any layer's backward of the stage (every layer
@@ -20,15 +22,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.dispatch import use_kernels
 from ..objectives.flow import (FlowTerms, adjacent_layer_loss, direction_loss, geometry_loss, layer_values,
                                per_sample_flow, pointwise_mse_loss, transitions, unit_directions)
 from .capture import CaptureSession, WindowCapture
 from .stage_plan import StagePlan
+from .timing import region
 
 
 @dataclass(frozen=True)
 class FlowSpec:
-    """The flow objective as every stage needs it: variant, epsilon and the global counts."""
+    """The flow objective as every stage needs it: variant, epsilon, the global counts, the backend."""
 
     variant: str
     eps: float
@@ -36,6 +40,13 @@ class FlowSpec:
     """``len(plan.layers)`` of the global plan: the divisor of L_local."""
     num_pairs: int
     """``len(plan.pairs)`` of the global plan: the divisor of L_adj."""
+    backend: str = "auto"
+    """``kernels.dispatch`` backend: "auto" (fused CUDA kernels when built), "torch" or "cuda"."""
+
+
+def flow_backend(rows: torch.Tensor, spec: FlowSpec) -> str:
+    """``"cuda"`` when the stage's terms run on the fused kernels, else ``"torch"`` (the equations)."""
+    return "cuda" if use_kernels(spec.backend, rows, rows, spec.variant) else "torch"
 
 
 def stage_terms(student_rows: torch.Tensor, teacher_rows: torch.Tensor, valid: torch.Tensor,
@@ -46,9 +57,16 @@ def stage_terms(student_rows: torch.Tensor, teacher_rows: torch.Tensor, valid: t
     True prefix per sample (checked when the micro-batch was built). Returns terms with
     ``[len(stage.own_layers), B]`` local values and ``[len(stage.pairs), B]`` adjacent values.
     """
+    own = slice(1 if stage.boundary is not None else 0, None)
+    if use_kernels(spec.backend, student_rows, teacher_rows, spec.variant):
+        from ..kernels.flow_cuda import flow_terms_cuda
+
+        terms = flow_terms_cuda(student_rows, teacher_rows.detach(), valid, stage.stack_plan, spec.variant, spec.eps)
+        return FlowTerms(terms.direction[own] if terms.direction is not None else None,
+                         terms.geometry[own] if terms.geometry is not None else None,
+                         terms.adjacent, None, terms.sample_mask)
     dtype = torch.float32 if student_rows.dtype in (torch.float16, torch.bfloat16) else student_rows.dtype
     h_s, h_t = student_rows.to(dtype), teacher_rows.detach().to(dtype)
-    own = slice(1 if stage.boundary is not None else 0, None)
     sample_mask = valid.sum(-1) >= 2
     if spec.variant == "pointwise_mse":
         return FlowTerms(None, None, None, pointwise_mse_loss(h_s[own], h_t[own], valid, spec.eps), sample_mask)
@@ -82,24 +100,26 @@ class _StageFlow(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, output, session, capture, teacher_rows, valid, spec):
-        rows = session.finish()
-        with torch.enable_grad():
-            leaves = rows.detach().requires_grad_()
-            terms = stage_terms(leaves, teacher_rows, valid, session.stage, spec)
-            share = per_sample_flow(terms, spec.variant, spec.num_layers, spec.num_pairs)
-        b = valid.shape[0]
-        session.values = StageFlowValues(
-            layer_values(terms, spec.variant).detach(),
-            terms.adjacent.detach() if terms.adjacent is not None else share.new_zeros(0, b),
-        )
+        with region("flow_fwd"):
+            rows = session.finish()
+            with torch.enable_grad():
+                leaves = rows.detach().requires_grad_()
+                terms = stage_terms(leaves, teacher_rows, valid, session.stage, spec)
+                share = per_sample_flow(terms, spec.variant, spec.num_layers, spec.num_pairs)
+            b = valid.shape[0]
+            session.values = StageFlowValues(
+                layer_values(terms, spec.variant).detach(),
+                terms.adjacent.detach() if terms.adjacent is not None else share.new_zeros(0, b),
+            )
         ctx.session, ctx.capture, ctx.leaves, ctx.share = session, capture, leaves, share
         return output, share.detach()
 
     @staticmethod
     def backward(ctx, grad_output, grad_share):
         session = ctx.session
-        (grad_rows,) = torch.autograd.grad(ctx.share, ctx.leaves, grad_share)
-        session.grads = dict(zip(session.stage.captured, grad_rows.unbind(0)))
+        with region("flow_bwd"):
+            (grad_rows,) = torch.autograd.grad(ctx.share, ctx.leaves, grad_share)
+            session.set_grads(grad_rows)
         # A recomputed layer forward inside this stage's backward must feed this session again.
         ctx.capture.activate(session)
         ctx.leaves = ctx.share = None

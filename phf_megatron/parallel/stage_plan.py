@@ -16,6 +16,7 @@ stage's rows flows back through Megatron's own p2p as part of the activation gra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..objectives.flow import LayerPlan
 
@@ -79,3 +80,13 @@ class StagePlan:
             else:
                 runs.append((k, k + 1))
         return runs
+
+    @cached_property
+    def stack_plan(self) -> LayerPlan:
+        """The stage's terms as a plan over the captured stack's indices (for the fused kernels).
+
+        Layers: every captured index (the boundary's local terms are computed and dropped);
+        pairs: the owned pairs as neighbouring stack indices, in ``pairs`` order.
+        """
+        index = {layer: k for k, layer in enumerate(self.captured)}
+        return LayerPlan(tuple(range(len(self.captured))), tuple((index[a], index[b]) for a, b in self.pairs))

@@ -27,16 +27,25 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from ..kernels.dispatch import check_backend
 from ..objectives.config import ObjectiveConfig
 from ..objectives.flow import LayerPlan
 from .batch import PhfMicroBatch, StepNormalizers, step_normalizers
 from .capture import CaptureSession, WindowCapture, chunk_layer_range
 from .collectives import group_size
+from .logit_rows import scored_logits
 from .loss import LossConventions, phf_microbatch_loss, reduce_logs
 from .pipeline_stats import pack_stats, pipeline_seq_length, split_received, stats_rows, unpack_stats
-from .stage_flow import FlowSpec, attach_stage_flow
+from .stage_flow import FlowSpec, attach_stage_flow, flow_backend
 from .stage_plan import StagePlan
-from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
+from .timing import region
+from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
+
+
+def final_hidden_states(model, tokens, position_ids, attention_mask):
+    from ..models.lm_head import final_hidden_states as hidden_after_final_norm
+
+    return hidden_after_final_norm(model, tokens, position_ids, attention_mask)
 
 
 def _unwrap(model):
@@ -59,12 +68,24 @@ class PhfStep:
         tp_group, dp_group: tensor- and data-parallel groups (None: size 1).
         student_capture, teacher_capture: ``WindowCapture`` hooks on the student / teacher model
             (the same object when one model serves both); unused when the flow is off.
-        chunk_elements: the vocabulary-parallel JSD's temporary size (float32 elements).
+        chunk_elements: the vocabulary-parallel JSD's temporary size (float32 elements, eager backend).
+        flow_backend: ``"auto"`` (the fused CUDA flow kernels when the extension is built or
+            JIT-builds, see ``phf_megatron.kernels``), ``"torch"`` or ``"cuda"``.
+        jsd_backend: ``"auto"`` (Triton kernels on CUDA), ``"torch"`` or ``"triton"``
+            (``vocab_parallel_jsd``).
+        score_rows_only: the last stage stops at the final norm and projects only the scored
+            positions (``logit_rows``; default); False: Megatron's output layer over every position.
+
+    ``backends_used`` records what the last student pass ran: ``{"flow": ..., "jsd": ...}``.
     """
 
     def __init__(self, objective: ObjectiveConfig, config, *, tp_group: dist.ProcessGroup | None,
                  dp_group: dist.ProcessGroup | None, student_capture: WindowCapture | None = None,
-                 teacher_capture: WindowCapture | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
+                 teacher_capture: WindowCapture | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+                 flow_backend: str = "auto", jsd_backend: str = "auto", score_rows_only: bool = True):
+        check_backend(flow_backend)
+        if jsd_backend not in JSD_BACKENDS:
+            raise ValueError(f"jsd_backend: expected one of {JSD_BACKENDS}, got {jsd_backend!r}")
         if getattr(config, "context_parallel_size", 1) > 1:
             raise ValueError("config: context parallelism is not supported by the PHF capture (context_parallel_size > 1)")
         self.objective = objective
@@ -72,6 +93,9 @@ class PhfStep:
         self.tp_group, self.dp_group = tp_group, dp_group
         self.sequence_parallel = bool(config.sequence_parallel)
         self.chunk_elements = chunk_elements
+        self.jsd_backend = jsd_backend
+        self.score_rows_only = score_rows_only
+        self.backends_used: dict[str, str] = {}
         self.plan = None
         if objective.uses_flow:
             if student_capture is None or teacher_capture is None:
@@ -79,7 +103,8 @@ class PhfStep:
             plan = LayerPlan.build(config.num_layers, objective.flow_variant, objective.flow_layers)
             # Only phf has an adjacent term: other variants must not capture boundary layers.
             self.plan = plan if objective.flow_variant == "phf" else LayerPlan(plan.layers, ())
-            self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs))
+            self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs),
+                                 flow_backend)
             self.num_values = 1 + len(self.plan.layers) + len(self.plan.pairs)
             dtype = config.pipeline_dtype or config.params_dtype
             self.num_stats_rows = stats_rows(self.num_values, config.hidden_size, dtype)
@@ -135,12 +160,15 @@ class PhfStep:
         session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, tokens.shape[1])
         if session is not None and not chunk.pre_process:
             chunk.decoder.input_tensor = self.teacher_capture.capture_input(chunk.decoder.input_tensor, session)
-        output = self._forward(model, tokens, self.teacher_capture, session)
+        output = self._forward(model, chunk, tokens, self.teacher_capture, session)
         if session is not None:
             mb.teacher_out[session.stage.first] = session.finish()
         if chunk.post_process:
-            rows = output.reshape(-1, output.shape[-1]).index_select(0, mb.teacher_score_index.to(output.device))
-            mb.teacher_out["logits"] = rows
+            with region("teacher_rows"):
+                logits, index = self._scored_logits(model, output, mb.teacher_score_index, tokens.shape[1])
+                if not self.score_rows_only:
+                    logits = logits.reshape(-1, logits.shape[-1]).index_select(0, index)
+                mb.teacher_out["logits"] = logits
         return output, _no_loss
 
     # ------------------------------------------------------------------ student pass
@@ -155,8 +183,8 @@ class PhfStep:
         if chunk.post_process and "logits" not in mb.teacher_out:
             raise RuntimeError("teacher logits: missing for this micro-batch; run the teacher pass first")
         if self.plan is None:
-            output = model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
-            return output, partial(self._loss, mb, None, None)
+            output = self._forward(model, chunk, tokens, None, None)
+            return output, partial(self._loss, mb, None, None, model)
 
         session = self._begin_capture(chunk, self.student_capture, mb.student_window, tokens.shape[1])
         b, dev = mb.batch_size, tokens.device
@@ -167,13 +195,13 @@ class PhfStep:
             if session is not None:
                 hidden = self.student_capture.capture_input(hidden, session)
             chunk.decoder.input_tensor = hidden
-        output = self._forward(model, tokens, self.student_capture, session)
+        output = self._forward(model, chunk, tokens, self.student_capture, session)
         if session is not None:
             output, share, values = self._add_stage_flow(output, session, mb, share, values)
         if not chunk.post_process:
             stats_out = pack_stats(share, values, output.shape[-1], output.dtype)
             return torch.cat([output, stats_out], dim=0), _no_loss
-        return output, partial(self._loss, mb, share, values)
+        return output, partial(self._loss, mb, share, values, model)
 
     def _begin_capture(self, chunk, capture, window, seq_len) -> CaptureSession | None:
         """A session for the chunk's captured layers (None if the flow is off or it owns no term)."""
@@ -184,15 +212,25 @@ class PhfStep:
             return None
         return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel, check=False)
 
-    @staticmethod
-    def _forward(model, tokens, capture, session):
+    def _forward(self, model, chunk, tokens, capture, session):
+        """The chunk's forward (capture active); the last stage stops at the final norm if rows only."""
         if session is not None:
             capture.activate(session)
         try:
+            if self.score_rows_only and chunk.post_process:
+                return final_hidden_states(model, tokens, _positions(tokens), None)
             return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
         finally:
             if session is not None:
                 capture.activate(None)
+
+    def _scored_logits(self, model, output, score_index, seq_len):
+        """``(logits rows [N, V/tp], their row of each scored token)`` from the last stage's output."""
+        score_index = score_index.to(output.device)
+        if self.score_rows_only:
+            logits = scored_logits(model, output, score_index, seq_len, self.tp_group, self.sequence_parallel)
+            return logits, torch.arange(score_index.numel(), device=output.device)
+        return output, score_index
 
     def _add_stage_flow(self, output, session, mb, share, values):
         """This stage's flow share and per-layer values, added to what earlier stages sent."""
@@ -202,7 +240,9 @@ class PhfStep:
                 f"teacher capture: no window rows for layers [{stage.first}, {stage.stop}) of this micro-batch; run the "
                 "teacher pass (teacher_forward_step) over the same micro-batch objects, with the same pipeline layout"
             )
-        output, own = attach_stage_flow(output, session, self.student_capture, mb.teacher_out[stage.first],
+        teacher_rows = mb.teacher_out[stage.first]
+        self.backends_used["flow"] = flow_backend(teacher_rows, self.spec)
+        output, own = attach_stage_flow(output, session, self.student_capture, teacher_rows,
                                         mb.window_valid.to(output.device), self.spec)
         # The stage's layers and pairs are contiguous runs of the plan's: slices, no index tensors.
         layer_at = 1 + stage.layer_slots[0]
@@ -214,9 +254,11 @@ class PhfStep:
             values[:, pair_at: pair_at + len(stage.pair_slots)] += session.values.pair_values.T
         return output, share + own, values
 
-    def _loss(self, mb, share, values, logits):
-        return phf_microbatch_loss(logits, mb, share, values, self.objective, self.normalizers, self.conventions,
-                                   self.tp_group, self.chunk_elements)
+    def _loss(self, mb, share, values, model, output):
+        logits, index = self._scored_logits(model, output, mb.student_score_index, mb.student_tokens.shape[1])
+        self.backends_used["jsd"] = resolve_backend(self.jsd_backend, logits, mb.teacher_out["logits"])
+        return phf_microbatch_loss(logits, index, mb, share, values, self.objective, self.normalizers, self.conventions,
+                                   self.tp_group, self.chunk_elements, self.backends_used["jsd"])
 
 
 def _no_loss(output):

@@ -22,6 +22,11 @@ Memory: the forward keeps no ``[N, V]`` tensor; both passes walk the tokens in c
 ``chunk_elements / V_r`` rows in float32 (float64 for float64 logits), and the backward recomputes ``a`` and ``b`` from the
 saved per-token log-normalizers. The only full-size tensor is the gradient itself, in the
 logits' dtype. The local math lives in the helpers; the collectives in the Function.
+
+Backends: ``"torch"`` is that chunked loop (any device and dtype; the CPU machines' path and the
+float64 oracle of the tests); ``"triton"`` runs the three fused passes of ``jsd_triton`` (CUDA,
+float32/bf16/fp16 logits), which also carry ``sum_v de_v/da_v`` from the forward so that the
+backward is one pass without collectives; ``"auto"`` takes Triton where it can run.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ import torch
 import torch.distributed as dist
 
 from ..objectives.opsd import CLIP_MODES, generalized_jsd_terms, mixture_log_probs
+from . import jsd_triton
 from .collectives import all_reduce_
+from .timing import region
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 24  # float32 elements per [chunk, V_r] temporary: 64 MiB
+JSD_BACKENDS = ("auto", "torch", "triton")
 
 
 # ----------------------------------------------------------------------------- local math
@@ -112,6 +120,11 @@ class _VocabParallelJSD(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_per_token):
+        with region("jsd_bwd"):
+            return _VocabParallelJSD._backward(ctx, grad_per_token)
+
+    @staticmethod
+    def _backward(ctx, grad_per_token):
         student_logits, teacher_rows, student_index, lse_s, lse_t, unclipped = ctx.saved_tensors
         beta, temperature, clip, clip_mode, tp_group, chunk_elements = ctx.options
         vocab_local = student_logits.shape[-1]
@@ -135,6 +148,64 @@ class _VocabParallelJSD(torch.autograd.Function):
         return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None
 
 
+class _FusedVocabParallelJSD(torch.autograd.Function):
+    """The same per-token divergence ``[N]`` by the Triton passes (three all-reduces of ``[2, N]``)."""
+
+    @staticmethod
+    def forward(ctx, student_logits, teacher_rows, student_index, beta, temperature, clip, clip_mode, tp_group):
+        flat = student_logits.view(-1, student_logits.shape[-1])
+        stats = jsd_triton.row_stats(flat, student_index, teacher_rows, temperature)
+        lse = global_log_normalizers(stats[0], stats[1], tp_group)
+        element_clip = clip if clip_mode == "element" else None
+        sums = all_reduce_(jsd_triton.summands(flat, student_index, teacher_rows, lse, beta, temperature,
+                                               element_clip), tp_group)
+        per_token, h_sum = sums[0].clone(), sums[1]
+        keep = None
+        if clip is not None and clip_mode == "token":  # the token's own clamp gates its whole row
+            keep = per_token <= clip
+            per_token = per_token.clamp(max=clip)
+        token_of_row = torch.full((flat.shape[0],), -1, dtype=torch.long, device=flat.device)
+        token_of_row[student_index] = torch.arange(student_index.numel(), device=flat.device)
+        ctx.save_for_backward(student_logits, teacher_rows, token_of_row, lse, h_sum, keep)
+        ctx.options = (beta, temperature, element_clip)
+        return per_token
+
+    @staticmethod
+    def backward(ctx, grad_per_token):
+        student_logits, teacher_rows, token_of_row, lse, h_sum, keep = ctx.saved_tensors
+        beta, temperature, element_clip = ctx.options
+        with region("jsd_bwd"):
+            w = grad_per_token.float() if keep is None else torch.where(keep, grad_per_token.float(), 0.0)
+            flat = student_logits.view(-1, student_logits.shape[-1])
+            grad = jsd_triton.logit_grad(flat, token_of_row, teacher_rows, lse, h_sum, w.contiguous(), beta,
+                                         temperature, element_clip)
+        return grad.view_as(student_logits), None, None, None, None, None, None, None
+
+
+def global_log_normalizers(local_max: torch.Tensor, local_sum_exp: torch.Tensor,
+                           tp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``LSE`` over the whole vocabulary from each rank's ``max`` and ``sum exp(x - max)`` (any shape)."""
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return local_max + local_sum_exp.log()
+    global_max = all_reduce_(local_max.clone(), tp_group, dist.ReduceOp.MAX)
+    total = all_reduce_(local_sum_exp * torch.exp(local_max - global_max), tp_group)
+    return global_max + total.log()
+
+
+def resolve_backend(backend: str, student_logits: torch.Tensor, teacher_rows: torch.Tensor) -> str:
+    """``"torch"`` or ``"triton"`` for these inputs; ValueError for an unknown or impossible choice."""
+    if backend not in JSD_BACKENDS:
+        raise ValueError(f"backend: expected one of {JSD_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    problem = jsd_triton.unsupported(student_logits, teacher_rows)
+    if problem is None:
+        return "triton"
+    if backend == "triton":
+        raise ValueError(f"backend: 'triton' {problem}")
+    return "torch"
+
+
 # ----------------------------------------------------------------------------- public API
 
 
@@ -148,6 +219,7 @@ def vocab_parallel_jsd(
     clip_mode: str = "element",
     tp_group: dist.ProcessGroup | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Per-token clipped generalized JSD ``D(p_T || p_S)`` on vocabulary-sharded logits.
 
@@ -162,7 +234,9 @@ def vocab_parallel_jsd(
             ``teacher_rows[k]``.
         beta, temperature, clip, clip_mode: as in ``objectives.opsd.opsd_loss``.
         tp_group: the tensor-parallel group the vocabulary is split over (None: not split).
-        chunk_elements: float32 elements per temporary; bounds the loss's extra memory.
+        chunk_elements: float32 elements per temporary of the ``"torch"`` backend; bounds its extra memory.
+        backend: ``"auto"`` (Triton kernels for CUDA float32/bf16/fp16 logits when Triton is
+            installed, else the chunked loop), ``"torch"`` or ``"triton"`` (see the module docstring).
 
     Returns:
         ``[N]`` per-token divergences (float32, or float64 for float64 logits), identical on every rank of ``tp_group``.
@@ -182,7 +256,11 @@ def vocab_parallel_jsd(
         )
     if student_index.dtype != torch.long or student_index.dim() != 1:
         raise ValueError(f"student_index: expected a 1-D long tensor, got {student_index.dtype} {tuple(student_index.shape)}")
-    return _VocabParallelJSD.apply(
-        student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
-        clip_mode, tp_group, chunk_elements,
-    )
+    with region("jsd_fwd"):
+        if resolve_backend(backend, student_logits, teacher_rows) == "triton":
+            return _FusedVocabParallelJSD.apply(student_logits.contiguous(), teacher_rows.detach().contiguous(),
+                                                student_index, beta, temperature, clip, clip_mode, tp_group)
+        return _VocabParallelJSD.apply(
+            student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
+            clip_mode, tp_group, chunk_elements,
+        )

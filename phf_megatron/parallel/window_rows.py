@@ -14,6 +14,8 @@ rows it owns and scatters them into its shard's gradient. Summing the ranks' gra
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -37,12 +39,56 @@ def check_positions(name: str, positions: torch.Tensor, seq_len: int) -> None:
         )
 
 
-def _local_index(positions: torch.Tensor, start: int, seq_local: int):
-    """Local row of each window entry (clamped into range), whether this rank owns it, batch index."""
-    local = positions - start
-    owned = (local >= 0) & (local < seq_local)
-    batch = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
-    return local.clamp(0, seq_local - 1), owned, batch
+@dataclass(frozen=True)
+class WindowIndex:
+    """Where the window rows of one micro-batch sit in this rank's ``[s_local, B, H]`` activations.
+
+    Built once per micro-batch and stage (a handful of small kernels), then every layer's rows
+    cost one ``index_select`` forward and one ``index_add`` backward, with no host sync.
+
+    ``index [B*m]``: row of window entry ``(b, i)`` in the activation viewed as ``[s_local*B, H]``
+    (``local_position * B + b``, clamped into range); ``owned [B*m]`` bool: whether this rank
+    holds that row (None when it holds every row: no sequence parallelism).
+    """
+
+    index: torch.Tensor
+    owned: torch.Tensor | None
+
+    @staticmethod
+    def build(positions: torch.Tensor, start: int, seq_local: int, sharded: bool = True) -> "WindowIndex":
+        """From ``positions [B, m]`` (global sequence positions per sample)."""
+        batch = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)
+        return WindowIndex.of_entries(positions.reshape(-1), batch.reshape(-1), positions.shape[0], start, seq_local,
+                                      sharded)
+
+    @staticmethod
+    def of_entries(seq_pos: torch.Tensor, batch: torch.Tensor, batch_size: int, start: int, seq_local: int,
+                   sharded: bool = True) -> "WindowIndex":
+        """From flat entries: global sequence position ``seq_pos [K]`` of sample ``batch [K]``."""
+        local = seq_pos - start
+        index = local.clamp(0, seq_local - 1) * batch_size + batch
+        owned = ((local >= 0) & (local < seq_local)) if sharded else None
+        return WindowIndex(index, owned)
+
+    def take(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``[B*m, H]`` rows of ``hidden [s_local, B, H]`` (into ``out`` if given); not masked."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return torch.index_select(flat, 0, self.index, out=out) if out is not None else flat.index_select(0, self.index)
+
+    def mask(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows [..., B*m, H]`` with the entries another rank owns set to zero (as is without SP)."""
+        if self.owned is None:
+            return rows
+        return torch.where(self.owned[:, None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+    def add_grad(self, grad_hidden: torch.Tensor, grad_rows: torch.Tensor) -> torch.Tensor:
+        """``grad_hidden`` plus the (masked) ``grad_rows [B*m, H]`` at the window rows, out of place.
+
+        Entries another rank owns must be zero in ``grad_rows`` (``mask``): they add zero at a
+        clamped index instead of being filtered out (no boolean indexing, so no host sync).
+        """
+        flat = grad_hidden.reshape(-1, grad_hidden.shape[-1])
+        return flat.index_add(0, self.index, grad_rows.to(grad_hidden.dtype)).view_as(grad_hidden)
 
 
 def local_window_rows(hidden: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
@@ -50,21 +96,14 @@ def local_window_rows(hidden: torch.Tensor, positions: torch.Tensor, start: int)
 
     ``hidden`` is ``[s_local, B, H]``, its first row being global row ``start``.
     """
-    local, owned, batch = _local_index(positions, start, hidden.shape[0])
-    rows = hidden[local, batch]  # [B, m, H]
-    return torch.where(owned[..., None], rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    where = WindowIndex.build(positions, start, hidden.shape[0])
+    return where.mask(where.take(hidden)).view(*positions.shape, hidden.shape[-1])
 
 
 def add_window_grad(grad_hidden: torch.Tensor, grad_rows: torch.Tensor, positions: torch.Tensor, start: int) -> torch.Tensor:
-    """``grad_hidden`` plus ``grad_rows`` scattered to the owned window rows (out of place).
-
-    Rows another rank owns add zero at a clamped index instead of being filtered out: no
-    boolean indexing, so no device-to-host synchronisation in the backward.
-    """
-    local, owned, batch = _local_index(positions, start, grad_hidden.shape[0])
-    values = torch.where(owned[..., None], grad_rows.to(grad_hidden.dtype), torch.zeros((), dtype=grad_hidden.dtype,
-                                                                                       device=grad_hidden.device))
-    return grad_hidden.index_put((local, batch), values, accumulate=True)
+    """``grad_hidden`` plus ``grad_rows [B, m, H]`` scattered to the owned window rows (out of place)."""
+    where = WindowIndex.build(positions, start, grad_hidden.shape[0])
+    return where.add_grad(grad_hidden, where.mask(grad_rows.reshape(-1, grad_rows.shape[-1])))
 
 
 class _GatherWindowRows(torch.autograd.Function):

@@ -24,6 +24,8 @@ class Layout:
     recompute: bool = False
     per_token_loss: bool = True
     overrides: dict = field(default_factory=dict)
+    step_options: dict = field(default_factory=dict)
+    """Extra ``PhfStep`` keyword arguments (e.g. ``score_rows_only=False``)."""
 
     def config_overrides(self) -> dict:
         out = dict(calculate_per_token_loss=self.per_token_loss, **self.overrides)

@@ -57,7 +57,8 @@ def run_layouts(rank, world_size, plans, with_collectives=False):
         for variant in variants:
             mbs = reference.microbatches(VOCAB, dp_rank, dp, layout.num_micro)
             step = PhfStep(VARIANTS[variant], student[0].config, tp_group=ps.get_tensor_model_parallel_group(),
-                           dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1])
+                           dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1],
+                           **layout.step_options)
             calls[0] = 0
             logs = run_step(step, student, teacher, mbs)
             metrics = step.reduce_logs(logs) if ps.is_pipeline_last_stage(ignore_virtual=True) else None

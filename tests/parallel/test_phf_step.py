@@ -4,7 +4,8 @@ Reference: Foundation's ``opsd_loss + alpha * hidden_flow_loss`` on HF transform
 (float64) hidden states and logits of the same weights (``reference.hf_reference``). Under test:
 ``PhfStep`` driving Megatron's own schedules on the converted model (float32, gloo, CPU):
 
-* TP=2 with sequence parallelism, 2 micro-batches, per-token loss convention;
+* TP=2 with sequence parallelism, 2 micro-batches, per-token loss convention (and once with
+  Megatron's output layer over every position instead of the scored rows only);
 * PP=2 with tied embeddings, full recomputation, 2 micro-batches, the (loss, logs) convention,
   Megatron's deallocation of sent pipeline outputs;
 * interleaved PP=2 x VPP=2 (one layer per virtual stage), 4 micro-batches;
@@ -34,6 +35,8 @@ from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VARIANTS, VOCAB, run_layouts
 ALL = list(VARIANTS)
 TWO_RANKS = [
     ("tp2_sp", Layout(tp=2, sp=True, num_micro=2), "gqa", ALL),
+    ("tp2_sp_full_logits", Layout(tp=2, sp=True, num_micro=2, step_options={"score_rows_only": False}), "gqa",
+     ["phf"]),
     ("pp2_tied_recompute", Layout(pp=2, num_micro=2, recompute=True, per_token_loss=False,
                                   overrides={"deallocate_pipeline_outputs": True}), "tied", ALL),
     ("pp2_vpp2", Layout(pp=2, vpp=2, num_micro=4, overrides={"batch_p2p_comm": False}), "gqa", ["phf", "selected"]),

@@ -1,7 +1,9 @@
 """On a GPU (no CPU shims, NCCL): one PHF step at TP=1 equals the HF reference, float32.
 
 Tolerance 1e-4 relative (cuBLAS/SDPA reduce in other orders than the CPU kernels; TF32 stays off
-for float32 matmuls by default). Run on a GPU machine: ``pytest -m gpu tests/parallel``.
+for float32 matmuls by default). Default backends (Triton JSD; fused flow kernels, 3xTF32 for
+float32, when the extension builds; scored logit rows only) and the reference ones (eager JSD,
+flow equations, Megatron's full output layer). Run on a GPU machine: ``pytest -m gpu tests/parallel``.
 """
 
 import pytest
@@ -15,8 +17,11 @@ from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VARIANTS, VOCAB
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("variant", ["phf", "selected"])
-def test_phf_step_on_gpu_equals_the_reference(variant):
+REFERENCE_BACKENDS = dict(flow_backend="torch", jsd_backend="torch", score_rows_only=False)
+
+
+@pytest.mark.parametrize("variant,options", [("phf", {}), ("selected", {}), ("phf", REFERENCE_BACKENDS)])
+def test_phf_step_on_gpu_equals_the_reference(variant, options):
     from megatron.core import parallel_state as ps
 
     from phf_megatron.convert.megatron_session import megatron_session
@@ -30,7 +35,8 @@ def test_phf_step_on_gpu_equals_the_reference(variant):
         captures = WindowCapture(student), WindowCapture(teacher)
         mbs = [mb.to("cuda") for mb in reference.microbatches(VOCAB, num_micro=2)]
         step = PhfStep(VARIANTS[variant], student[0].config, tp_group=ps.get_tensor_model_parallel_group(),
-                       dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1])
+                       dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1],
+                       **options)
         metrics = step.reduce_logs(run_step(step, student, teacher, mbs))
         grads = hf_grads(student, Qwen3Arch.from_hf(hf_s.config))
     ref = reference.hf_reference(hf_s.double(), hf_t.double(), reference.microbatches(VOCAB), VARIANTS[variant], 4)

@@ -1,0 +1,66 @@
+"""The Triton JSD kernels equal Foundation's ``opsd_token_divergence`` (values and gradients).
+
+* Where Triton is installed (not on the CPU CI machines, whose setup removes it): its
+  interpreter runs the kernels on CPU tensors in a subprocess (``jsd_triton_check``), every beta
+  branch and clip mode, float32 (1e-5 relative against float64) and bf16 logits (1e-2: the
+  inputs' and the gradient's own rounding), single rank and vocabulary-split over TP=2 gloo ranks.
+* On a GPU: the kernels against the chunked eager backend at the real vocabulary size.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from phf_megatron.parallel.vocab_parallel_jsd import vocab_parallel_jsd
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_interpreted_kernels_equal_the_reference(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "errors.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel.jsd_triton_check", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = json.loads(out.read_text())
+    assert len(errors) == 54
+    for name, err in errors.items():
+        limit = 0.0 if name.startswith("unscored") else 1e-2 if name.startswith("bfloat16") else 1e-5
+        assert err <= limit, (name, err)
+
+
+def test_triton_backend_is_refused_where_it_cannot_run():
+    logits, rows = torch.zeros(2, 3, 8, dtype=torch.float64), torch.zeros(1, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="backend: 'triton'"):
+        vocab_parallel_jsd(logits, rows, torch.tensor([0]), backend="triton")
+    with pytest.raises(ValueError, match="backend"):
+        vocab_parallel_jsd(logits, rows, torch.tensor([0]), backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("beta,clip,mode", [(0.5, 0.05, "element"), (0.0, None, "element"), (1.0, 0.3, "token")])
+def test_gpu_kernels_equal_the_eager_backend(dtype, beta, clip, mode):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    zs = (4 * torch.randn(2, 150, 151936, generator=g, device="cuda")).to(dtype)
+    zt = (4 * torch.randn(2, 150, 151936, generator=g, device="cuda")).to(dtype)
+    idx = torch.arange(20, 290, device="cuda")
+    rows = zt.reshape(-1, zt.shape[-1])[idx]
+    w = torch.rand(len(idx), generator=g, device="cuda")
+    results = []
+    for backend in ("torch", "triton"):
+        x = zs.clone().requires_grad_()
+        out = vocab_parallel_jsd(x, rows, idx, beta, 1.1, clip, mode, backend=backend)
+        (grad,) = torch.autograd.grad((out * w).sum(), x)
+        results.append((out, grad.float()))
+    (ref, ref_grad), (out, grad) = results
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=1e-6)
+    grad_tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16 gradients round to 8 bits
+    assert float((grad - ref_grad).abs().max() / ref_grad.abs().max()) <= grad_tol
