@@ -13,8 +13,10 @@ only its own stage's tensors; with it, every rank of ``pp_group`` yields the who
 tensor broadcast from the stage that owns it, stage by stage (all PP ranks must iterate).
 With tied embeddings the head is the embedding, yielded once as ``model.embed_tokens.weight``.
 Yielded tensors may alias parameters (unsplit, unsharded ones): copy before modifying them.
-Parameters outside the Qwen3 map (e.g. LoRA adapters) raise ``KeyError`` naming them: merge
-adapters into the base weights before iterating.
+LoRA-wrapped linears (``phf_megatron.lora``) are read through: their base weight appears under
+the base layer's own name and the adapter tensors are skipped; to export the merged weights pass
+``select=phf_megatron.lora.merged_weight_selector(model)``. Any other parameter outside the Qwen3
+map raises ``KeyError`` naming it.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ def _tp_rank_size(tp_group) -> tuple[int, int]:
 
 
 def _named_weights(model) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """Base-model parameters under their Megatron names (LoRA wrappers read through)."""
     for name, param in unwrap(model).named_parameters():
-        yield name, param
+        if ".adapters." in name:
+            continue  # a LoRA adapter tensor: not part of the base model
+        yield name.replace(".base.", "."), param
 
 
 def load_hf_weights(model, get_hf: Callable[[str], torch.Tensor], arch: Qwen3Arch,

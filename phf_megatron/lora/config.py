@@ -4,35 +4,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config_errors import _check_positive, check_choice, fail
+
 #: HF Qwen3 projection names, as PEFT's ``target_modules`` spells them.
-ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
-class LoRAConfig:
+class LoraConfig:
+    """LoRA adapters on the frozen base (paper: every run); disabled = full fine-tuning."""
+
     enabled: bool = True
-    """False = full fine-tuning of every parameter."""
-    rank: int = 64
-    """r (paper: 64)."""
+    """Train LoRA adapters (True, paper) or every weight (False)."""
+    r: int = 64
+    """Adapter rank (paper: 64)."""
     alpha: float = 128.0
-    """alpha; the update is scaled by alpha / r (paper: 128)."""
+    """Scale numerator: the update is (alpha / r) * B A (paper: 128)."""
     dropout: float = 0.05
-    """dropout on the adapter input (TRL ModelConfig default, used by the official OPSD code)."""
-    targets: tuple[str, ...] = ALL_TARGETS
-    """which HF projections get an adapter."""
+    """LoRA dropout (TRL ModelConfig default, which the official script keeps); note that
+    ``model.disable_dropout`` (official default) zeroes it at train time."""
+    target_modules: tuple[str, ...] = LORA_TARGETS
+    """HF projection names adapted (paper: q, k, v, o, gate, up, down), one adapter each as PEFT."""
 
     def __post_init__(self) -> None:
-        self.targets = tuple(self.targets)
-        if self.rank < 1:
-            raise ValueError(f"lora.rank: must be >= 1, got {self.rank}")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha: must be > 0, got {self.alpha}")
+        self.target_modules = tuple(self.target_modules)
+        _check_positive("lora.r", self.r)
+        _check_positive("lora.alpha", self.alpha)
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout: must lie in [0, 1), got {self.dropout}")
-        unknown = sorted(set(self.targets) - set(ALL_TARGETS))
-        if unknown or not self.targets:
-            raise ValueError(f"lora.targets: {unknown or 'empty'}; choose from {ALL_TARGETS}")
+            raise fail("lora.dropout", f"must lie in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise fail("lora.target_modules", "is empty; use --lora.enabled=false for full fine-tuning")
+        for name in self.target_modules:
+            check_choice("lora.target_modules", name, LORA_TARGETS)
+        if len(set(self.target_modules)) != len(self.target_modules):
+            raise fail("lora.target_modules", f"repeats a module: {list(self.target_modules)}")
 
     @property
     def scaling(self) -> float:
-        return self.alpha / self.rank
+        """alpha / r, PEFT's ``scaling`` (2.0 with the paper's values)."""
+        return self.alpha / self.r

@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from .config import LoRAConfig
+from .config import LoraConfig
 from .inject import lora_modules
 from .layers import LoRAColumnParallelLinear
 
@@ -38,14 +38,19 @@ def _all_gather_cat(t: torch.Tensor, dim: int, group) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def full_adapters(model_chunks: Iterable[torch.nn.Module]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{hf_module_name: (A [r, in], B [out, r])}`` for this pipeline stage's layers (a TP collective)."""
+def full_adapters(model_chunks: Iterable[torch.nn.Module], select=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{hf_module_name: (A [r, in], B [out, r])}`` for this pipeline stage's layers (a TP collective).
+
+    ``select(param)`` picks what to gather of each adapter tensor (default: the values; e.g.
+    ``lambda p: p.main_grad`` for gradients in the same layout).
+    """
+    select = select or (lambda p: p)
     out = {}
     for chunk in model_chunks:
         for layer_idx, module in lora_modules(chunk):
             column = isinstance(module, LoRAColumnParallelLinear)
             for proj, adapter in module.adapters.items():
-                a, b = adapter.lora_A.detach(), adapter.lora_B.detach()
+                a, b = select(adapter.lora_A).detach(), select(adapter.lora_B).detach()
                 if column:
                     b = _all_gather_cat(b, 0, module.tp_group)
                 else:
@@ -78,15 +83,15 @@ def _gather_to_rank0(local: dict) -> dict | None:
     return merged
 
 
-def peft_adapter_config(cfg: LoRAConfig, base_model_name_or_path: str | None) -> dict:
+def peft_adapter_config(cfg: LoraConfig, base_model_name_or_path: str | None) -> dict:
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model_name_or_path,
-        "r": cfg.rank,
+        "r": cfg.r,
         "lora_alpha": cfg.alpha,
         "lora_dropout": cfg.dropout,
-        "target_modules": sorted(cfg.targets),
+        "target_modules": sorted(cfg.target_modules),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -97,7 +102,7 @@ def peft_adapter_config(cfg: LoRAConfig, base_model_name_or_path: str | None) ->
     }
 
 
-def export_peft_adapter(model_chunks, out_dir: str, cfg: LoRAConfig, base_model_name_or_path: str | None = None) -> None:
+def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_name_or_path: str | None = None) -> None:
     """Write a PEFT LoRA directory (``adapter_config.json`` + ``adapter_model.safetensors``).
 
     A collective: every rank calls it; rank 0 writes, atomically (a temp dir renamed into place).

@@ -7,15 +7,16 @@ from typing import Iterator
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer
 
-from .config import LoRAConfig
-from .layers import LoRAColumnParallelLinear, LoRARowParallelLinear, Segment, _LoRAWrapper, concat_layout, qkv_layout
+from .config import LoraConfig
+from .layers import (LoRAColumnParallelLinear, LoRARowParallelLinear, Segment, _LoRAWrapper, concat_layout, init_seed,
+                     qkv_layout)
 
 
 def _tp_size(linear) -> int:
     return linear.tp_group.size() if linear.tp_group is not None else 1
 
 
-def _wrap_layer(layer: TransformerLayer, cfg: LoRAConfig) -> None:
+def _wrap_layer(layer: TransformerLayer, cfg: LoraConfig, seed: int) -> None:
     attn, mlp = layer.self_attention, layer.mlp
     tcfg = layer.config
     qkv = attn.linear_qkv
@@ -23,26 +24,32 @@ def _wrap_layer(layer: TransformerLayer, cfg: LoRAConfig) -> None:
     if tcfg.num_query_groups % tp:
         raise ValueError(f"num_query_groups ({tcfg.num_query_groups}) must be a multiple of TP size ({tp})")
     groups, heads, d = tcfg.num_query_groups // tp, tcfg.num_attention_heads // tp, tcfg.kv_channels
-    if {"q_proj", "k_proj", "v_proj"} & set(cfg.targets):
+    index = layer.layer_number - 1
+    seeds = {proj: init_seed(seed, f"layers.{index}.{proj}") for proj in cfg.target_modules}
+    targets = cfg.target_modules
+    if {"q_proj", "k_proj", "v_proj"} & set(targets):
         segments = [Segment("q_proj", heads * d), Segment("k_proj", groups * d), Segment("v_proj", groups * d)]
-        attn.linear_qkv = LoRAColumnParallelLinear(qkv, segments, qkv_layout(groups), cfg.targets,
-                                                   cfg.rank, cfg.alpha, cfg.dropout)
-    if "o_proj" in cfg.targets:
-        attn.linear_proj = LoRARowParallelLinear(attn.linear_proj, "o_proj", cfg.rank, cfg.alpha, cfg.dropout)
-    if {"gate_proj", "up_proj"} & set(cfg.targets):
+        attn.linear_qkv = LoRAColumnParallelLinear(qkv, segments, qkv_layout(groups), targets, cfg.r, cfg.alpha,
+                                                   cfg.dropout, seeds)
+    if "o_proj" in targets:
+        attn.linear_proj = LoRARowParallelLinear(attn.linear_proj, "o_proj", cfg.r, cfg.alpha, cfg.dropout,
+                                                 seeds["o_proj"])
+    if {"gate_proj", "up_proj"} & set(targets):
         ffn_local = mlp.linear_fc1.output_size_per_partition // 2
         segments = [Segment("gate_proj", ffn_local), Segment("up_proj", ffn_local)]
-        mlp.linear_fc1 = LoRAColumnParallelLinear(mlp.linear_fc1, segments, concat_layout, cfg.targets,
-                                                  cfg.rank, cfg.alpha, cfg.dropout)
-    if "down_proj" in cfg.targets:
-        mlp.linear_fc2 = LoRARowParallelLinear(mlp.linear_fc2, "down_proj", cfg.rank, cfg.alpha, cfg.dropout)
+        mlp.linear_fc1 = LoRAColumnParallelLinear(mlp.linear_fc1, segments, concat_layout, targets, cfg.r, cfg.alpha,
+                                                  cfg.dropout, seeds)
+    if "down_proj" in targets:
+        mlp.linear_fc2 = LoRARowParallelLinear(mlp.linear_fc2, "down_proj", cfg.r, cfg.alpha, cfg.dropout,
+                                               seeds["down_proj"])
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int = 0) -> torch.nn.Module:
     """Freeze every parameter of ``model`` and add trainable adapters to each transformer layer.
 
     Call after the base weights are loaded. Works on one pipeline stage's model chunk; the layer
-    number of an adapter is the layer's global ``layer_number`` (1-based, Megatron's).
+    number of an adapter is the layer's global ``layer_number`` (1-based, Megatron's). ``seed``
+    fixes the adapters' initial values, identically under every TP/PP layout.
     """
     for p in model.parameters():
         p.requires_grad_(False)
@@ -50,7 +57,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
     if not layers and any(True for _ in model.parameters()):
         raise ValueError("model: no Megatron TransformerLayer found to put LoRA adapters in")
     for layer in layers:
-        _wrap_layer(layer, cfg)
+        _wrap_layer(layer, cfg, seed)
     return model
 
 

@@ -22,6 +22,7 @@ Sharding follows the base weight, ``p`` = tensor-parallel size:
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -61,14 +62,29 @@ def qkv_layout(num_local_groups: int) -> Callable[[Sequence[torch.Tensor]], torc
     return interleave
 
 
-class LoRAAdapter(torch.nn.Module):
-    """One ``(A, B)`` pair. ``A``: ``[r, in_local]``, ``B``: ``[out_local, r]``; PEFT init (kaiming-uniform A, zero B)."""
+def init_seed(base_seed: int, name: str) -> int:
+    """A per-adapter seed that depends on the adapter's global name only (not on the layout)."""
+    return (base_seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
 
-    def __init__(self, in_features: int, out_features: int, rank: int, dtype: torch.dtype, device=None):
+
+class LoRAAdapter(torch.nn.Module):
+    """One ``(A, B)`` pair. ``A``: ``[r, in_local]``, ``B``: ``[out_local, r]``.
+
+    PEFT's init: ``B = 0`` and ``A`` kaiming-uniform (``U(-1/sqrt(in), 1/sqrt(in))`` over the *full*
+    input width). ``A`` is drawn whole from a generator seeded by the adapter's name and then
+    sliced to this rank's input shard (``in_shard``), so every TP/PP layout starts from the same
+    adapters and runs the same update.
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int, dtype: torch.dtype, device=None, *,
+                 seed: int = 0, in_shard: slice | None = None):
         super().__init__()
-        self.lora_A = torch.nn.Parameter(torch.empty(rank, in_features, dtype=dtype, device=device))
+        gen = torch.Generator().manual_seed(seed)
+        bound = 1.0 / math.sqrt(in_features)
+        full_a = torch.empty(rank, in_features, dtype=torch.float32).uniform_(-bound, bound, generator=gen)
+        a = full_a[:, in_shard] if in_shard is not None else full_a
+        self.lora_A = torch.nn.Parameter(a.to(dtype=dtype, device=device).contiguous())
         self.lora_B = torch.nn.Parameter(torch.zeros(out_features, rank, dtype=dtype, device=device))
-        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
 
 class _LoRAWrapper(torch.nn.Module):
@@ -103,14 +119,15 @@ class LoRAColumnParallelLinear(_LoRAWrapper):
     """LoRA around a ``ColumnParallelLinear`` holding one or more HF projections (``segments``)."""
 
     def __init__(self, base, segments: Sequence[Segment], layout, targets: Sequence[str], rank: int,
-                 alpha: float, dropout: float):
+                 alpha: float, dropout: float, seeds: dict[str, int] | None = None):
         super().__init__(base, rank, alpha, dropout)
         self.layout = layout
         self.segments = tuple(segments)
         dtype, device = base.weight.dtype, base.weight.device
         for seg in segments:
             if seg.name in targets:
-                adapter = LoRAAdapter(base.input_size, seg.local_features, rank, dtype, device)
+                adapter = LoRAAdapter(base.input_size, seg.local_features, rank, dtype, device,
+                                      seed=(seeds or {}).get(seg.name, 0))
                 set_tensor_model_parallel_attributes(adapter.lora_B, True, 0, 1)
                 self.adapters[seg.name] = adapter
         if sum(s.local_features for s in segments) != base.output_size_per_partition:
@@ -142,10 +159,12 @@ class LoRAColumnParallelLinear(_LoRAWrapper):
 class LoRARowParallelLinear(_LoRAWrapper):
     """LoRA around a ``RowParallelLinear`` (one HF projection: o_proj or down_proj)."""
 
-    def __init__(self, base, name: str, rank: int, alpha: float, dropout: float):
+    def __init__(self, base, name: str, rank: int, alpha: float, dropout: float, seed: int = 0):
         super().__init__(base, rank, alpha, dropout)
         dtype, device = base.weight.dtype, base.weight.device
-        adapter = LoRAAdapter(base.input_size_per_partition, base.output_size, rank, dtype, device)
+        k, width = (base.tp_group.rank() if base.tp_group is not None else 0), base.input_size_per_partition
+        adapter = LoRAAdapter(base.input_size, base.output_size, rank, dtype, device, seed=seed,
+                              in_shard=slice(k * width, (k + 1) * width))
         set_tensor_model_parallel_attributes(adapter.lora_A, True, 1, 1)
         self.adapters[name] = adapter
 

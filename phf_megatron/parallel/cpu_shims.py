@@ -8,7 +8,8 @@ Megatron-Core assumes CUDA in a handful of places that do not concern the math:
    embeddings, ``utils.py``;
 2. stream and synchronisation calls (``torch.cuda.synchronize`` in dist-checkpointing preload
    and batched p2p, ``torch.cuda.current_stream`` in the DDP grad sync);
-3. the CUDA RNG tracker (``model_parallel_cuda_manual_seed`` and ``fork``).
+3. the CUDA RNG tracker (``model_parallel_cuda_manual_seed`` and ``fork``);
+4. type-name checks (``grad.type() == 'torch.cuda.FloatTensor'`` in grad clipping).
 
 ``apply()`` fixes all three without editing Megatron: a ``TorchFunctionMode`` maps any CUDA
 device argument to the CPU, a few ``torch.cuda`` functions become CPU no-ops, and the RNG
@@ -46,6 +47,11 @@ class CudaToCpuMode(TorchFunctionMode):
             kwargs = {**kwargs, "device": "cpu"}
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # Megatron asserts e.g. ``grad.type() == 'torch.cuda.FloatTensor'`` (grad clipping):
+            # report the CUDA type name of the same dtype.
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda_device(args[1]):
             args = (args[0], "cpu", *args[2:])
         if kwargs.get("pin_memory"):

@@ -27,29 +27,68 @@ def _random_adapters(hf_model, rank, seed=3):
     return out
 
 
+def _probe_weights(shape, seed=11):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _adapter_grads(model, ids):
+    """Gradients of sum(logits * R) w.r.t. every adapter tensor, gathered to full HF-layout tensors."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from phf_megatron.lora.export import full_adapters
+
+    b, s = ids.shape
+    tp, tp_rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+
+    def step(data_iterator, chunk):
+        out = chunk(ids, torch.arange(s)[None].expand(b, -1), attention_mask=None)
+
+        def loss(logits):
+            r = _probe_weights((b, s, logits.shape[-1] * tp))[..., tp_rank * logits.shape[-1]:(tp_rank + 1) * logits.shape[-1]]
+            return (logits.float() * r).sum(), {}
+
+        return out, loss
+
+    model.train()
+    get_forward_backward_func()(forward_step_func=step, data_iterator=iter([None]), model=[model], num_microbatches=1,
+                                seq_length=s, micro_batch_size=b, forward_only=False)
+    return full_adapters([model], select=lambda p: p.grad)
+
+
 def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     from phf_megatron.convert.live_model import load_hf_weights
     from phf_megatron.convert.qwen3_arch import Qwen3Arch
-    from phf_megatron.lora import LoRAConfig, apply_lora
+    from phf_megatron.lora import LoraConfig, apply_lora
     from phf_megatron.lora.export import export_peft_adapter, load_full_adapters, merged_deltas
     from phf_megatron.models import build_qwen3_model
 
     megatron_layout(tp, pp)
     hf = tiny_hf_model(name)
-    cfg = LoRAConfig(rank=4, alpha=8.0, dropout=0.0)
+    cfg = LoraConfig(r=4, alpha=8.0, dropout=0.0)
     model = build_qwen3_model(hf.config, sp=tp > 1, dtype=torch.float32)
     load_hf_weights(model, hf.state_dict().__getitem__, Qwen3Arch.from_hf(hf.config))
     apply_lora(model, cfg)
     assert all(("adapters" in n) == p.requires_grad for n, p in model.named_parameters())
-    load_full_adapters([model], _random_adapters(hf, cfg.rank))
+    load_full_adapters([model], _random_adapters(hf, cfg.r))
     ids = torch.randint(0, hf.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
     logits = megatron_logits(model, ids)
+    grads = _adapter_grads(model, ids)
     export_peft_adapter([model], out_dir, cfg, base_model_name_or_path="tiny")
     deltas = merged_deltas([model], cfg.scaling)
-    return {"logits": logits, "deltas": deltas, "ids": ids}
+    # the rollout sync's path: merged weights gathered tensor by tensor under HF names
+    from megatron.core import parallel_state
+
+    from phf_megatron.lora import merged_weight_selector
+    from phf_megatron.convert.live_model import iter_hf_weights
+
+    merged = dict(iter_hf_weights(model, Qwen3Arch.from_hf(hf.config), select=merged_weight_selector([model]),
+                                  pp_group=parallel_state.get_pipeline_model_parallel_group()))
+    return {"logits": logits, "deltas": deltas, "ids": ids, "merged": merged if rank == 0 else None, "grads": grads}
 
 
-@pytest.mark.parametrize("name,tp,pp", [("gqa", 2, 1), ("tied", 2, 2)], ids=["gqa-tp2-sp", "tied-tp2xpp2"])
+@pytest.mark.parametrize("name,tp,pp", [("gqa", 1, 1), ("gqa", 2, 1), ("tied", 2, 2)],
+                         ids=["gqa-tp1-two-groups-per-rank", "gqa-tp2-sp", "tied-tp2xpp2"])
 def test_peft_export_and_merged_deltas_reproduce_megatron_logits(tmp_path, name, tp, pp):
     from peft import PeftModel
 
@@ -74,6 +113,25 @@ def test_peft_export_and_merged_deltas_reproduce_megatron_logits(tmp_path, name,
         for weight_name, delta in deltas.items():
             params[weight_name].add_(delta)
         torch.testing.assert_close(megatron, merged(ids).logits, atol=1e-4, rtol=0)
+    # the merged HF state dict from iter_hf_weights(select=merged_weight_selector) is the same model
+    synced = tiny_hf_model(name)
+    missing, unexpected = synced.load_state_dict(results[0]["merged"], strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing)  # tied models have no separate head
+    with torch.no_grad():
+        torch.testing.assert_close(megatron, synced(ids).logits, atol=1e-4, rtol=0)
+    # adapter gradients equal PEFT's (the same loss, sum(logits * R), in HF transformers)
+    grads = {}
+    for r in results:
+        grads.update(r["grads"])
+    trainable = PeftModel.from_pretrained(tiny_hf_model(name), out_dir, is_trainable=True)
+    (trainable(ids).logits * _probe_weights(peft_logits.shape)).sum().backward()
+    modules = dict(trainable.named_modules())
+    assert len(grads) == 7 * merged.config.num_hidden_layers
+    for module_name, (g_a, g_b) in grads.items():
+        module = modules[f"base_model.model.{module_name}"]
+        for got, ref in ((g_a, module.lora_A["default"].weight.grad), (g_b, module.lora_B["default"].weight.grad)):
+            err, scale = (got - ref).abs().max().item(), ref.abs().max().item()
+            assert err <= 1e-5 * scale + 1e-6, (module_name, err, scale)  # fp32, summation order only
     # and the adapters matter: without them the logits differ
     with torch.no_grad():
         assert (tiny_hf_model(name)(ids).logits - megatron).abs().max() > 1e-2

@@ -1,0 +1,54 @@
+"""From a step's rows and rollouts to this rank's PHF micro-batches.
+
+Each sample is one (prompt, completion) pair: ``rollout.n`` completions per prompt. The step's
+samples are split evenly over the data-parallel ranks, then into micro-batches. All micro-batches
+of a rank are padded to one student and one teacher length (pipeline schedules send fixed-size
+activations), rounded up to the TP size under sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..data import PromptPair, build_distill_batch
+from ..parallel.batch import PhfMicroBatch
+
+
+def response_mask(starts: torch.Tensor, lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[B, seq_len]`` bool: True on positions ``start_b .. start_b + n_b - 1`` (the rollout tokens)."""
+    pos = torch.arange(seq_len)[None]
+    return (pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])
+
+
+def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
+    if num_samples % dp_size:
+        raise ValueError(f"training.global_batch_size: {num_samples} samples do not split over {dp_size} "
+                         "data-parallel ranks")
+    per = num_samples // dp_size
+    return range(dp_rank * per, (dp_rank + 1) * per)
+
+
+def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int,
+                       micro_batch_size: int, dp_rank: int, dp_size: int, pad_multiple: int,
+                       window_budget: int, max_length: int | None = None) -> list[PhfMicroBatch]:
+    """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``."""
+    if len(pairs) != len(completions):
+        raise ValueError(f"completions: {len(completions)} rollouts for {len(pairs)} prompt pairs")
+    idx = local_samples(len(pairs), dp_rank, dp_size)
+    if len(idx) % micro_batch_size:
+        raise ValueError(f"training.micro_batch_size: {micro_batch_size} does not divide the {len(idx)} samples of a "
+                         "data-parallel rank (global_batch_size / data-parallel size)")
+    batch = build_distill_batch([pairs[i].student_ids for i in idx], [pairs[i].teacher_ids for i in idx],
+                                [list(completions[i]) for i in idx], pad_id=pad_id, pad_to_multiple_of=pad_multiple,
+                                max_length=max_length)
+    lengths = batch.response_lengths
+    s_mask = response_mask(batch.student_response_start, lengths, batch.student_input_ids.shape[1])
+    t_mask = response_mask(batch.teacher_response_start, lengths, batch.teacher_input_ids.shape[1])
+    out = []
+    for lo in range(0, len(idx), micro_batch_size):
+        sl = slice(lo, lo + micro_batch_size)
+        out.append(PhfMicroBatch(student_tokens=batch.student_input_ids[sl], teacher_tokens=batch.teacher_input_ids[sl],
+                                 student_response=s_mask[sl], teacher_response=t_mask[sl], window_budget=window_budget))
+    return out

@@ -1,0 +1,95 @@
+"""Process-group set-up for a run: torchrun or a single process, GPU (NCCL) or CPU (gloo).
+
+    torchrun --nproc-per-node 8 -m phf_megatron.train --config configs/phf_qwen3_8b.yaml ...
+    python -m phf_megatron.train --config configs/tiny_cpu.yaml ...        # one process
+
+On a machine without CUDA the Megatron-Core CPU shims are applied (``parallel.cpu_shims``);
+the GPU path never touches them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .config import TrainConfig
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def seed_everything(seed: int) -> None:
+    """Python, NumPy and torch RNGs; Megatron's model-parallel tracker is seeded separately."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def init_distributed(cfg: TrainConfig) -> DistributedContext:
+    """Join (or create) the default process group and build Megatron's model-parallel groups.
+
+    Under ``torchrun`` the usual environment variables are read; a plain ``python`` launch is a
+    world of one. Data parallelism fills what tensor x pipeline parallelism leaves.
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    if not cuda:
+        from ..parallel import cpu_shims
+
+        cpu_shims.apply()
+
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    m = cfg.model
+    model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+    if world % model_parallel:
+        raise ValueError(
+            f"model.tensor_model_parallel_size x model.pipeline_model_parallel_size = {model_parallel} does not "
+            f"divide the world size {world} (launch with a multiple of {model_parallel} processes)")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=m.tensor_model_parallel_size,
+            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size)
+    # Identical weights on every data-parallel replica (Megatron's DDP does not broadcast them).
+    seed_everything(cfg.training.seed)
+    model_parallel_cuda_manual_seed(cfg.training.seed)
+    return DistributedContext(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
+
+
+def shutdown_distributed() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

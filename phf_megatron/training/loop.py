@@ -1,0 +1,211 @@
+"""The OPSD + PHF training loop (``python -m phf_megatron.train``).
+
+Each step: the step's prompts from the dataset (deterministic, identical on every rank) →
+rollouts from the engine (rank 0, broadcast) → this rank's micro-batches → one PHF update
+(``update.phf_update``) → weight sync into the engine → metrics, layer energy, checkpoint.
+
+Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a resumed run needs
+to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
+optimizer and LR schedule, the EMA teacher, the data position and every RNG. If the rollout
+engine fails, a checkpoint is saved before the error propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ..data import PromptConfig, build_prompt_pair, load_math_dataset
+from ..data.sampler import EpochSampler
+from ..lora import adapter_parameters
+from ..parallel.capture import WindowCapture
+from ..tokenizer import load_qwen3_tokenizer
+from .batches import build_microbatches
+from .checkpoint import load_checkpoint, read_latest, save_checkpoint
+from .checkpoint_parts import RankLayout, Scope, dist_model_part, rng_part, stateful_part, tensors_part
+from .config import TrainConfig
+from .config_io import resume_fingerprint, save_run_config
+from .diagnostics import layer_energy_metrics
+from .distributed import DistributedContext, init_distributed
+from .metrics import MetricsLogger
+from .model_setup import StudentModel, build_student
+from .rollouts import RolloutDriver, RolloutFailure
+from .teacher import PrivilegedTeacher
+from .update import phf_update
+
+
+def _eos_token_ids(tokenizer) -> tuple[int, ...]:
+    """Tokens that end a Qwen3 assistant turn (``<|im_end|>``, ``<|endoftext|>``) plus the tokenizer's EOS."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+class Trainer:
+    """Builds every piece of a run on this rank; ``run()`` trains to ``training.train_iters``."""
+
+    def __init__(self, cfg: TrainConfig):
+        cfg.require_inputs()
+        self.cfg = cfg
+        self.ctx: DistributedContext = init_distributed(cfg)
+        save_run_config(cfg)
+        self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
+        self.dataset = load_math_dataset(cfg.data.path, split=cfg.data.split, skip_bad_rows=cfg.data.skip_bad_rows)
+        if cfg.data.max_rows:
+            self.dataset.rows = self.dataset.rows[: cfg.data.max_rows]
+        self.sampler = EpochSampler(len(self.dataset), seed=cfg.data.shuffle_seed, shuffle=cfg.data.shuffle)
+        self.prompt_config = PromptConfig(student_enable_thinking=cfg.data.student_enable_thinking,
+                                          teacher_enable_thinking=cfg.data.teacher_enable_thinking,
+                                          align_generation_prompt=cfg.data.align_generation_prompt)
+        self.student: StudentModel = build_student(cfg, len(self.dataset))
+        self.teacher = PrivilegedTeacher(self.student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
+                                         lora=cfg.lora.enabled)
+        self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
+        self.layout = RankLayout.from_parallel_state()
+        self.step = 0
+        self.resumed_from = self._maybe_resume()
+        self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
+        self.rollouts.sync()  # the engine starts from the HF files; push the (resumed) student and verify
+        self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
+                                     jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
+                                     tensorboard_dir=cfg.logging.tensorboard_dir,
+                                     progress_bar=cfg.logging.progress_bar)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def _parts(self) -> dict:
+        parts = {
+            "optimizer": stateful_part(self.student.optimizer, Scope.MODEL_PARALLEL),
+            "scheduler": stateful_part(self.student.scheduler, Scope.GLOBAL),
+            "data": stateful_part(self.sampler, Scope.GLOBAL),
+            "teacher": stateful_part(self.teacher, Scope.MODEL_PARALLEL),
+            "rng": rng_part(),
+        }
+        if self.cfg.lora.enabled:
+            parts["adapters"] = tensors_part(dict(p for c in self.student.chunks for p in adapter_parameters(c)))
+        else:
+            for i, chunk in enumerate(self.student.chunks):
+                parts[f"model{i}"] = dist_model_part(chunk.module)
+        parts["rng"] = parts.pop("rng")  # restored last
+        return parts
+
+    def save(self) -> str:
+        return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
+                               fingerprint=resume_fingerprint(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
+                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size})
+
+    def _maybe_resume(self) -> str | None:
+        load_dir = self.cfg.load_dir
+        if not load_dir or read_latest(load_dir) is None:
+            return None
+        parts = self._parts()
+        if self.cfg.checkpoint.no_load_optim:
+            parts.pop("optimizer")
+        if self.cfg.checkpoint.no_load_rng:
+            parts.pop("rng")
+        info = load_checkpoint(load_dir, parts, self.layout,
+                               fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
+        self.step = info.iteration
+        return info.path
+
+    # ----------------------------------------------------------------- one step
+
+    def _step_inputs(self):
+        """The step's prompt pairs (one per sample: ``rollout.n`` samples per prompt) and unique prompts."""
+        rows = [self.dataset[i] for i in self.sampler.take(self.cfg.prompts_per_step)]
+        pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
+        too_long = [i for i, p in enumerate(pairs) if len(p.teacher_ids) > self.cfg.data.max_prompt_length]
+        if too_long:
+            raise ValueError(f"data.max_prompt_length: {len(too_long)} prompt(s) of step {self.step} exceed "
+                             f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
+        return [p for p in pairs for _ in range(self.cfg.rollout.n)], [p.student_ids for p in pairs]
+
+    def train_step(self) -> dict:
+        from megatron.core import parallel_state as ps
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        pairs, prompts = self._step_inputs()
+        completions = self.rollouts.generate(prompts, self.step)
+        t1 = time.perf_counter()
+        sp = self.student.config.sequence_parallel
+        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id or 0,
+                                 micro_batch_size=cfg.training.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
+                                 dp_size=ps.get_data_parallel_world_size(),
+                                 pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
+                                 window_budget=cfg.objective.flow_window)
+        metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective)
+        t2 = time.perf_counter()
+        if (self.step + 1) % cfg.rollout.sync_interval == 0:
+            self.rollouts.sync()
+        t3 = time.perf_counter()
+        metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, time_sync_s=t3 - t2, step_time_s=t3 - t0,
+                       rollout_tokens=sum(len(c) for c in completions) / max(len(completions), 1),
+                       sync_probe_diff=self.rollouts.last_probe_diff)
+        if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
+            metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
+        return metrics
+
+    # ----------------------------------------------------------------- the run
+
+    def run(self) -> None:
+        cfg = self.cfg
+        try:
+            while self.step < cfg.training.train_iters:
+                metrics = self.train_step()
+                self.step += 1
+                if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
+                    self.metrics.log(self.step, metrics)
+                self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")),
+                                      step_time=metrics["step_time_s"])
+                if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
+                    self.save()
+        except RolloutFailure:
+            self.save()  # nothing lost: the next run resumes from here
+            raise
+        if cfg.training.train_iters % max(cfg.checkpoint.save_interval or 0, 1) or not cfg.checkpoint.save_interval:
+            self.save()
+        self.export()
+
+    def export(self) -> str:
+        """The trained student for HF tools: a PEFT adapter (LoRA) or a full HF checkpoint."""
+        out = os.path.join(self.cfg.run_dir, "export")
+        if self.cfg.lora.enabled:
+            from ..lora.export import export_peft_adapter
+
+            path = os.path.join(out, "peft_adapter")
+            export_peft_adapter(self.student.chunks, path, self.cfg.lora,
+                                base_model_name_or_path=os.path.abspath(self.cfg.model.hf_dir))
+            return path
+        from megatron.core import parallel_state as ps
+
+        from ..convert.hf_writer import write_hf_checkpoint
+        from ..convert.live_model import iter_hf_weights
+
+        path = os.path.join(out, "hf")
+        items = (item for chunk in self.student.chunks
+                 for item in iter_hf_weights(chunk, self.student.arch,
+                                             pp_group=ps.get_pipeline_model_parallel_group()))
+        if ps.get_data_parallel_rank() == 0:
+            if self.ctx.is_rank0:
+                hf_dir = self.cfg.model.hf_dir
+                tokenizer_files = [f for f in os.listdir(hf_dir) if f.startswith(("tokenizer", "vocab", "merges",
+                                   "special_tokens", "generation_config", "chat_template"))]
+                write_hf_checkpoint(items, path, hf_config=self.student.hf_config.to_dict(),
+                                    dtype=self.student.config.params_dtype, tokenizer_src=hf_dir,
+                                    tokenizer_files=tokenizer_files)
+            else:
+                for _ in items:
+                    pass
+        return path
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.rollouts.close()
+        if self.capture is not None:
+            self.capture.remove()

@@ -1,0 +1,127 @@
+"""Build the student (Megatron Qwen3, base weights loaded, LoRA or full fine-tuning), its DDP
+wrapper, Megatron's optimizer and the LR schedule, for this rank.
+
+The privileged teacher is the same network (``teacher.PrivilegedTeacher`` swaps the trainable
+tensors around its forward), so there is one model per rank, not two.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..convert.qwen3_arch import Qwen3Arch
+from ..lora import apply_lora
+from .config import TrainConfig
+from .schedule import build_scheduler, megatron_optimizer_config
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+BACKENDS = {"auto": "auto", "local": "local", "transformer_engine": "te"}
+
+
+@dataclass
+class StudentModel:
+    """This rank's model chunks (DDP-wrapped), what they were built from, and their optimizer."""
+
+    chunks: list
+    arch: Qwen3Arch
+    hf_config: object
+    optimizer: object
+    scheduler: object
+
+    @property
+    def config(self):
+        return self.chunks[0].config
+
+
+def read_hf_config(cfg: TrainConfig):
+    """The HF ``Qwen3Config`` of the run's base model (``model.hf_dir``, or a converted checkpoint's)."""
+    from transformers import AutoConfig, Qwen3Config
+
+    if cfg.model.hf_dir:
+        if not os.path.isfile(os.path.join(cfg.model.hf_dir, "config.json")):
+            raise FileNotFoundError(f"model.hf_dir: no config.json in {cfg.model.hf_dir}")
+        hf_config = AutoConfig.from_pretrained(cfg.model.hf_dir)
+    elif cfg.model.pretrained_checkpoint:
+        from ..convert.mcore_checkpoint import read_metadata
+
+        hf_config = Qwen3Config(**read_metadata(cfg.model.pretrained_checkpoint)["hf_config"])
+    else:
+        raise ValueError("model.hf_dir: set it (or model.pretrained_checkpoint) to the base model to train")
+    if getattr(hf_config, "model_type", None) != "qwen3":
+        raise ValueError(f"model.hf_dir: model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
+    return hf_config
+
+
+def _config_overrides(cfg: TrainConfig) -> dict:
+    m = cfg.model
+    out = dict(calculate_per_token_loss=True)
+    if m.virtual_pipeline_model_parallel_size:
+        out["virtual_pipeline_model_parallel_size"] = m.virtual_pipeline_model_parallel_size
+    if m.recompute_granularity:
+        out.update(recompute_granularity=m.recompute_granularity)
+        if m.recompute_granularity == "full":
+            out.update(recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers)
+    if m.disable_dropout:
+        out.update(hidden_dropout=0.0, attention_dropout=0.0)
+    if m.compile_layers:
+        out["compile_layers"] = True
+    return out
+
+
+def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:
+    """Base weights into this rank's shard: a converted Megatron checkpoint, else the HF files."""
+    if cfg.model.pretrained_checkpoint:
+        from ..convert.mcore_checkpoint import load_checkpoint
+
+        load_checkpoint(chunk, cfg.model.pretrained_checkpoint)
+        return
+    from ..convert.hf_checkpoint import HFCheckpoint
+    from ..convert.live_model import load_hf_weights
+
+    load_hf_weights(chunk, HFCheckpoint(cfg.model.hf_dir).get, arch)
+
+
+def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
+    """The student of this rank, ready to train (a collective over the model-parallel group).
+
+    ``num_rows``: the training set's size, which sets the cosine schedule's length (epochs x rows).
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    from ..models import build_qwen3_model
+
+    hf_config = read_hf_config(cfg)
+    arch = Qwen3Arch.from_hf(hf_config)
+    cfg.model.check_model_shape(arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads)
+    dtype = DTYPES[cfg.model.dtype]
+    fused = cfg.model.fused_kernels and torch.cuda.is_available()
+    lora = cfg.lora
+    if lora.enabled and cfg.model.disable_dropout:
+        lora = type(lora)(**{**lora.__dict__, "dropout": 0.0})
+    chunks = []
+    vpp = cfg.model.virtual_pipeline_model_parallel_size
+    for vp_stage in range(vpp or 1):
+        model = build_qwen3_model(hf_config, sp=cfg.model.sequence_parallel, dtype=dtype, fused=fused,
+                                  backend=BACKENDS[cfg.model.transformer_impl], vp_stage=vp_stage if vpp else None,
+                                  **_config_overrides(cfg))
+        _load_base_weights(model, cfg, arch)
+        if lora.enabled:
+            apply_lora(model, lora, seed=cfg.training.seed)
+        if torch.cuda.is_available():
+            model.cuda()
+        model.config.finalize_model_grads_func = finalize_model_grads
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                                   use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer)
+        chunks.append(DistributedDataParallel(model.config, ddp_config, model))
+    if not any(p.requires_grad for c in chunks for p in c.parameters()):
+        raise ValueError("lora.target_modules: nothing to train on this rank (no adapter and no trainable weight)")
+    optimizer = get_megatron_optimizer(megatron_optimizer_config(cfg), chunks)
+    config = chunks[0].config
+    config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    config.grad_scale_func = optimizer.scale_loss
+    scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.training, num_rows)
+    return StudentModel(chunks, arch, hf_config, optimizer, scheduler)

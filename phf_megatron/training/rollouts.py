@@ -1,0 +1,150 @@
+"""The trainer's side of the rollout engine: sample for the whole step, push weights after it.
+
+One engine runs on global rank 0 (vLLM where installed, else transformers). Every rank knows
+the step's prompts (the sampler is deterministic and identical on all ranks); rank 0 samples
+completions for all of them and broadcasts the token ids, and each rank keeps its data-parallel
+slice. After each optimizer step the student's weights (LoRA merged into the base) are gathered
+tensor by tensor from the TP/PP shards of data-parallel replica 0, renamed to HF names by the
+conversion mapping and pushed into the running engine; a probe sequence scored by both sides
+verifies the push (``rollout.verify_sync``).
+
+Failures on rank 0 (engine start, a hung generate, a failed sync) are broadcast, so every rank
+raises ``RolloutFailure`` together and the loop can save a checkpoint before exiting.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..convert.live_model import iter_hf_weights
+from ..lora import merged_weight_selector
+from ..rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
+from .config import TrainConfig
+from .model_setup import StudentModel
+from .probe import megatron_logprobs
+
+#: run-config backend names -> rollout.factory backend names
+ENGINE_BACKENDS = {"auto": "auto", "vllm": "vllm", "transformers": "hf", "vllm_server": "vllm_server"}
+
+#: probe tolerance per engine dtype: fp32 engines match to ~1e-6, bf16 engines to a few 1e-2.
+PROBE_ATOL = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.05}
+
+
+class RolloutFailure(RuntimeError):
+    """The rollout engine failed on rank 0; raised on every rank."""
+
+
+def _broadcast(obj, src: int = 0):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+class RolloutDriver:
+    """Owns the engine (rank 0) and the collective protocol around it (all ranks)."""
+
+    def __init__(self, cfg: TrainConfig, student: StudentModel, engine_model_dir: str, eos_token_ids: tuple[int, ...]):
+        self.cfg = cfg
+        self.student = student
+        self.engine = None
+        self.eos_token_ids = eos_token_ids
+        self.last_sync_s: float | None = None
+        self.last_probe_diff: float | None = None
+        error = None
+        if dist.get_rank() == 0:
+            try:
+                r = cfg.rollout
+                self.engine = build_engine(EngineConfig(
+                    model_dir=engine_model_dir, backend=ENGINE_BACKENDS[r.backend], server_url=r.server_url,
+                    dtype=cfg.model.dtype, seed=cfg.training.seed,
+                    timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
+                    gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
+                    max_model_len=cfg.data.max_prompt_length + r.max_tokens))
+            except Exception as err:  # noqa: BLE001 - reported to every rank
+                error = f"rollout engine failed to start ({type(err).__name__}): {err}"
+        error = _broadcast(error)
+        if error:
+            raise RolloutFailure(error)
+
+    # ----------------------------------------------------------------- sampling
+
+    def sampling_params(self, step: int) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
+                              seed=self.cfg.training.seed * 1_000_003 + step, stop_token_ids=self.eos_token_ids)
+
+    def generate(self, prompts: list[list[int]], step: int) -> list[list[int]]:
+        """Completion token ids for every prompt of the step (``rollout.n`` per prompt, flattened)."""
+        result = None
+        if self.engine is not None:
+            try:
+                self._wake()
+                outs = self.engine.generate(prompts, self.sampling_params(step))
+                self._sleep()
+                result = [list(c.token_ids) for per_prompt in outs for c in per_prompt]
+            except Exception as err:  # noqa: BLE001
+                result = RolloutFailure(f"rollout generation failed at step {step} ({type(err).__name__}): {err}")
+        result = _broadcast(result)
+        if isinstance(result, RolloutFailure):
+            raise result
+        return result
+
+    # ----------------------------------------------------------------- weight sync
+
+    def _named_tensors(self):
+        """HF-named merged weights of the whole model (every rank of data-parallel replica 0 iterates)."""
+        from megatron.core import parallel_state as ps
+
+        pp_group = ps.get_pipeline_model_parallel_group()
+        select = merged_weight_selector(self.student.chunks)
+        for chunk in self.student.chunks:
+            yield from iter_hf_weights(chunk, self.student.arch, pp_group=pp_group, select=select,
+                                       dtype=torch.float32 if self.cfg.model.dtype == "float32" else None)
+
+    def _probe(self) -> SyncProbe | None:
+        if not self.cfg.rollout.verify_sync:
+            return None
+        prompt, completion = probe_token_ids(self.student.arch.vocab_size)
+        logprobs = megatron_logprobs(self.student, prompt, completion)
+        if logprobs is None:
+            return None
+        return SyncProbe(prompt, completion, logprobs, atol=PROBE_ATOL[self.cfg.model.dtype])
+
+    def sync(self) -> None:
+        """Push the student's current weights into the engine (collective over all ranks)."""
+        from megatron.core import parallel_state as ps
+
+        probe = self._probe()  # every rank takes part in the probe forward; rank 0 gets the values
+        error = None
+        if ps.get_data_parallel_rank() == 0:
+            stream = self._named_tensors()
+            if self.engine is not None:
+                try:
+                    self._wake()
+                    report = sync_weights(self.engine, stream, probe=probe)
+                    self._sleep()
+                    self.last_sync_s, self.last_probe_diff = report.seconds, report.probe_max_abs_diff
+                except Exception as err:  # noqa: BLE001
+                    error = f"weight sync failed ({type(err).__name__}): {err}"
+                    for _ in stream:  # keep the other ranks' collectives in step
+                        pass
+            else:
+                for _ in stream:
+                    pass
+        error = _broadcast(error)
+        if error:
+            raise RolloutFailure(error)
+
+    def _wake(self) -> None:
+        if self.cfg.rollout.enable_sleep_mode:
+            self.engine.wake()
+
+    def _sleep(self) -> None:
+        if self.cfg.rollout.enable_sleep_mode:
+            self.engine.sleep()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None

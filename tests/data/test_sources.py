@@ -1,0 +1,133 @@
+"""Math-set loading: per-row validation names file and 1-based line; skipping counts; readers."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from phf_megatron.data import BadRowError, FieldNames, MathRow, load_math_dataset, validate_row
+from tests.conftest import SHARED_DATA
+
+GOOD = {"problem": "What is 1+1?", "solution": "1+1=2, so \\boxed{2}.", "answer": "2"}
+
+
+def write_jsonl(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    return str(path)
+
+
+def test_good_rows_are_read_in_order_with_their_origin(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [GOOD, "", {**GOOD, "problem": "P2", "answer": 7}])
+    ds = load_math_dataset(path)
+    assert len(ds) == 2 and ds.skipped == 0
+    assert ds[0] == MathRow(GOOD["problem"], GOOD["solution"], "2", f"{path}:1")
+    assert ds[1].problem == "P2" and ds[1].answer == "7" and ds[1].origin == f"{path}:3"  # blank line 2 counted
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"solution": "s"}, "missing field 'problem'"),
+    ({"problem": "p"}, "missing field 'solution'"),
+    ({"problem": 3, "solution": "s"}, "field 'problem' must be a string"),
+    ({"problem": "  ", "solution": "s"}, "field 'problem' is empty"),
+    ({"problem": "p", "solution": "s", "answer": [1]}, "field 'answer' must be a string or a number"),
+    ({"problem": "p", "solution": "s", "answer": True}, "got bool"),
+    ([1, 2], "expected a JSON object"),
+    ("{not json", "invalid JSON"),
+])
+def test_bad_row_error_names_file_and_line(tmp_path, bad, reason):
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, bad, GOOD])
+    with pytest.raises(BadRowError) as err:
+        load_math_dataset(path)
+    assert str(err.value).startswith(f"{path}:4: ") and reason in str(err.value)
+
+
+def test_skip_bad_rows_counts_and_reports(tmp_path):
+    lines = [GOOD, {"problem": "p"}, "garbage", GOOD, {"problem": "", "solution": "s"}, GOOD]
+    path = write_jsonl(tmp_path / "train.jsonl", lines)
+    ds = load_math_dataset(path, skip_bad_rows=True)
+    assert len(ds) == 3 and ds.skipped == 3
+    assert [r.split(": ")[0] for r in ds.skipped_reasons] == [f"{path}:{i}" for i in (2, 3, 5)]
+    assert [r.origin for r in ds] == [f"{path}:{i}" for i in (1, 4, 6)]
+
+
+def test_all_rows_bad_is_an_error_even_when_skipping(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}, {"y": 2}])
+    with pytest.raises(BadRowError, match="no valid row.*skipped 2"):
+        load_math_dataset(path, skip_bad_rows=True)
+
+
+def test_custom_field_names():
+    row = validate_row({"question": "q", "reference": "r"}, "mem:1", FieldNames("question", "reference", None))
+    assert (row.problem, row.solution, row.answer) == ("q", "r", None)
+    with pytest.raises(ValueError, match="solution: the field name"):
+        FieldNames("problem", "problem")
+
+
+def test_directory_reads_split_files_in_sorted_order(tmp_path):
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "train-00001.jsonl", [{**GOOD, "problem": "B"}])
+    write_jsonl(tmp_path / "data" / "train-00000.jsonl", [{**GOOD, "problem": "A"}])
+    write_jsonl(tmp_path / "data" / "test-00000.jsonl", [{**GOOD, "problem": "T"}])
+    assert [r.problem for r in load_math_dataset(str(tmp_path))] == ["A", "B"]
+    assert [r.problem for r in load_math_dataset(str(tmp_path), split="test")] == ["T"]
+
+
+def test_missing_paths_and_unknown_suffixes_are_named(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_math_dataset(str(tmp_path / "nope.jsonl"))
+    other = tmp_path / "rows.csv"
+    other.write_text("problem,solution\n")
+    with pytest.raises(ValueError, match="rows.csv.*is not"):
+        load_math_dataset(str(other))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .jsonl/.parquet/.arrow"):
+        load_math_dataset(str(tmp_path / "empty"))
+
+
+def test_parquet_without_pyarrow_is_a_clear_error(tmp_path, monkeypatch):
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ImportError, match="reading Parquet .*needs the `pyarrow.parquet` package"):
+        load_math_dataset(str(path))
+
+
+def test_hf_name_without_datasets_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match="siyanzhao/Openthoughts_math_30k_opsd.*needs the `datasets` package"):
+        load_math_dataset("siyanzhao/Openthoughts_math_30k_opsd")
+
+
+def test_parquet_rows_name_file_and_row(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [GOOD, {"problem": "p", "solution": None, "answer": None}, GOOD]
+    path = str(tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2)
+    with pytest.raises(BadRowError, match=f"{path} row 2: field 'solution' must be a string"):
+        load_math_dataset(path)
+    ds = load_math_dataset(path, skip_bad_rows=True)
+    assert len(ds) == 2 and ds.skipped == 1 and ds[1].origin == f"{path} row 3"
+
+
+def test_hf_save_to_disk_directory(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    pa = pytest.importorskip("pyarrow")
+    table = datasets.table.InMemoryTable(pa.Table.from_pylist([GOOD, {**GOOD, "problem": "P2"}]))
+    datasets.Dataset(table, fingerprint="test").save_to_disk(str(tmp_path / "ds"))  # no dill hashing
+    ds = load_math_dataset(str(tmp_path / "ds"))
+    assert [r.problem for r in ds] == [GOOD["problem"], "P2"] and ds[1].origin.endswith("ds row 2")
+    # The shard itself is an Arrow IPC stream, readable without `datasets`.
+    shard = next(str(p) for p in (tmp_path / "ds").iterdir() if p.suffix == ".arrow")
+    assert [r.origin for r in load_math_dataset(shard)] == [f"{shard} row 1", f"{shard} row 2"]
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(SHARED_DATA, "train_math_small.jsonl")),
+                    reason="shared data not present")
+def test_shared_math_set_loads():
+    ds = load_math_dataset(os.path.join(SHARED_DATA, "train_math_small.jsonl"))
+    assert len(ds) == 399 and ds.skipped == 0 and all(r.answer for r in ds)

@@ -1,0 +1,98 @@
+"""The embedded toy task: deterministic splits, correct references, the grader, the sub-vocabulary."""
+
+import pytest
+
+from phf_megatron.data import (
+    PromptConfig,
+    SubVocab,
+    build_prompt_pair,
+    extract_boxed,
+    grade_toy,
+    make_toy_split,
+    toy_row,
+    toy_sub_vocab,
+    validate_row,
+)
+from phf_megatron.data.toy import cell_of, toy_response
+
+
+def test_split_is_deterministic_in_the_seed():
+    a, b, c = make_toy_split(0), make_toy_split(0), make_toy_split(1)
+    assert a == b
+    assert a.seen_cells != c.seen_cells and a.train != c.train
+
+
+def test_split_partitions_all_problems_and_cells():
+    split = make_toy_split(3, num_seen_cells=40, heldout_per_cell=2)
+    assert len(split.seen_cells) == 40 and split.seen_cells <= set(range(100))
+    train, heldout = set(split.train), set(split.heldout)
+    assert len(train) == len(split.train) and not train & heldout
+    assert train | heldout == {(a, b) for a in range(10, 100) for b in range(10, 100)}
+    assert sorted(cell_of(*p) for p in heldout) == sorted(list(range(100)) * 2)  # 2 per cell
+    assert all(split.is_seen(*p) for p in split.warmup_pairs())
+    assert len(split.warmup_pairs()) == 40 * 79
+    assert len(split.heldout_by_cell(True)) == 80 and len(split.heldout_by_cell(False)) == 120
+
+
+@pytest.mark.parametrize("a, b", [(37, 48), (10, 10), (99, 99), (42, 17)])
+def test_rows_are_valid_and_the_reference_holds_the_answer(a, b):
+    row = toy_row(a, b)
+    assert row.answer == str((a + b) % 10)
+    assert validate_row({"problem": row.problem, "solution": row.solution, "answer": row.answer}, "x") is not None
+    assert row.solution.endswith(toy_response(a, b)) and grade_toy(row.solution, row.answer)
+    assert row.problem == f"What is the last digit of {a} + {b}?"
+    assert toy_response(37, 48) == "7+8=15 \\boxed{5}" and toy_response(42, 17) == "2+7=09 \\boxed{9}"
+    with pytest.raises(ValueError, match="two-digit"):
+        toy_row(5, 48)
+
+
+def test_toy_prompts_have_a_fixed_token_layout(qwen3_tokenizer):
+    split = make_toy_split(0)
+    lengths = set()
+    for a, b in split.heldout[::37]:
+        row = toy_row(a, b)
+        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution, PromptConfig())
+        response = qwen3_tokenizer(toy_response(a, b), add_special_tokens=False)["input_ids"]
+        lengths.add((len(pair.student_ids), len(pair.teacher_ids), len(response)))
+    assert len(lengths) == 1
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("7+8=15 \\boxed{5}", "5"),
+    ("\\boxed{3} then \\boxed{ 4 }", "4"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{5", None),
+    ("no box", None),
+])
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_grade_toy():
+    assert grade_toy("7+8=15 \\boxed{5}", "5") and grade_toy("\\boxed{5}", 5)
+    assert not grade_toy("7+8=15 \\boxed{15}", "5")
+    assert not grade_toy("the answer is 5", "5")
+    assert not grade_toy("\\boxed{5} \\boxed{6}", "5")  # the last box counts
+
+
+def test_sub_vocab_round_trips_every_toy_prompt(qwen3_tokenizer):
+    split = make_toy_split(0)
+    probe = [build_prompt_pair(qwen3_tokenizer, r.problem, r.solution) for r in split.rows(split.heldout[:2])]
+    vocab = toy_sub_vocab(qwen3_tokenizer, [p.student_ids for p in probe] + [p.teacher_ids for p in probe])
+    assert len(vocab) < 100
+    for row in split.rows(split.train[::500]):
+        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution)
+        for ids in (pair.student_ids, pair.teacher_ids):
+            compact = vocab.encode(ids)
+            assert max(compact) < len(vocab) and vocab.decode(compact) == ids
+
+
+def test_sub_vocab_errors_name_the_id():
+    vocab = SubVocab([7, 3, 3, 151_668])
+    assert vocab.qwen_ids == [3, 7, 151_668] and vocab.encode([151_668, 3]) == [2, 0]
+    with pytest.raises(ValueError, match="token id 5 is not in this sub-vocabulary"):
+        vocab.encode([3, 5])
+    with pytest.raises(ValueError, match=r"compact_ids: 3 outside \[0, 3\)"):
+        vocab.decode([3])
+    with pytest.raises(ValueError, match="empty"):
+        SubVocab([])

@@ -1,0 +1,57 @@
+"""A tiny run directory for trainer tests: a random Qwen3 (full Qwen3 vocabulary, so the real
+tokenizer's ids fit) saved with the real tokenizer files, and a toy math JSONL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_tiny_hf(out_dir: str, seed: int = 0) -> str:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from phf_megatron.tokenizer import shipped_tokenizer_dir
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                      max_position_embeddings=1024, rope_theta=1e6)
+    Qwen3ForCausalLM(cfg).save_pretrained(out_dir)
+    src = shipped_tokenizer_dir()
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), out_dir)
+    return out_dir
+
+
+def make_toy_jsonl(path: str, rows: int = 16) -> str:
+    from phf_megatron.data.toy import toy_row
+
+    with open(path, "w") as f:
+        for a in range(10, 10 + rows):
+            r = toy_row(a, a + 7)
+            f.write(json.dumps({"problem": r.problem, "solution": r.solution, "answer": r.answer}) + "\n")
+    return path
+
+
+def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+    args = ["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), f"--model.hf_dir={hf_dir}",
+            f"--data.path={data}", f"--run_dir={run_dir}", "--logging.tensorboard=false",
+            "--logging.progress_bar=false", "--rollout.backend=transformers", "--rollout.max_tokens=12", *overrides]
+    launcher = [sys.executable, "-m", "phf_megatron.train"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "phf_megatron.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
