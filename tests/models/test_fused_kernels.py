@@ -42,16 +42,26 @@ def test_compiled_rmsnorm_and_rope_equal_eager_on_gpu(dtype):
     x = torch.randn(64, 2, 4, 128, device="cuda", dtype=dtype, requires_grad=True)
     w = (1 + 0.1 * torch.randn(128, device="cuda")).to(dtype).requires_grad_()
     freqs = torch.rand(64, 1, 1, 128, device="cuda") * 10
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2)
+    # fp32: compiled == eager to rounding. bf16: both are compared with the fp32 evaluation of the
+    # same inputs by relative norm error (a bf16 reduction, e.g. the norm-weight gradient summed
+    # over 512 rows, differs element-wise between any two bf16 implementations).
     for eager, compiled, args in ((fused._rms_norm, fused._compiled("rms_norm"), (x, w, 1e-6)),
                                   (fused._rope, fused.fused_rope_bshd, (x, freqs))):
-        want = eager(*args)
-        got = compiled(*args)
-        torch.testing.assert_close(got, want, **tol)
-        grad = torch.randn_like(want)
         inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
-        for a, b in zip(torch.autograd.grad(got, inputs, grad), torch.autograd.grad(want, inputs, grad)):
-            torch.testing.assert_close(a, b, **tol)
+        got = compiled(*args)
+        grad = torch.randn_like(got)
+        got_grads = torch.autograd.grad(got, inputs, grad)
+        if dtype == torch.float32:
+            want = eager(*args)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            for a, b in zip(got_grads, torch.autograd.grad(want, inputs, grad)):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            continue
+        args32 = [a.detach().float().requires_grad_(a.requires_grad) if torch.is_tensor(a) else a for a in args]
+        ref = eager(*args32)
+        ref_grads = torch.autograd.grad(ref, [a for a in args32 if torch.is_tensor(a) and a.requires_grad], grad.float())
+        for a, b in zip((got, *got_grads), (ref, *ref_grads)):
+            assert float((a.float() - b).norm() / b.norm()) <= 1e-2
 
 
 @pytest.mark.gpu

@@ -24,7 +24,7 @@ def _draws() -> torch.Tensor:
     outside = torch.randn(4, device="cuda")
     with get_cuda_rng_tracker().fork():
         inside = torch.randn(4, device="cuda")
-    return torch.cat([outside, inside, torch.rand(2)]).cpu()
+    return torch.cat([outside.cpu(), inside.cpu(), torch.rand(2)])
 
 
 def _worker(rank: int, port: int, root: str) -> None:
