@@ -4,7 +4,7 @@ A tiny Qwen3 (random init, compact sub-vocabulary of the real Qwen3 tokenizer) i
 on the toy task's ``seen`` cells (phf_megatron/data/toy.py), then trained with OPSD (+ PHF flow)
 on all cells from its own rollouts, the privileged teacher being a frozen or EMA copy that
 reads the reference. It prints and writes greedy no-reference / with-reference accuracy on
-held-out problems of ``seen`` and ``unseen`` cells. CPU, about 2-3 minutes:
+held-out problems of ``seen`` and ``unseen`` cells. Under 2.5 minutes on a quiet 2-core CPU:
 
     PYTHONPATH=. OMP_NUM_THREADS=2 python examples/toy_opsd_prototype.py --out /tmp/toy_run
 
@@ -41,6 +41,7 @@ def parse_args():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr-warmup", type=float, default=3e-3)
     p.add_argument("--lr-opsd", type=float, default=1e-3)
+    p.add_argument("--lr-ramp", type=int, default=10, help="linear learning-rate warm-up steps (each phase)")
     p.add_argument("--clip", type=float, default=None, help="JSD clip (paper 0.05); default none")
     p.add_argument("--alpha", type=float, default=0.05, help="flow weight; 0 = OPSD only")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -121,9 +122,15 @@ def evaluate(model, enc):
     return out
 
 
+def adamw(model, lr, ramp):
+    """AdamW with a linear ramp: a fresh Adam's first steps move every weight by ~lr."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, ramp)))
+
+
 def warmup(model, enc, args, log):
     """Supervised warm-up on seen cells: both prompt formats → the correct response."""
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr_warmup, weight_decay=0.0)
+    opt, schedule = adamw(model, args.lr_warmup, args.lr_ramp)
     pairs = enc.split.warmup_pairs()
     g = torch.Generator().manual_seed(args.seed)
     for step in range(args.warmup_steps):
@@ -138,8 +145,9 @@ def warmup(model, enc, args, log):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
         if step % 50 == 0 or step == args.warmup_steps - 1:
-            log({"phase": "warmup", "step": step, "loss": float(loss)})
+            log({"phase": "warmup", "step": step, "loss": loss.item()})
 
 
 def forward_rows(model, batch, side, window):
@@ -154,7 +162,7 @@ def opsd(model, enc, args, log):
     teacher = copy.deepcopy(model).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr_opsd, weight_decay=0.0)
+    opt, schedule = adamw(model, args.lr_opsd, args.lr_ramp)
     g = torch.Generator().manual_seed(args.seed + 1)
     train = enc.split.train
     for step in range(args.opsd_steps):
@@ -179,9 +187,10 @@ def opsd(model, enc, args, log):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
         if args.teacher == "ema":
             ema_update(teacher.parameters(), model.parameters(), args.ema_decay)
-        record = {"phase": "opsd", "step": step, "opsd": float(l_opsd), "flow": float(l_flow)}
+        record = {"phase": "opsd", "step": step, "opsd": l_opsd.item(), "flow": l_flow.item()}
         if step % args.eval_every == 0 or step == args.opsd_steps - 1:
             record.update(evaluate(model, enc))
         log(record)

@@ -15,13 +15,14 @@ Index conventions, for sample ``b`` with rollout ``y_0 .. y_{n_b - 1}`` (0-based
   the aligned ``[B, T, V]`` pair ``opsd_loss`` takes, with ``response_mask`` as its mask.
 
 The flow window (``phf_megatron.objectives.select_window(batch.response_mask)``) indexes the
-rollout axis ``t``; :meth:`DistillBatch.to_absolute` maps it to sequence positions on either side.
-Padding entries (``t >= n_b``) map to an in-range position of the same row and are masked out.
+rollout axis ``t``; :meth:`DistillBatch.to_absolute` maps it to sequence positions on either side
+(``kind="token"``: the residual stream at ``y_t`` itself, the paper's "hidden state at rollout
+position t"; ``kind="logit"``: the state that predicts ``y_t``). Padding entries (``t >= n_b``) map to an in-range position of the same row and are masked out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import torch
@@ -43,6 +44,9 @@ class DistillBatch:
     teacher_response_start: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+
+    def to(self, device) -> "DistillBatch":
+        return DistillBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     @property
     def response_lengths(self) -> torch.Tensor:

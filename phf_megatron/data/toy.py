@@ -23,8 +23,13 @@ copying it. The cells are split by a seed into ``seen`` and ``unseen`` halves:
 
 ``SubVocab`` maps the few Qwen3 ids this task uses (about a hundred) to a compact range, so a
 tiny model's embedding and output layer stay small on CPU; ids still come from the real
-tokenizer and map back exactly. The measured learning curve of a plain-transformers
-prototype is in ``docs/toy_task.md``.
+tokenizer and map back exactly.
+
+Measured with ``examples/toy_opsd_prototype.py`` (plain transformers, 2-layer hidden-64 Qwen3,
+random init, 2 CPU cores, under 2.5 minutes in all): no-reference accuracy on held-out
+``unseen`` problems goes 0.14 / 0.405 / 0.045 → 0.92 / 0.82 / 0.615 after 100 OPSD + PHF steps
+(seeds 0 / 1 / 2); with a teacher that does not see the reference it stays at 0.14; with the
+teacher logits shifted by one token it falls to 0. Details and caveats: ``docs/toy_task.md``.
 """
 
 from __future__ import annotations

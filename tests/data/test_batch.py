@@ -147,3 +147,10 @@ def test_bad_side_and_kind_are_named():
         batch.to_absolute(torch.zeros(2, 1, dtype=torch.long), "student")
     with pytest.raises(ValueError, match="per_position"):
         batch.gather_response(torch.zeros(1, 3, 5), "teacher")
+
+
+def test_to_moves_every_tensor():
+    batch = build_distill_batch([[1, 2]], [[1, 2, 3]], [[4, 5]], pad_id=0)
+    moved = batch.to("meta")
+    assert all(getattr(moved, f).device.type == "meta" and getattr(moved, f).shape == getattr(batch, f).shape
+               for f in batch.__dataclass_fields__)
