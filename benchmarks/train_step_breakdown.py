@@ -28,7 +28,7 @@ SHAPES = {
     "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
 }
-PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time_s")
+PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time")
 
 
 def make_model(out_dir: str, shape: str, dtype) -> str:
@@ -104,7 +104,7 @@ def main() -> None:
         for _ in range(args.steps):
             metrics = trainer.train_step()
             trainer.step += 1
-            steps.append({k: metrics[k] for k in PARTS + ("loss", "opsd", "flow", "rollout_tokens", "sync_probe_diff")
+            steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens", "sync_probe_diff")
                           if k in metrics})
             print(json.dumps(steps[-1]), flush=True)
         result["first_step"] = steps[0]

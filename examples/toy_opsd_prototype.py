@@ -24,7 +24,7 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from phf_megatron.data._tokenizer import load_qwen3_tokenizer
+from phf_megatron.tokenizer import load_qwen3_tokenizer
 from phf_megatron.data.batch import build_distill_batch
 from phf_megatron.data.prompts import PromptConfig, build_prompt_pair
 from phf_megatron.data.toy import grade_toy, make_toy_split, toy_response, toy_sub_vocab

@@ -1,7 +1,7 @@
 """Data for OPSD/PHF: math sets and row validation, a resumable sampler, the OPSD prompts,
 the student/teacher batch builder (rollout alignment), and an embedded toy task."""
 
-from ._tokenizer import load_qwen3_tokenizer
+from ..tokenizer import load_qwen3_tokenizer
 from .batch import DistillBatch, build_distill_batch
 from .prompts import (
     PromptConfig,

@@ -68,8 +68,9 @@ class Trainer:
         self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
         self.layout = RankLayout.from_parallel_state()
         self.step = 0
-        self.resumed_from = self._maybe_resume()
+        # The engine starts first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
+        self.resumed_from = self._maybe_resume()
         self.rollouts.sync()  # the engine starts from the HF files; push the (resumed) student and verify
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
@@ -144,7 +145,7 @@ class Trainer:
         if (self.step + 1) % cfg.rollout.sync_interval == 0:
             self.rollouts.sync()
         t3 = time.perf_counter()
-        metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, time_sync_s=t3 - t2, step_time_s=t3 - t0,
+        metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, time_sync_s=t3 - t2, step_time=t3 - t0,
                        rollout_tokens=sum(len(c) for c in completions) / max(len(completions), 1),
                        sync_probe_diff=self.rollouts.last_probe_diff)
         if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
@@ -162,7 +163,7 @@ class Trainer:
                 if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
                     self.metrics.log(self.step, metrics)
                 self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")),
-                                      step_time=metrics["step_time_s"])
+                                      step_time=metrics["step_time"])
                 if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                     self.save()
         except RolloutFailure:

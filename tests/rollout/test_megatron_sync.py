@@ -1,7 +1,8 @@
 """Megatron TP=2 shards (gloo) → HF names → rollout engine: tokens and logprobs equal the trainer's.
 
-Two ranks build the tiny Qwen3 in Megatron-Core at TP=2 from the HF checkpoint, then take a
-"training step" (seeded noise on every shard). Rank 0 owns a transformers-fallback engine
+Two ranks build the tiny Qwen3 in Megatron-Core at TP=2 from the HF checkpoint, add LoRA
+adapters, then take a "training step" (seeded noise on every base shard and non-zero adapters),
+so the stream is the LoRA-merged model (``lora.merged_weight_selector``), as in training. Rank 0 owns a transformers-fallback engine
 started from the *old* checkpoint and syncs it from ``iter_hf_weights`` — the tensor-by-tensor
 TP gather, streamed through ``sync_weights`` with the probe built from Megatron's own logits —
 while rank 1 drains the same generator (its gathers are collectives). The engine's greedy
@@ -52,23 +53,34 @@ def _train_and_sync(rank, world_size, model_dir):
             seed = sum(map(ord, global_name(model, name))) * 10 + (tp_rank if sharded else 0)
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)) * 0.05 * max(float(p.std()), 0.1))
 
+    from phf_megatron.lora import LoraConfig, apply_lora, merged_weight_selector
+    from phf_megatron.lora.inject import adapter_parameters
+
+    apply_lora(model, LoraConfig(r=4, alpha=8.0, dropout=0.0), seed=3)
+    with torch.no_grad():                      # trained adapters: B != 0 (same values on every TP rank if replicated)
+        for name, p in adapter_parameters(model):
+            sharded = getattr(p, "tensor_model_parallel", False)
+            seed = sum(map(ord, name)) * 10 + (tp_rank if sharded else 0)
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)) * 0.05)
+    select = merged_weight_selector([model])
+
     probe_prompt, probe_completion = probe_token_ids(QWEN3_TOKENIZER_SIZE)
     expected, _ = _megatron_logprobs(model, probe_prompt, probe_completion)
     out = {}
     if rank == 0:
         engine = HFEngine(model_dir, dtype="float32")
-        report = sync_weights(engine, iter_hf_weights(model, arch),
+        report = sync_weights(engine, iter_hf_weights(model, arch, select=select),
                               probe=SyncProbe(probe_prompt, probe_completion, expected, atol=ATOL))
         (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, ignore_eos=True))
         out.update(tensors=report.update.tensors, probe_diff=report.probe_max_abs_diff, tokens=c.token_ids,
                    logprobs=c.logprobs)
     else:
-        for _ in iter_hf_weights(model, arch):   # the gathers are collective: drain in lockstep
+        for _ in iter_hf_weights(model, arch, select=select):   # collective gathers: drain in lockstep
             pass
     tokens = [out.get("tokens")]
     dist.broadcast_object_list(tokens, src=0)
     ref, logits = _megatron_logprobs(model, PROMPT, tokens[0])
-    stream = list(iter_hf_weights(model, arch))   # for the parent's vLLM engine
+    stream = list(iter_hf_weights(model, arch, select=select))   # for the parent's vLLM engine
     if rank == 0:
         out.update(megatron_logprobs=ref, megatron_argmax=logits.argmax(-1).tolist(), stream=stream,
                    probe=(probe_prompt, probe_completion, expected))

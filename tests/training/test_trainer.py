@@ -36,7 +36,7 @@ def test_one_update_at_tp2_with_sp_equals_single_process(inputs, tmp_path):
     _ok(train(hf, data, str(tmp_path / "tp2"), *common, "--model.tensor_model_parallel_size=2",
               "--model.sequence_parallel=true", nproc=2))
     m1, m2 = read_metrics(str(tmp_path / "tp1"))[0], read_metrics(str(tmp_path / "tp2"))[0]
-    for key in ("loss", "opsd", "flow", "grad_norm"):
+    for key in ("loss", "loss_opsd", "loss_flow", "grad_norm"):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5), key
     assert m1["num_tokens"] == m2["num_tokens"] and m1["flow_samples"] == m2["flow_samples"]
     a1, a2 = _adapters(str(tmp_path / "tp1")), _adapters(str(tmp_path / "tp2"))
@@ -58,7 +58,7 @@ def test_resume_reproduces_the_straight_run(inputs, tmp_path):
     s, r = read_metrics(straight), read_metrics(resumed)
     assert [m["step"] for m in r] == [1, 2, 3, 4]
     for a, b in zip(s, r):
-        for key in ("loss", "opsd", "flow", "grad_norm", "lr"):
+        for key in ("loss", "loss_opsd", "loss_flow", "grad_norm", "lr"):
             assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (a["step"], key)
     for k, v in _adapters(straight).items():
         torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)

@@ -1,0 +1,53 @@
+"""The toy task's command line (used by ``examples/train_phf_tiny.sh``).
+
+    python -m phf_megatron.toy prepare --out runs/phf_tiny/toy          # warmed-up model + data
+    python -m phf_megatron.toy evaluate --hf-dir runs/phf_tiny/toy/hf \\
+        [--adapter runs/phf_tiny/export/peft_adapter] [--json OUT.json]  # held-out accuracy table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="build the warmed-up tiny model and the toy data")
+    prep.add_argument("--out", required=True)
+    prep.add_argument("--seed", type=int, default=0)
+    prep.add_argument("--warmup-steps", type=int, default=300)
+    ev = sub.add_parser("evaluate", help="greedy held-out accuracy, with and without the reference")
+    ev.add_argument("--hf-dir", required=True)
+    ev.add_argument("--adapter", default=None, help="a PEFT adapter directory to apply first")
+    ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare")
+    ev.add_argument("--json", default=None, help="also write the table here")
+    args = p.parse_args(argv)
+
+    from ..data.toy import make_toy_split
+
+    if args.command == "prepare":
+        from .model import prepare_toy
+
+        paths = prepare_toy(args.out, seed=args.seed, warmup_steps=args.warmup_steps,
+                            log=lambda r: print(json.dumps(r), flush=True))
+        print(json.dumps(paths))
+        return 0
+    for path in (args.hf_dir, args.adapter):
+        if path and not os.path.isdir(path):
+            p.error(f"{path}: not a directory")
+    from .evaluate import toy_report
+
+    report = toy_report(args.hf_dir, make_toy_split(args.seed), args.adapter)
+    print("held-out greedy accuracy:  " + "  ".join(f"{k} {v:.3f}" for k, v in report.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
