@@ -68,7 +68,10 @@ def run_harness(binary, s, t, valid, plan, variant, precision, weights, n_chunks
         blob += weights[key].float().reshape(-1)[: n * B].contiguous().numpy().tobytes()
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     src.write_bytes(blob)
-    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    # An in-process vLLM started earlier in the session puts its allocator into LD_PRELOAD, which
+    # ASan refuses to follow: run the harness without it.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["ASAN_OPTIONS"] = "detect_leaks=0"
     proc = subprocess.run([str(binary), str(src), str(dst)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = dst.read_bytes()

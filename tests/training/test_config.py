@@ -51,7 +51,7 @@ QWEN3_SHAPES = {  # num_layers, num_attention_heads, num_key_value_heads
 }
 
 #: What a paper-scale preset may change: where things run, not what is optimized.
-LAYOUT_KEYS = ("run_dir", "model.", "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
+LAYOUT_KEYS = ("run_dir", "model.", "rollout.backend", "rollout.gpu_memory_utilization", "rollout.tensor_parallel_size",
                "rollout.enable_sleep_mode", "training.micro_batch_size", "logging.tensorboard")
 
 

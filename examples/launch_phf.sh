@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Shared launcher of the Qwen3 examples: convert the HF checkpoint once, then torchrun the trainer.
+#
+#   CONFIG=configs/phf_qwen3_8b.yaml HF_MODEL=/models/Qwen3-8B bash examples/launch_phf.sh [--section.field=value ...]
+#
+# Environment: HF_MODEL (required: the HF Qwen3 directory), DATA (default: the official OPSD set on
+# the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (8),
+# MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
+# NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+: "${CONFIG:?set CONFIG to a configs/*.yaml file}"
+: "${HF_MODEL:?set HF_MODEL to the Hugging Face Qwen3 checkpoint directory}"
+DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
+RUN_DIR=${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)}
+NGPU=${NGPU:-8}
+MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
+[ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
+
+if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
+  python tools/convert/hf_to_mcore.py --hf-dir "$HF_MODEL" --out-dir "$MCORE_DIR" --dtype bf16
+fi
+LAUNCH=(torchrun --nproc-per-node "$NGPU")
+if [ "${NNODES:-1}" -gt 1 ]; then
+  LAUNCH+=(--nnodes "$NNODES" --node-rank "${NODE_RANK:?set NODE_RANK}" --master-addr "${MASTER_ADDR:?}" --master-port "${MASTER_PORT:-29500}")
+else
+  LAUNCH+=(--standalone)
+fi
+exec "${LAUNCH[@]}" -m phf_megatron.train --config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" \
+  --model.pretrained_checkpoint="$MCORE_DIR" --data.path="$DATA" "$@"

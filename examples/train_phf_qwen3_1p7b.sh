@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# PHF (OPSD + hidden flow) on Qwen3-1.7B (28 layers, hidden 2048): TP=1, DP=8.
+# One node of 8 x 80 GB GPUs, the paper's recipe (configs/phf_qwen3_1p7b.yaml: LoRA r=64/alpha=128,
+# AdamW 5e-6 cosine, grad clip 0.1, global batch 32, rollouts of 1024 tokens at T=1.1 / top-p
+# 0.95 / top-k 20, alpha=0.05, rho=0.999, |W|=128, stop at step 100).
+#
+#   HF_MODEL=/models/Qwen3-1.7B [DATA=...] [RUN_DIR=...] bash examples/train_phf_qwen3_1p7b.sh [--section.field=value ...]
+#   e.g. an ablation:  ... bash examples/train_phf_qwen3_1p7b.sh --ablation=local_only
+set -euo pipefail
+CONFIG=configs/phf_qwen3_1p7b.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" "$@"
