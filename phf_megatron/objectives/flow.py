@@ -38,7 +38,7 @@ def transitions(h: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, tor
 def unit_directions(delta: torch.Tensor, transition_valid: torch.Tensor, eps: float) -> torch.Tensor:
     """Eq. (d): ``d_{l,i} = Δh_{l,i} / (||Δh_{l,i}||_2 + eps)``; rows of invalid transitions are 0.
 
-    ``Δh = 0`` (a repeated state) gives ``d = 0`` and a zero, finite gradient.
+    ``Δh = 0`` (a repeated state) gives ``d = 0`` and a finite gradient (``(1/eps) dL/dd``; no NaN).
     """
     d = delta / (torch.linalg.vector_norm(delta, dim=-1, keepdim=True) + eps)
     return torch.where(transition_valid[None, :, :, None], d, torch.zeros_like(d))

@@ -169,7 +169,8 @@ class Trainer:
         except RolloutFailure:
             self.save()  # nothing lost: the next run resumes from here
             raise
-        if cfg.training.train_iters % max(cfg.checkpoint.save_interval or 0, 1) or not cfg.checkpoint.save_interval:
+        interval = cfg.checkpoint.save_interval
+        if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
             self.save()
         self.export()
 
