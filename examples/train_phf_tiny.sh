@@ -16,6 +16,7 @@ bash scripts/setup_env.sh
 # shellcheck disable=SC1091
 . "${PHF_VENV:-.venv}/bin/activate"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}   # keep the progress bar readable
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 RUN=${RUN_DIR:-runs/phf_tiny}
 TOY=$RUN/toy
