@@ -29,6 +29,7 @@ from phf_megatron.data.batch import build_distill_batch
 from phf_megatron.data.prompts import PromptConfig, build_prompt_pair
 from phf_megatron.data.toy import grade_toy, make_toy_split, toy_response, toy_sub_vocab
 from phf_megatron.objectives import ema_update, hidden_flow_loss, opsd_loss, select_window
+from phf_megatron.toy.model import ramped_adamw, supervised_step
 
 
 def parse_args():
@@ -122,32 +123,17 @@ def evaluate(model, enc):
     return out
 
 
-def adamw(model, lr, ramp):
-    """AdamW with a linear ramp: a fresh Adam's first steps move every weight by ~lr."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, ramp)))
-
-
 def warmup(model, enc, args, log):
     """Supervised warm-up on seen cells: both prompt formats → the correct response."""
-    opt, schedule = adamw(model, args.lr_warmup, args.lr_ramp)
+    opt, schedule = ramped_adamw(model, args.lr_warmup, args.lr_ramp)
     pairs = enc.split.warmup_pairs()
     g = torch.Generator().manual_seed(args.seed)
     for step in range(args.warmup_steps):
         idx = torch.randint(len(pairs), (args.batch,), generator=g).tolist()
         s, t, y = zip(*(enc.prompts(*pairs[i]) for i in idx))
-        batch = build_distill_batch(s, t, y, pad_id=enc.pad)
-        loss = 0.0
-        for side in ("student", "teacher"):
-            logits = model(batch.input_ids(side), attention_mask=batch.attention_mask(side).long()).logits
-            loss = loss + torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), batch.shifted_labels(side).flatten(), ignore_index=-100) / 2
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        schedule.step()
+        loss = supervised_step(model, opt, schedule, build_distill_batch(s, t, y, pad_id=enc.pad))
         if step % 50 == 0 or step == args.warmup_steps - 1:
-            log({"phase": "warmup", "step": step, "loss": loss.item()})
+            log({"phase": "warmup", "step": step, "loss": loss})
 
 
 def forward_rows(model, batch, side, window):
@@ -162,7 +148,7 @@ def opsd(model, enc, args, log):
     teacher = copy.deepcopy(model).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    opt, schedule = adamw(model, args.lr_opsd, args.lr_ramp)
+    opt, schedule = ramped_adamw(model, args.lr_opsd, args.lr_ramp)
     g = torch.Generator().manual_seed(args.seed + 1)
     train = enc.split.train
     for step in range(args.opsd_steps):

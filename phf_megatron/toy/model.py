@@ -75,6 +75,26 @@ def make_toy_model(hf_dir: str, split: ToySplit, cfg: ToyModelConfig, prompt_con
     model.save_pretrained(hf_dir)
 
 
+def ramped_adamw(model, lr: float, ramp: int):
+    """AdamW with a linear learning-rate ramp: a fresh Adam's first steps move every weight by ~lr."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, ramp)))
+
+
+def supervised_step(model, opt, schedule, batch) -> float:
+    """One warm-up step: cross-entropy of the correct response after both prompts (student, teacher)."""
+    loss = 0.0
+    for side in ("student", "teacher"):
+        logits = model(batch.input_ids(side), attention_mask=batch.attention_mask(side).long()).logits
+        loss = loss + torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), batch.shifted_labels(side).flatten(), ignore_index=-100) / 2
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    schedule.step()
+    return loss.item()
+
+
 def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps: int = 300, batch: int = 64,
             lr: float = 3e-3, ramp: int = 10, seed: int = 0, log=print) -> None:
     """Supervised warm-up on ``seen`` cells, both prompt formats → the correct response; saved in place."""
@@ -93,23 +113,13 @@ def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps:
             memo[(a, b)] = (pp.student_ids, pp.teacher_ids, tok(toy_response(a, b), add_special_tokens=False)["input_ids"] + [eos])
         return memo[(a, b)]
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, ramp)))
+    opt, schedule = ramped_adamw(model, lr, ramp)
     rng = random.Random(seed)
     for step in range(steps):
         s, t, y = zip(*(encoded(*pairs[rng.randrange(len(pairs))]) for _ in range(batch)))
-        db = build_distill_batch(s, t, y, pad_id=tok.pad_token_id)
-        loss = 0.0
-        for side in ("student", "teacher"):
-            logits = model(db.input_ids(side), attention_mask=db.attention_mask(side).long()).logits
-            loss = loss + torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), db.shifted_labels(side).flatten(), ignore_index=-100) / 2
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        schedule.step()
+        loss = supervised_step(model, opt, schedule, build_distill_batch(s, t, y, pad_id=tok.pad_token_id))
         if step % 50 == 0 or step == steps - 1:
-            log({"phase": "warmup", "step": step, "loss": round(loss.item(), 5)})
+            log({"phase": "warmup", "step": step, "loss": round(loss, 5)})
     model.save_pretrained(hf_dir)
 
 
