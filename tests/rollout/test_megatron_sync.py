@@ -6,19 +6,20 @@ so the stream is the LoRA-merged model (``lora.merged_weight_selector``), as in 
 started from the *old* checkpoint and syncs it from ``iter_hf_weights`` — the tensor-by-tensor
 TP gather, streamed through ``sync_weights`` with the probe built from Megatron's own logits —
 while rank 1 drains the same generator (its gathers are collectives). The engine's greedy
-tokens must be Megatron's argmax and its logprobs Megatron's (fp32, 1e-4). Rank 0 also returns
-the gathered stream, which the parent pushes into a vLLM engine (vLLM cannot start inside a
-rank that already holds a 2-rank process group) for the same checks.
+tokens must be Megatron's argmax and its logprobs Megatron's (fp32, 1e-4). Rank 0 then does the
+same with a vLLM engine started inside the 2-rank world, as the trainer's rank 0 does under
+torchrun (vLLM's engine process is spawned there: in process it would join the ranks' default
+group and hang).
 """
 
 import pytest
 import torch
 
-from phf_megatron.rollout import SamplingParams, SyncProbe, probe_token_ids, sync_weights
+from phf_megatron.rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
 from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE
 
 from ..models.spawn import megatron_layout, run_ranks
-from .conftest import HAS_VLLM, start_engine
+from .conftest import HAS_VLLM
 
 ATOL = 1e-4
 PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
@@ -31,7 +32,7 @@ def _megatron_logprobs(model, prompt, completion):
     return torch.log_softmax(logits.double(), -1).gather(-1, ids[0, len(prompt):, None])[:, 0].tolist(), logits
 
 
-def _train_and_sync(rank, world_size, model_dir):
+def _train_and_sync(rank, world_size, model_dir, with_vllm):
     import torch.distributed as dist
     from megatron.core import parallel_state
     from transformers import AutoModelForCausalLM
@@ -39,7 +40,6 @@ def _train_and_sync(rank, world_size, model_dir):
     from phf_megatron.convert.live_model import global_name, iter_hf_weights, load_hf_weights
     from phf_megatron.convert.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model
-    from phf_megatron.rollout.hf_engine import HFEngine
 
     megatron_layout(2, 1)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -67,49 +67,48 @@ def _train_and_sync(rank, world_size, model_dir):
     probe_prompt, probe_completion = probe_token_ids(QWEN3_TOKENIZER_SIZE)
     expected, _ = _megatron_logprobs(model, probe_prompt, probe_completion)
     out = {}
-    if rank == 0:
-        engine = HFEngine(model_dir, dtype="float32")
-        report = sync_weights(engine, iter_hf_weights(model, arch, select=select),
-                              probe=SyncProbe(probe_prompt, probe_completion, expected, atol=ATOL))
-        (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, ignore_eos=True))
-        out.update(tensors=report.update.tensors, probe_diff=report.probe_max_abs_diff, tokens=c.token_ids,
-                   logprobs=c.logprobs)
-    else:
-        for _ in iter_hf_weights(model, arch, select=select):   # collective gathers: drain in lockstep
-            pass
-    tokens = [out.get("tokens")]
+    for backend in ("hf", "vllm") if with_vllm else ("hf",):
+        if rank == 0:
+            engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype="float32"))
+            try:
+                report = sync_weights(engine, iter_hf_weights(model, arch, select=select),
+                                      probe=SyncProbe(probe_prompt, probe_completion, expected, atol=ATOL))
+                (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True,
+                                                                 ignore_eos=True))
+            finally:
+                engine.close()
+            out[backend] = dict(tensors=report.update.tensors, probe_diff=report.probe_max_abs_diff,
+                                tokens=c.token_ids, logprobs=c.logprobs)
+        else:
+            for _ in iter_hf_weights(model, arch, select=select):   # collective gathers: drain in lockstep
+                pass
+    tokens = [{k: v["tokens"] for k, v in out.items()}]
     dist.broadcast_object_list(tokens, src=0)
-    ref, logits = _megatron_logprobs(model, PROMPT, tokens[0])
-    stream = list(iter_hf_weights(model, arch, select=select))   # for the parent's vLLM engine
-    if rank == 0:
-        out.update(megatron_logprobs=ref, megatron_argmax=logits.argmax(-1).tolist(), stream=stream,
-                   probe=(probe_prompt, probe_completion, expected))
+    for backend, toks in tokens[0].items():
+        ref, logits = _megatron_logprobs(model, PROMPT, toks)
+        if rank == 0:
+            out[backend].update(megatron_logprobs=ref, megatron_argmax=logits.argmax(-1).tolist())
     return out
+
+
+def _check(result):
+    assert result["tensors"] == 25 and result["probe_diff"] <= ATOL
+    assert result["tokens"] == result["megatron_argmax"]
+    torch.testing.assert_close(torch.tensor(result["logprobs"]), torch.tensor(result["megatron_logprobs"],
+                                                                                dtype=torch.float32), atol=ATOL, rtol=0)
 
 
 @pytest.fixture(scope="module")
 def synced(tiny_dir):
     pytest.importorskip("phf_megatron.convert.live_model")
-    return run_ranks(_train_and_sync, 2, tiny_dir)[0]
+    return run_ranks(_train_and_sync, 2, tiny_dir, HAS_VLLM)[0]
 
 
 def test_tp2_megatron_stream_syncs_the_fallback_engine(synced):
-    assert synced["tensors"] == 25 and synced["probe_diff"] <= ATOL
-    assert synced["tokens"] == synced["megatron_argmax"]
-    torch.testing.assert_close(torch.tensor(synced["logprobs"]), torch.tensor(synced["megatron_logprobs"],
-                                                                                dtype=torch.float32), atol=ATOL, rtol=0)
+    _check(synced["hf"])
 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
-def test_tp2_megatron_stream_syncs_vllm(synced, tiny_dir):
-    engine = start_engine("vllm", tiny_dir)
-    try:
-        prompt, completion, expected = synced["probe"]
-        sync_weights(engine, synced["stream"], probe=SyncProbe(prompt, completion, expected, atol=ATOL))
-        (c,), = engine.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8, logprobs=True, ignore_eos=True))
-    finally:
-        engine.close()
-    assert c.token_ids == synced["tokens"]
-    torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(synced["megatron_logprobs"], dtype=torch.float32),
-                               atol=ATOL, rtol=0)
+def test_tp2_megatron_stream_syncs_vllm_started_inside_the_rank_group(synced):
+    _check(synced["vllm"])

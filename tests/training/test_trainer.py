@@ -73,3 +73,19 @@ def test_rollout_failure_saves_a_checkpoint_first(inputs, tmp_path):
     assert proc.returncode != 0
     assert "RolloutFailure" in proc.stderr and "GenerationTimeoutError" in proc.stderr
     assert open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")).read().strip() == "0"
+
+
+@pytest.mark.vllm
+def test_tp2_run_under_torchrun_with_vllm_on_rank0(inputs, tmp_path):
+    """vLLM started by rank 0 of a torchrun world (its engine process spawned), synced from the
+    TP=2 shards every step and verified by the probe against the trainer's logits."""
+    pytest.importorskip("vllm")
+    hf, data = inputs
+    run = str(tmp_path / "tp2_vllm")
+    _ok(train(hf, data, run, "--training.train_iters=2", "--checkpoint.save_interval=0",
+              "--model.tensor_model_parallel_size=2", "--model.sequence_parallel=true", "--rollout.backend=vllm",
+              nproc=2))
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:   # fp32 engine and trainer: the probe's logprobs agree after every sync
+        assert m["sync_probe_diff"] is not None and m["sync_probe_diff"] <= 1e-4, m
