@@ -18,6 +18,7 @@ MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 [ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
 
 if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
+  mkdir -p "$(dirname "$MCORE_DIR")"
   python tools/convert/hf_to_mcore.py --hf-dir "$HF_MODEL" --out-dir "$MCORE_DIR" --dtype bf16
 fi
 LAUNCH=(torchrun --nproc-per-node "$NGPU")

@@ -28,7 +28,6 @@ small machines).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 
 import torch
@@ -38,8 +37,6 @@ from .errors import EngineStartError
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
-_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
-                   "vllm.model_executor.model_loader.reload.inplace")
 
 
 def vllm_available() -> bool:
@@ -107,24 +104,17 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ weights
     def _load_bucket(self, bucket):
-        quiet = [logging.getLogger(n) for n in _RELOAD_LOGGERS]
-        levels = [lg.level for lg in quiet]
-        for lg in quiet:   # a partial reload warns once per untouched layer; that is expected here
-            lg.setLevel(logging.ERROR)
+        from .vllm_worker import quiet_partial_reload_warnings, tensor_to_bytes
         self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
-        try:
-            if self.in_process:
+        if self.in_process:
+            with quiet_partial_reload_warnings():
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
-            elif bucket[0][1].is_cuda:
-                from torch.multiprocessing.reductions import reduce_tensor
-                handles = [(name, reduce_tensor(t.detach().contiguous())) for name, t in bucket]
-                self.llm.collective_rpc("phf_reload_from_ipc", args=(handles,))
-            else:
-                from .vllm_worker import tensor_to_bytes
-                self.llm.collective_rpc("phf_reload_from_bytes", args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
-        finally:
-            for lg, level in zip(quiet, levels):
-                lg.setLevel(level)
+        elif bucket[0][1].is_cuda:
+            from torch.multiprocessing.reductions import reduce_tensor
+            handles = [(name, reduce_tensor(t.detach().contiguous())) for name, t in bucket]
+            self.llm.collective_rpc("phf_reload_from_ipc", args=(handles,))
+        else:
+            self.llm.collective_rpc("phf_reload_from_bytes", args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
 
     def _after_update(self):
         if self._embedding_reloaded:

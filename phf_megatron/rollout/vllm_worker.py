@@ -14,7 +14,27 @@ available to this project's tests (the GPU image has no vLLM), so the IPC path n
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
+
+_RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
+                   "vllm.model_executor.model_loader.reload.inplace")
+
+
+@contextlib.contextmanager
+def quiet_partial_reload_warnings():
+    """A partial reload warns once per untouched module (tied head, rotary); expected here."""
+    loggers = [logging.getLogger(n) for n in _RELOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def refresh_tied_lm_head(worker) -> None:
@@ -47,7 +67,8 @@ class WeightSyncWorkerExtension:
     def phf_reload_from_bytes(self, items):
         """Load one bucket given as ``[(hf_name, dtype, shape, bytes), ...]`` (CPU tensors)."""
         tensors = [(name, tensor_from_bytes(dtype, shape, data)) for name, dtype, shape, data in items]
-        self.model_runner.reload_weights(weights_iterator=tensors)
+        with quiet_partial_reload_warnings():
+            self.model_runner.reload_weights(weights_iterator=tensors)
 
     def phf_refresh_tied_lm_head(self):
         refresh_tied_lm_head(self)
@@ -55,5 +76,6 @@ class WeightSyncWorkerExtension:
     def phf_reload_from_ipc(self, handles):
         """Load one bucket given as ``[(hf_name, (rebuild_fn, rebuild_args)), ...]``."""
         tensors = [(name, rebuild(*args)) for name, (rebuild, args) in handles]
-        self.model_runner.reload_weights(weights_iterator=tensors)
+        with quiet_partial_reload_warnings():
+            self.model_runner.reload_weights(weights_iterator=tensors)
         del tensors

@@ -52,6 +52,11 @@ def read_hf_config(cfg: TrainConfig):
         raise ValueError("model.hf_dir: set it (or model.pretrained_checkpoint) to the base model to train")
     if getattr(hf_config, "model_type", None) != "qwen3":
         raise ValueError(f"model.hf_dir: model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
+    if longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
+        raise ValueError(f"data.max_prompt_length + rollout.max_tokens = {cfg.data.max_prompt_length} + "
+                         f"{cfg.rollout.max_tokens} = {longest} exceeds the model's max_position_embeddings "
+                         f"({hf_config.max_position_embeddings}); lower data.max_prompt_length")
     return hf_config
 
 
@@ -84,6 +89,27 @@ def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:
     load_hf_weights(chunk, HFCheckpoint(cfg.model.hf_dir).get, arch)
 
 
+def _let_recompute_reach_the_adapters(model) -> None:
+    """Make the embedding's output require grad when the embedding is frozen (LoRA).
+
+    Megatron's full recompute wraps layers in a reentrant checkpoint Function: when none of its
+    tensor inputs requires grad, its output does not either, and backward never enters it. With a
+    frozen base the first stage's layer input is such a tensor, so every adapter would get a zero
+    gradient (found by running the 1.7B example config on CPU: grad norm 0.0). Later pipeline
+    stages receive inputs that require grad already.
+    """
+    embedding = getattr(model, "embedding", None)
+    if embedding is None or any(p.requires_grad for p in embedding.parameters()):
+        return
+
+    def require_grad(module, inputs, output):
+        if torch.is_grad_enabled() and not output.requires_grad:
+            output.requires_grad_(True)
+        return output
+
+    embedding.register_forward_hook(require_grad)
+
+
 def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
     """The student of this rank, ready to train (a collective over the model-parallel group).
 
@@ -111,6 +137,8 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
         _load_base_weights(model, cfg, arch)
         if lora.enabled:
             apply_lora(model, lora, seed=cfg.training.seed)
+        if cfg.model.recompute_granularity == "full":
+            _let_recompute_reach_the_adapters(model)
         if torch.cuda.is_available():
             model.cuda()
         model.config.finalize_model_grads_func = finalize_model_grads

@@ -186,6 +186,20 @@ def test_parallel_layout_checks_name_the_flag():
         TrainConfig().require_inputs()
 
 
+def test_sequence_budget_beyond_the_models_positions_names_the_flags(tmp_path):
+    from transformers import Qwen3Config
+
+    from phf_megatron.training.model_setup import read_hf_config
+
+    Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, vocab_size=128, max_position_embeddings=1024).save_pretrained(tmp_path)
+    base = [f"--model.hf_dir={tmp_path}", "--rollout.max_tokens=24"]
+    with pytest.raises(ValueError, match=r"data.max_prompt_length \+ rollout.max_tokens = 20000 \+ 24 = 20024 "
+                                         r"exceeds the model's max_position_embeddings \(1024\)"):
+        read_hf_config(load_config(argv=base))
+    assert read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000"])).max_position_embeddings == 1024
+
+
 @pytest.mark.parametrize("name, variant", [
     ("opsd_only", "none"), ("local_only", "local"), ("direction_only", "direction"),
     ("geometry_only", "geometry"), ("pointwise_mse", "pointwise_mse"),

@@ -48,6 +48,22 @@ def test_one_update_at_tp2_with_sp_equals_single_process(inputs, tmp_path):
     assert moved > 0
 
 
+def test_full_recompute_gives_the_same_update_to_the_adapters(inputs, tmp_path):
+    """Full activation recompute with a frozen base (LoRA) must not cut the adapters' gradient."""
+    hf, data = inputs
+    common = ("--training.train_iters=2", "--checkpoint.save_interval=0", LR, "--optimizer.adam_eps=1e-4")
+    _ok(train(hf, data, str(tmp_path / "plain"), *common))
+    _ok(train(hf, data, str(tmp_path / "recompute"), *common, "--model.recompute_granularity=full",
+              "--model.recompute_method=uniform", "--model.recompute_num_layers=1"))
+    plain, recompute = read_metrics(str(tmp_path / "plain")), read_metrics(str(tmp_path / "recompute"))
+    for a, b in zip(plain, recompute):
+        assert a["grad_norm"] > 0
+        for key in ("loss", "loss_opsd", "loss_flow", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6), (a["step"], key)
+    for k, v in _adapters(str(tmp_path / "plain")).items():
+        torch.testing.assert_close(_adapters(str(tmp_path / "recompute"))[k], v, rtol=0, atol=1e-7)
+
+
 def test_resume_reproduces_the_straight_run(inputs, tmp_path):
     hf, data = inputs
     common = ("--training.train_iters=4", "--checkpoint.save_interval=2", LR)
@@ -69,7 +85,8 @@ def test_rollout_failure_saves_a_checkpoint_first(inputs, tmp_path):
     run = str(tmp_path / "fail")
     # the probe after the initial sync (24 tokens) fits in the timeout; a 600-token generate does not
     proc = train(hf, data, run, "--training.train_iters=3", "--checkpoint.save_interval=0",
-                 "--rollout.timeout_s=0.5", "--rollout.max_tokens=600", "--rollout.top_k=0")
+                 "--rollout.timeout_s=0.5", "--rollout.max_tokens=600", "--rollout.top_k=0",
+                 "--data.max_prompt_length=400")
     assert proc.returncode != 0
     assert "RolloutFailure" in proc.stderr and "GenerationTimeoutError" in proc.stderr
     assert open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")).read().strip() == "0"
