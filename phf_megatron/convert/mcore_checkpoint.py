@@ -43,8 +43,20 @@ def write_metadata(ckpt_dir: str, *, hf_config: dict, dtype: str, saved_layout: 
         json.dump(meta, f, indent=2, sort_keys=True)
 
 
+def training_checkpoint_error(ckpt_dir: str) -> ValueError | None:
+    """An error naming the way out when ``ckpt_dir`` is a trainer checkpoint, not a model (else None)."""
+    if os.path.isfile(os.path.join(ckpt_dir, METADATA_FILE)) or not os.path.isfile(os.path.join(ckpt_dir, "meta.json")):
+        return None
+    run = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir)))
+    return ValueError(f"{ckpt_dir!r} is a training checkpoint of phf_megatron.train (optimizer, EMA, adapters), "
+                      f"not a model: use the run's export, --model <base HF dir> --adapter "
+                      f"{os.path.join(run, 'export', 'peft_adapter')}")
+
+
 def read_metadata(ckpt_dir: str) -> dict:
     path = os.path.join(ckpt_dir, METADATA_FILE)
+    if (error := training_checkpoint_error(ckpt_dir)) is not None:
+        raise error
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mcore-dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
                                 " pass --hf-config to export it)")

@@ -96,6 +96,10 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
 
     if not os.path.isdir(mcore_dir):
         raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
+    from ..convert.mcore_checkpoint import training_checkpoint_error
+
+    if (error := training_checkpoint_error(mcore_dir)) is not None:
+        raise error
     final = os.path.join(run_dir, "converted_model")
     marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
     if _reusable(final, marker):

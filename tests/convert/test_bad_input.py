@@ -97,6 +97,12 @@ def test_mcore_dir_without_metadata(tmp_path):
     with pytest.raises(FileNotFoundError, match="phf_megatron.json"):
         convert_mcore_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
     assert not os.path.exists(tmp_path / "out")
+    training = tmp_path / "run" / "checkpoints" / "iter_0000004"   # phf_megatron.train's checkpoint
+    training.mkdir(parents=True)
+    (training / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"training checkpoint .* --adapter .*run/export/peft_adapter"):
+        convert_mcore_to_hf(str(training), str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -165,6 +165,11 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, s
         (tmp_path / "not_mcore").mkdir()
         run_eval(_config(tmp_path, None, shared_data, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
                          **kw))
+    training_ckpt = tmp_path / "run" / "checkpoints" / "iter_0000002"    # what phf_megatron.train writes
+    training_ckpt.mkdir(parents=True)
+    (training_ckpt / "meta.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"training checkpoint of phf_megatron.train .* --adapter .*run/export/peft_adapter"):
+        run_eval(_config(tmp_path, None, shared_data, name="train_ckpt", megatron_checkpoint=str(training_ckpt), **kw))
 
 
 def _cli():
