@@ -52,6 +52,12 @@ def read_hf_config(cfg: TrainConfig):
         raise ValueError("model.hf_dir: set it (or model.pretrained_checkpoint) to the base model to train")
     if getattr(hf_config, "model_type", None) != "qwen3":
         raise ValueError(f"model.hf_dir: model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
+    if cfg.objective.uses_flow:   # fail before building anything, naming the flag
+        from ..objectives.flow import LayerPlan
+        try:
+            LayerPlan.build(hf_config.num_hidden_layers, cfg.objective.flow_variant, cfg.objective.flow_layers)
+        except ValueError as exc:
+            raise ValueError(f"objective.flow_layers: {exc}") from exc
     longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
     if longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
         raise ValueError(f"data.max_prompt_length + rollout.max_tokens = {cfg.data.max_prompt_length} + "

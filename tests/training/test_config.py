@@ -186,7 +186,7 @@ def test_parallel_layout_checks_name_the_flag():
         TrainConfig().require_inputs()
 
 
-def test_sequence_budget_beyond_the_models_positions_names_the_flags(tmp_path):
+def test_model_dependent_settings_are_checked_against_the_hf_config(tmp_path):
     from transformers import Qwen3Config
 
     from phf_megatron.training.model_setup import read_hf_config
@@ -198,6 +198,12 @@ def test_sequence_budget_beyond_the_models_positions_names_the_flags(tmp_path):
                                          r"exceeds the model's max_position_embeddings \(1024\)"):
         read_hf_config(load_config(argv=base))
     assert read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000"])).max_position_embeddings == 1024
+    with pytest.raises(ValueError, match=r"objective.flow_layers: .*needs at least one pair of neighbouring layers"):
+        read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
+                                         "--objective.flow_layers=1"]))
+    with pytest.raises(ValueError, match=r"objective.flow_layers: "):
+        read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
+                                         "--objective.flow_layers=0,5"]))   # the model has 2 layers
 
 
 @pytest.mark.parametrize("name, variant", [
