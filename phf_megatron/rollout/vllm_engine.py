@@ -74,23 +74,19 @@ class VLLMEngine(RolloutEngine):
         kwargs = dict(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       tensor_parallel_size=tensor_parallel_size,
                       enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-                      distributed_executor_backend="uni" if self.in_process else "mp")
+                      distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp")
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         else:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes or (256 << 20)
-        if not self.in_process:
-            kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
-            if tensor_parallel_size == 1:
-                kwargs["distributed_executor_backend"] = "uni"   # one worker inside the engine process
-        kwargs.update(llm_kwargs)
-        # in process: the engine core lives here so reload_weights gets our tensors; otherwise
-        # spawned (a forked child would inherit the torch.distributed state), and IPC handles
-        # (pickled rebuild functions) may cross vLLM's RPC channel to our own child.
+        # In process, the engine core lives here so reload_weights gets our tensors. Otherwise it is
+        # spawned (a forked child would inherit the torch.distributed state), refits go through the
+        # worker extension, and IPC handles (pickled rebuild functions) cross vLLM's RPC channel.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         if not self.in_process:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
+            os.environ.update(VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+        kwargs.update(llm_kwargs)
         self.sleeping = False
         self.sleep_supported = on_gpu and enable_sleep_mode
         try:

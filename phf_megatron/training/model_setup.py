@@ -52,7 +52,14 @@ def read_hf_config(cfg: TrainConfig):
         raise ValueError("model.hf_dir: set it (or model.pretrained_checkpoint) to the base model to train")
     if getattr(hf_config, "model_type", None) != "qwen3":
         raise ValueError(f"model.hf_dir: model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
-    if cfg.objective.uses_flow:   # fail before building anything, naming the flag
+    return hf_config
+
+
+def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
+    """Settings that depend on the model, checked before anything is built (errors name the flag)."""
+    cfg.model.check_model_shape(hf_config.num_hidden_layers, hf_config.num_attention_heads,
+                                hf_config.num_key_value_heads)
+    if cfg.objective.uses_flow:
         from ..objectives.flow import LayerPlan
         try:
             LayerPlan.build(hf_config.num_hidden_layers, cfg.objective.flow_variant, cfg.objective.flow_layers)
@@ -63,7 +70,6 @@ def read_hf_config(cfg: TrainConfig):
         raise ValueError(f"data.max_prompt_length + rollout.max_tokens = {cfg.data.max_prompt_length} + "
                          f"{cfg.rollout.max_tokens} = {longest} exceeds the model's max_position_embeddings "
                          f"({hf_config.max_position_embeddings}); lower data.max_prompt_length")
-    return hf_config
 
 
 def _config_overrides(cfg: TrainConfig) -> dict:
@@ -127,8 +133,8 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
     from ..models import build_qwen3_model
 
     hf_config = read_hf_config(cfg)
+    check_settings_fit_model(cfg, hf_config)
     arch = Qwen3Arch.from_hf(hf_config)
-    cfg.model.check_model_shape(arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads)
     dtype = DTYPES[cfg.model.dtype]
     fused = cfg.model.fused_kernels and torch.cuda.is_available()
     lora = cfg.lora

@@ -189,21 +189,26 @@ def test_parallel_layout_checks_name_the_flag():
 def test_model_dependent_settings_are_checked_against_the_hf_config(tmp_path):
     from transformers import Qwen3Config
 
-    from phf_megatron.training.model_setup import read_hf_config
+    from phf_megatron.training.model_setup import check_settings_fit_model, read_hf_config
 
     Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, vocab_size=128, max_position_embeddings=1024).save_pretrained(tmp_path)
     base = [f"--model.hf_dir={tmp_path}", "--rollout.max_tokens=24"]
+
+    def check(argv):
+        cfg = load_config(argv=argv)
+        check_settings_fit_model(cfg, hf := read_hf_config(cfg))
+        return hf
+
     with pytest.raises(ValueError, match=r"data.max_prompt_length \+ rollout.max_tokens = 20000 \+ 24 = 20024 "
                                          r"exceeds the model's max_position_embeddings \(1024\)"):
-        read_hf_config(load_config(argv=base))
-    assert read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000"])).max_position_embeddings == 1024
+        check(base)
+    assert check([*base, "--data.max_prompt_length=1000"]).max_position_embeddings == 1024
     with pytest.raises(ValueError, match=r"objective.flow_layers: .*needs at least one pair of neighbouring layers"):
-        read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
-                                         "--objective.flow_layers=1"]))
+        check([*base, "--data.max_prompt_length=1000", "--ablation=selected_layers", "--objective.flow_layers=1"])
     with pytest.raises(ValueError, match=r"objective.flow_layers: "):
-        read_hf_config(load_config(argv=[*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
-                                         "--objective.flow_layers=0,5"]))   # the model has 2 layers
+        check([*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
+               "--objective.flow_layers=0,5"])   # the model has 2 layers
 
 
 @pytest.mark.parametrize("name, variant", [
