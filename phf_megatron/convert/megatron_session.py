@@ -10,17 +10,10 @@ this is all a converter needs); ``torchrun --nproc-per-node tp*pp`` gives a trul
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 
-import torch
 import torch.distributed as dist
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ..parallel.process_group import join_default_group
 
 
 @contextlib.contextmanager
@@ -29,18 +22,7 @@ def megatron_session(tp: int = 1, pp: int = 1, seed: int = 1234):
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    own_group = not dist.is_initialized()
-    if own_group:
-        if "WORLD_SIZE" not in os.environ:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
-    if not torch.cuda.is_available():
-        from phf_megatron.parallel import cpu_shims
-
-        cpu_shims.apply()
+    own_group = join_default_group()
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"tp x pp = {tp * pp} does not divide the world size {world}")

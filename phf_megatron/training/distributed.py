@@ -3,21 +3,20 @@
     torchrun --nproc-per-node 8 -m phf_megatron.train --config configs/phf_qwen3_8b.yaml ...
     python -m phf_megatron.train --config configs/tiny_cpu.yaml ...        # one process
 
-On a machine without CUDA the Megatron-Core CPU shims are applied (``parallel.cpu_shims``);
-the GPU path never touches them.
+Joining the group (and the CPU shims without CUDA) is ``parallel.process_group``'s.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import socket
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..parallel.process_group import join_default_group
 from .config import TrainConfig
 
 
@@ -33,12 +32,6 @@ class DistributedContext:
         return self.rank == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def seed_everything(seed: int) -> None:
     """Python, NumPy and torch RNGs; Megatron's model-parallel tracker is seeded separately."""
     random.seed(seed)
@@ -52,19 +45,9 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     Under ``torchrun`` the usual environment variables are read; a plain ``python`` launch is a
     world of one. Data parallelism fills what tensor x pipeline parallelism leaves.
     """
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", str(_free_port())))
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    join_default_group()
+    rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(local)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    if not cuda:
-        from ..parallel import cpu_shims
-
-        cpu_shims.apply()
 
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed

@@ -11,17 +11,12 @@ switch layouts inside with ``megatron_layout(tp, pp)``.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import torch
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from phf_megatron.parallel.process_group import free_port
 
 
 def _entry(rank, world_size, port, out_dir, fn, args):
@@ -47,7 +42,7 @@ def _entry(rank, world_size, port, out_dir, fn, args):
 def run_ranks(fn, world_size: int, *args):
     """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each on its own process."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_entry, args=(world_size, _free_port(), out_dir, fn, args), nprocs=world_size, join=True)
+        mp.spawn(_entry, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size, join=True)
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 

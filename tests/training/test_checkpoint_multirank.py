@@ -10,13 +10,13 @@ rank 1 only. Both check "4 steps straight == 2 steps + save + resume + 2 steps" 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from phf_megatron.parallel.process_group import free_port
 from phf_megatron.training import checkpoint as ckpt
 from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, dist_optimizer_part, rng_part, stateful_part, tensors_part,
@@ -191,12 +191,6 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # ~30-40 s on 2 cores: two spawned processes import Megatron-Core
 def test_two_ranks_resume_bit_exact_and_survive_a_rank_crash(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from phf_megatron.objectives.ema import ema_update
+from phf_megatron.training.distributed import seed_everything  # noqa: F401 - re-exported for the tests
 
 
 class ToySampler:
@@ -43,12 +44,6 @@ class ToySampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.offset = state["epoch"], state["offset"]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def features(indices: list[int], dim: int) -> torch.Tensor:

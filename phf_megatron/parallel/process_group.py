@@ -1,0 +1,43 @@
+"""Join the default process group: torchrun's, or a one-process group on a free local port.
+
+Shared by the trainer (``training/distributed.py``) and the conversion tools
+(``convert/megatron_session.py``). NCCL with CUDA, gloo without; on a machine without CUDA the
+Megatron-Core CPU shims are applied (``cpu_shims``), the GPU path never touches them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join_default_group() -> bool:
+    """Initialise ``torch.distributed`` from the environment unless it is already; True if this call did.
+
+    Without torchrun's variables the process is a world of one (``MASTER_PORT`` kept if set).
+    """
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("nccl" if cuda else "gloo", rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    if not cuda:
+        from . import cpu_shims
+
+        cpu_shims.apply()
+    return created
