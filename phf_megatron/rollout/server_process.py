@@ -13,7 +13,8 @@ weight-transfer routes) and, per transport, ``--worker-extension-cls`` (rpc) or
 
 ``VLLMServerProcess`` runs the server in a process group of its own and waits for it to answer,
 at most ``start_timeout_s``; ``stop()`` kills the whole group (API server, engine core, workers),
-also when the start fails, and on ``__exit__``.
+also when the start fails, and on ``__exit__``. If the starting process dies without stopping it
+(killed), the server gets SIGTERM (Linux ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class VLLMServerProcess:
         self.log_path = log_path or os.devnull
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env, **(env or {})}, stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_terminate_with_parent if sys.platform == "linux" else None)
         try:
             self._wait_ready(start_timeout_s)
         except BaseException:
@@ -111,20 +113,22 @@ class VLLMServerProcess:
             return "\n" + "".join(f.readlines()[-lines:])
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace_s``)."""
+        """Terminate the server's whole process group: SIGTERM, then SIGKILL what is left after
+        ``grace_s``; returns once no process of the group runs (at most ``grace_s`` + 10 s)."""
         pgid = self.proc.pid               # start_new_session: the group is the server's pid
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
                 break                      # no process left in the group
-            try:
-                self.proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-            if not _group_alive(pgid):
+            deadline = time.monotonic() + wait_s
+            while self.proc.poll() is None or _group_alive(pgid):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            else:
                 break
-            time.sleep(min(wait_s, 1.0))   # the leader is gone; give its children a moment, then SIGKILL
+        self.proc.poll()
         self._log.close()
 
     def __enter__(self) -> "VLLMServerProcess":
@@ -134,9 +138,30 @@ class VLLMServerProcess:
         self.stop()
 
 
+def _terminate_with_parent() -> None:
+    """In the server's process: SIGTERM when the process that started it dies (even by SIGKILL).
+    vLLM's engine processes exit with their API server."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """True while a process of group ``pgid`` runs (zombies, dead but not yet reaped, do not count)."""
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()   # after "pid (comm)": state, ppid, pgrp, ...
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

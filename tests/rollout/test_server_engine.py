@@ -231,3 +231,31 @@ def test_trainer_steps_through_the_server_and_verifies_every_sync(server, tmp_pa
     assert (want - base).abs().max() > 10 * ATOL                  # the steps moved the student
     with server.engine() as engine:
         torch.testing.assert_close(torch.tensor(engine.score(prompt, completion)), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_nccl_push_to_a_server_on_another_gpu(tmp_path):
+    """GPU only (unattended: ``pytest -m gpu tests/rollout/test_server_engine.py``): the NCCL push.
+
+    The server runs on GPU 1, this process (NCCL rank 0) on GPU 0: NCCL cannot put two ranks
+    of one group on the same GPU. Never run by this project yet.
+    """
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (the server's worker and the trainer's sender on different devices)")
+    model_dir = str(tmp_path / "tiny")
+    save_tiny_qwen3(model_dir, tied=True)
+    trained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    perturb_(trained, seed=3, scale=0.2)
+    trained.cuda()
+    with VLLMServerProcess(model_dir, port=free_port(), dtype="float32", max_model_len=1024, kv_cache_bytes=256 << 20,
+                           weight_transport="nccl", log_path=str(tmp_path / "server.log"),
+                           start_timeout_s=SERVER_START_TIMEOUT_S, env={"CUDA_VISIBLE_DEVICES": "1"},
+                           extra_args=("--enforce-eager", "--gpu-memory-utilization", "0.3")) as server:
+        engine = VLLMServerEngine(server.url, model_dir=model_dir, weight_transport="nccl", nccl_address="127.0.0.1",
+                                  nccl_port=free_port(), timeout_s=300.0, request_timeout_s=300.0,
+                                  bucket_bytes=4 << 20)
+        with engine:
+            report = sync_weights(engine, trained.state_dict().items(), probe=_probe(trained))
+            assert report.update.buckets >= 2 and report.probe_max_abs_diff <= ATOL
+            _assert_matches(engine, trained.cpu(), LONG_PROMPT)
