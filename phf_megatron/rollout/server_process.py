@@ -61,7 +61,7 @@ def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype:
            # the workers import the extension: make this checkout importable there
            "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
     if _is_loopback(host):
-        env["VLLM_HOST_IP"] = host              # vLLM's own sockets stay on loopback too
+        env["VLLM_HOST_IP"] = "127.0.0.1" if host == "localhost" else host   # vLLM's own sockets stay on loopback
     return argv + list(extra_args), env
 
 
