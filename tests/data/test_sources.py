@@ -103,8 +103,8 @@ def test_hf_name_without_datasets_is_a_clear_error(monkeypatch):
 
 
 def test_parquet_rows_name_file_and_row(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     rows = [GOOD, {"problem": "p", "solution": None, "answer": None}, GOOD]
     path = str(tmp_path / "train.parquet")
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2)
@@ -114,9 +114,68 @@ def test_parquet_rows_name_file_and_row(tmp_path):
     assert len(ds) == 2 and ds.skipped == 1 and ds[1].origin == f"{path} row 3"
 
 
+@pytest.fixture(scope="module")
+def opsd_rows():
+    """40 rows of the OPSD schema (problem, solution; no answer column), from the shared math set."""
+    with open(os.path.join(SHARED_DATA, "train_math_small.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for _, line in zip(range(40), f)]
+    return [{"problem": r["problem"], "solution": r["solution"]} for r in rows]
+
+
+def _as_read(ds):
+    return [(r.problem, r.solution, r.answer) for r in ds]
+
+
+def test_opsd_rows_read_the_same_from_jsonl_parquet_arrow_and_save_to_disk(tmp_path, opsd_rows):
+    """Every reader of the data extra (pyarrow, datasets) gives the JSONL reader's rows, in order."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    want = _as_read(load_math_dataset(write_jsonl(tmp_path / "train.jsonl", opsd_rows)))
+    assert len(want) == 40 and all(answer is None for _, _, answer in want)    # the OPSD schema has no answer
+    table = pa.Table.from_pylist(opsd_rows)
+    pq.write_table(table, tmp_path / "train.parquet", row_group_size=16)
+    with ipc.new_file(tmp_path / "file.arrow", table.schema) as w:      # Arrow IPC file format
+        w.write_table(table, max_chunksize=16)
+    with ipc.new_stream(tmp_path / "stream.arrow", table.schema) as w:  # IPC stream (datasets' shards)
+        w.write_table(table, max_chunksize=16)
+    datasets.Dataset.from_list(opsd_rows).save_to_disk(str(tmp_path / "disk"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(opsd_rows),
+                          "test": datasets.Dataset.from_list(opsd_rows[:3])}).save_to_disk(str(tmp_path / "dict"))
+    hub = tmp_path / "snapshot" / "data"                                 # a Hub snapshot's layout
+    hub.mkdir(parents=True)
+    pq.write_table(table.slice(0, 25), hub / "train-00000-of-00002.parquet")
+    pq.write_table(table.slice(25), hub / "train-00001-of-00002.parquet")
+    pq.write_table(table.slice(0, 3), hub / "test-00000-of-00001.parquet")
+
+    for source in ("train.parquet", "file.arrow", "stream.arrow", "disk", "dict", "snapshot"):
+        ds = load_math_dataset(str(tmp_path / source))
+        assert _as_read(ds) == want, source
+        assert ds.skipped == 0 and ds[39].origin.endswith(("row 40", "row 15")), (source, ds[39].origin)
+    assert _as_read(load_math_dataset(str(tmp_path / "dict"), split="test")) == want[:3]
+    assert _as_read(load_math_dataset(str(tmp_path / "snapshot"), split="test")) == want[:3]
+    with pytest.raises(ValueError, match=r"split: 'validation' is not in .*dict.* \(splits: \['test', 'train'\]\)"):
+        load_math_dataset(str(tmp_path / "dict"), split="validation")
+
+
+def test_hub_name_without_network_is_a_one_line_error(tmp_path, monkeypatch):
+    """The launchers' default DATA is a Hub name: offline (CI) it must say what to do instead."""
+    import datasets
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path))   # nothing cached
+    name = "siyanzhao/Openthoughts_math_30k_opsd"                              # data.path's default
+    with pytest.raises(ValueError) as err:
+        load_math_dataset(name)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"source: the HF dataset '{name}' is not in the local cache")
+    assert "no network, or offline mode" in msg and "pass a local copy instead" in msg and ".to_parquet(" in msg
+
+
 def test_hf_save_to_disk_directory(tmp_path):
-    datasets = pytest.importorskip("datasets")
-    pa = pytest.importorskip("pyarrow")
+    import datasets
+    import pyarrow as pa
     table = datasets.table.InMemoryTable(pa.Table.from_pylist([GOOD, {**GOOD, "problem": "P2"}]))
     datasets.Dataset(table, fingerprint="test").save_to_disk(str(tmp_path / "ds"))  # no dill hashing
     ds = load_math_dataset(str(tmp_path / "ds"))
