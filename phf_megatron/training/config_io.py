@@ -48,6 +48,8 @@ RESUME_MUTABLE = (
     "rollout.tensor_parallel_size",
     "rollout.verify_sync",
     "rollout.timeout_s",
+    "rollout.fingerprint_projections",
+    "rollout.probe_atol",
     "optimizer.use_distributed_optimizer",
     "checkpoint.",
     "logging.",
