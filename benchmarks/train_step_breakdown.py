@@ -1,7 +1,14 @@
 """Where one PHF training step spends its time: rollout / teacher / student / optimizer / sync.
 
     python benchmarks/train_step_breakdown.py OUTDIR                  # GPU: Qwen3-1.7B shape, random init
+    python benchmarks/train_step_breakdown.py OUTDIR --shape 8b --steps 5 --batch 8 --micro-batch 2 \
+        --recompute --sleep-mode --check                              # GPU: Qwen3-8B shape on one GPU
     python benchmarks/train_step_breakdown.py OUTDIR --tiny --steps 2 # CPU smoke run of the same path
+
+``--check`` makes the run fail (exit 1, ``checks`` in the JSON) unless every step has a non-zero
+gradient norm and a verified sync (probe within tolerance, and on backends that read weights
+back, matching fingerprints). Peak memory and the sync times (``time_sync_s`` per step: wake,
+push, fingerprints, probe, sleep; ``sync_s``: the ``sync_weights`` call alone) are reported.
 
 Builds a random-weight HF Qwen3 at the chosen shape with the real Qwen3 tokenizer in
 ``OUTDIR/model``, writes the embedded toy math set, and runs the real trainer
@@ -25,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = {
     "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
     "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
 }
@@ -46,6 +55,9 @@ def make_model(out_dir: str, shape: str, dtype) -> str:
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg).to(dtype)
     model.save_pretrained(out_dir)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     for name in os.listdir(shipped_tokenizer_dir()):
         shutil.copy(os.path.join(shipped_tokenizer_dir(), name), out_dir)
     return out_dir
@@ -64,13 +76,22 @@ def make_data(path: str, rows: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
-    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="same as --shape tiny (CPU smoke run)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="1.7b")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--batch", type=int, default=4, help="global batch (one micro-batch on one process)")
+    p.add_argument("--batch", type=int, default=4, help="global batch (rollouts per step, one process)")
+    p.add_argument("--micro-batch", type=int, default=None, help="micro-batch size (default: the batch)")
     p.add_argument("--max-tokens", type=int, default=1024)
     p.add_argument("--backend", default="auto", help="rollout backend (auto: vLLM when installed)")
+    p.add_argument("--recompute", action="store_true", help="full activation recomputation (8B on one GPU)")
+    p.add_argument("--sleep-mode", action="store_true", help="colocated vLLM sleeps while the trainer steps")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
+    p.add_argument("--name", default=None, help="results file OUTDIR/breakdown_NAME.json (default: the shape)")
+    p.add_argument("--check", action="store_true", help="fail unless grad_norm > 0 and the sync verified every step")
     p.add_argument("--extra", nargs="*", default=[], help="more --section.field=value overrides")
     args = p.parse_args()
+    if args.tiny:
+        args.shape = "tiny"
 
     import torch
 
@@ -79,23 +100,26 @@ def main() -> None:
     from phf_megatron.training.loop import Trainer
 
     os.makedirs(args.out_dir, exist_ok=True)
-    gpu = torch.cuda.is_available() and not args.tiny
+    gpu = torch.cuda.is_available() and args.shape != "tiny"
     dtype = "bfloat16" if gpu else "float32"
     t0 = time.perf_counter()
-    hf_dir = make_model(os.path.join(args.out_dir, "model"), "tiny" if args.tiny else "1.7b",
+    hf_dir = make_model(os.path.join(args.out_dir, f"model_{args.shape}"), args.shape,
                         torch.bfloat16 if gpu else torch.float32)
     data = make_data(os.path.join(args.out_dir, "toy.jsonl"), 64)
     setup_s = time.perf_counter() - t0
     run_dir = os.path.join(args.out_dir, "run")
     cfg = config_from_argv([
         f"--model.hf_dir={hf_dir}", f"--data.path={data}", f"--run_dir={run_dir}", f"--model.dtype={dtype}",
-        "--model.recompute_granularity=null", f"--training.global_batch_size={args.batch}",
-        f"--training.micro_batch_size={args.batch}", f"--training.train_iters={args.steps}",
-        f"--rollout.max_tokens={args.max_tokens}", f"--rollout.backend={args.backend}",
+        "--model.recompute_granularity=" + ("full" if args.recompute else "null"),
+        f"--training.global_batch_size={args.batch}", f"--training.micro_batch_size={args.micro_batch or args.batch}",
+        f"--training.train_iters={args.steps}", f"--rollout.max_tokens={args.max_tokens}",
+        f"--rollout.backend={args.backend}", f"--rollout.enable_sleep_mode={str(args.sleep_mode).lower()}",
+        *([f"--rollout.gpu_memory_utilization={args.gpu_memory_utilization}"] if args.gpu_memory_utilization else []),
         "--checkpoint.save_interval=0", "--logging.progress_bar=false", "--data.max_prompt_length=4096",
         *args.extra])
-    result = {"shape": "tiny" if args.tiny else "qwen3-1.7b", "dtype": dtype, "batch": args.batch,
-              "rollout_max_tokens": args.max_tokens, "model_setup_s": setup_s,
+    result = {"shape": f"qwen3-{args.shape}" if args.shape != "tiny" else "tiny", "dtype": dtype,
+              "batch": args.batch, "micro_batch": args.micro_batch or args.batch, "recompute": args.recompute,
+              "sleep_mode": args.sleep_mode, "rollout_max_tokens": args.max_tokens, "model_setup_s": setup_s,
               "device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__}
     trainer = Trainer(cfg)
     try:
@@ -104,21 +128,40 @@ def main() -> None:
         for _ in range(args.steps):
             metrics = trainer.train_step()
             trainer.step += 1
-            steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens", "sync_probe_diff")
-                          if k in metrics})
+            steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens", "grad_norm",
+                                                           "sync_probe_diff", "sync_fingerprint_diff",
+                                                           "sync_fingerprints_checked") if k in metrics})
+            steps[-1]["sync_s"] = trainer.rollouts.last_sync_s
             print(json.dumps(steps[-1]), flush=True)
         result["first_step"] = steps[0]
         later = steps[1:] or steps
         result["median_later_steps"] = {k: statistics.median(s[k] for s in later) for k in PARTS}
         if gpu:
             result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        result["sync_s_median"] = statistics.median(s["sync_s"] for s in later)
+        result["checks"] = step_checks(steps)
         result["steps"] = steps
     finally:
         trainer.close()
         shutdown_distributed()
-    with open(os.path.join(args.out_dir, "breakdown.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"breakdown_{args.name or args.shape}.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=1))
+    if args.check and not result["checks"]["ok"]:
+        raise SystemExit(f"checks failed: {result['checks']}")
+
+
+def step_checks(steps: list[dict]) -> dict:
+    """Every step: a finite, non-zero gradient norm and a verified sync (probe value present,
+    fingerprints matched where the backend reads weights back: a mismatch raises in the sync)."""
+    import math
+
+    grad_ok = all(math.isfinite(s.get("grad_norm", float("nan"))) and s["grad_norm"] > 0 for s in steps)
+    probe_ok = all(s.get("sync_probe_diff") is not None for s in steps)
+    return {"ok": grad_ok and probe_ok, "grad_norm_positive_every_step": grad_ok, "probe_every_step": probe_ok,
+            "probe_max": max((s["sync_probe_diff"] for s in steps if s.get("sync_probe_diff") is not None), default=None),
+            "fingerprints_checked": [s.get("sync_fingerprints_checked") for s in steps]}
 
 
 if __name__ == "__main__":

@@ -130,6 +130,13 @@ class RolloutEngine(abc.ABC):
             self.weight_version += 1
             return UpdateStats(n_tensors, n_bytes, n_buckets, time.perf_counter() - t0, self.weight_version)
 
+    def fingerprints(self, names: Sequence[str], projections: int, seed: int = 0) -> dict[str, list[float] | None]:
+        """Fingerprints (``fingerprint.tensor_fingerprint``) of the named tensors as the engine holds them
+        (None for a tensor the backend cannot read back)."""
+        self._check_usable()
+        with self._lock:
+            return self._fingerprints(list(names), projections, seed)
+
     def sleep(self) -> None:
         """Free accelerator memory (weights offloaded, KV cache dropped) while the trainer runs.
         A no-op where the backend cannot (vLLM on CPU, the transformers fallback)."""
@@ -187,6 +194,9 @@ class RolloutEngine(abc.ABC):
 
     def _after_update(self) -> None:
         """Drop state derived from the old weights (prefix/KV caches)."""
+
+    def _fingerprints(self, names: list[str], projections: int, seed: int) -> dict[str, list[float] | None]:
+        return {name: None for name in names}   # a backend that cannot read its weights back
 
     def _sleep(self) -> None:
         pass

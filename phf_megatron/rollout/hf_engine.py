@@ -57,6 +57,11 @@ class HFEngine(RolloutEngine):
         for name, tensor in bucket:
             self._params[name].copy_(tensor.to(self.device, non_blocking=True))
 
+    def _fingerprints(self, names, projections, seed):
+        from .fingerprint import tensor_fingerprint
+        return {n: tensor_fingerprint(self._params[n], n, projections, seed) if n in self._params else None
+                for n in names}
+
     # ------------------------------------------------------------------ scoring
     def _score(self, prompt, completion):
         return hf_reference_logprobs(self.model, prompt, completion)

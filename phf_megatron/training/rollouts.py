@@ -6,13 +6,19 @@ completions for all of them and broadcasts the token ids, and each rank keeps it
 slice. After each optimizer step the student's weights (LoRA merged into the base) are gathered
 tensor by tensor from the TP/PP shards of data-parallel replica 0, renamed to HF names by the
 conversion mapping and pushed into the running engine; a probe sequence scored by both sides
-verifies the push (``rollout.verify_sync``).
+verifies the push (``rollout.verify_sync``): per-tensor fingerprints of what was pushed and
+what the engine holds (``rollout.fingerprint_projections``), then the probe's logprobs.
 
 Failures on rank 0 (engine start, a hung generate, a failed sync) are broadcast, so every rank
-raises ``RolloutFailure`` together and the loop can save a checkpoint before exiting.
+raises ``RolloutFailure`` together and the loop can save a checkpoint before exiting. These
+broadcasts go over a gloo group of their own (:func:`control_group`) with a timeout long
+enough for an engine start and a generate call: the other ranks wait in them while rank 0
+works, and NCCL's watchdog would abort a collective that waits past its 10 minutes.
 """
 
 from __future__ import annotations
+
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -35,9 +41,21 @@ class RolloutFailure(RuntimeError):
     """The rollout engine failed on rank 0; raised on every rank."""
 
 
-def _broadcast(obj, src: int = 0):
+def control_group(timeout_s: float):
+    """A gloo group over every rank for rank 0's status broadcasts (a collective: call on every rank).
+
+    Its timeout covers an engine start plus a generate call (``2 x rollout.timeout_s``, at least
+    30 min). None in a world of one (nothing to wait for).
+    """
+    if dist.get_world_size() == 1:
+        return None
+    timeout = datetime.timedelta(seconds=max(2 * timeout_s, 1800.0))
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def _broadcast(obj, src: int = 0, group=None):
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
@@ -51,6 +69,9 @@ class RolloutDriver:
         self.eos_token_ids = eos_token_ids
         self.last_sync_s: float | None = None
         self.last_probe_diff: float | None = None
+        self.last_fingerprint_diff: float | None = None
+        self.last_fingerprints_checked = 0
+        self.group = control_group(cfg.rollout.timeout_s)
         error = None
         if dist.get_rank() == 0:
             try:
@@ -65,7 +86,7 @@ class RolloutDriver:
                     max_model_len=cfg.data.max_prompt_length + r.max_tokens))
             except Exception as err:  # noqa: BLE001 - reported to every rank
                 error = f"rollout engine failed to start ({type(err).__name__}): {err}"
-        error = _broadcast(error)
+        error = _broadcast(error, group=self.group)
         if error:
             raise RolloutFailure(error)
 
@@ -87,7 +108,7 @@ class RolloutDriver:
                 result = [list(c.token_ids) for per_prompt in outs for c in per_prompt]
             except Exception as err:  # noqa: BLE001
                 result = RolloutFailure(f"rollout generation failed at step {step} ({type(err).__name__}): {err}")
-        result = _broadcast(result)
+        result = _broadcast(result, group=self.group)
         if isinstance(result, RolloutFailure):
             raise result
         return result
@@ -111,7 +132,8 @@ class RolloutDriver:
         logprobs = megatron_logprobs(self.student, prompt, completion)
         if logprobs is None:
             return None
-        return SyncProbe(prompt, completion, logprobs, atol=PROBE_ATOL[self.cfg.model.dtype])
+        atol = self.cfg.rollout.probe_atol or PROBE_ATOL[self.cfg.model.dtype]
+        return SyncProbe(prompt, completion, logprobs, atol=atol)
 
     def sync(self) -> None:
         """Push the student's current weights into the engine (collective over all ranks)."""
@@ -124,9 +146,14 @@ class RolloutDriver:
             if self.engine is not None:
                 try:
                     self._wake()
-                    report = sync_weights(self.engine, stream, probe=probe)
+                    r = self.cfg.rollout
+                    report = sync_weights(self.engine, stream, probe=probe,
+                                          fingerprint_projections=r.fingerprint_projections if r.verify_sync else 0,
+                                          fingerprint_seed=self.cfg.training.seed)
                     self._sleep()
                     self.last_sync_s, self.last_probe_diff = report.seconds, report.probe_max_abs_diff
+                    self.last_fingerprint_diff = report.fingerprint_max_rel_diff
+                    self.last_fingerprints_checked = report.fingerprints_checked
                 except Exception as err:  # noqa: BLE001
                     error = f"weight sync failed ({type(err).__name__}): {err}"
                     for _ in stream:  # keep the other ranks' collectives in step
@@ -134,7 +161,7 @@ class RolloutDriver:
             else:
                 for _ in stream:
                     pass
-        error = _broadcast(error)
+        error = _broadcast(error, group=self.group)
         if error:
             raise RolloutFailure(error)
 

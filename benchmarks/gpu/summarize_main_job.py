@@ -1,0 +1,95 @@
+"""Summarize a ``main_job.sh`` OUT directory into ``summary.json`` and ``summary.md``.
+
+    python benchmarks/gpu/summarize_main_job.py OUT
+
+Reads ``stages.tsv`` (stage, exit code, seconds), ``pytest.xml``, ``breakdown_*.json``
+(``train_step_breakdown.py``) and ``opsd_reference_step.json``; what is missing is left out.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time")
+
+
+def _load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def summarize(out: str) -> dict:
+    summary: dict = {"stages": []}
+    if os.path.isfile(os.path.join(out, "stages.tsv")):
+        for line in open(os.path.join(out, "stages.tsv")):
+            name, rc, secs = line.rstrip("\n").split("\t")
+            summary["stages"].append({"stage": name, "exit": int(rc), "seconds": int(secs)})
+    xml = os.path.join(out, "pytest.xml")
+    if os.path.isfile(xml):
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        summary["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    for path in sorted(glob.glob(os.path.join(out, "breakdown_*.json"))):
+        b = _load(path)
+        if b:
+            summary[os.path.basename(path)[:-5]] = {k: b.get(k) for k in (
+                "shape", "device", "rollout_backend", "batch", "micro_batch", "rollout_max_tokens", "recompute",
+                "sleep_mode", "median_later_steps", "first_step", "peak_mem_gib", "peak_reserved_gib",
+                "sync_s_median", "checks")}
+    ref = _load(os.path.join(out, "opsd_reference_step.json"))
+    if ref:
+        summary["opsd_reference"] = {name: {k: v for k, v in r.items() if k != "traceback"}
+                                     for name, r in ref.get("shapes", {}).items()}
+    return summary
+
+
+def to_markdown(s: dict) -> str:
+    lines = ["# main_job summary", "", "| stage | exit | seconds |", "|---|---|---|"]
+    lines += [f"| {x['stage']} | {x['exit']} | {x['seconds']} |" for x in s["stages"]]
+    if "tests" in s:
+        t = s["tests"]
+        lines += ["", f"pytest -m 'gpu or vllm': {t['tests']} tests, {t['failures']} failures, {t['errors']} errors, "
+                  f"{t['skipped']} skipped"]
+    for key in sorted(k for k in s if k.startswith("breakdown_")):
+        b = s[key]
+        med = b.get("median_later_steps") or {}
+        lines += ["", f"## {b.get('shape')} ({b.get('rollout_backend')}, batch {b.get('batch')}, "
+                      f"micro-batch {b.get('micro_batch')}, recompute {b.get('recompute')}, sleep {b.get('sleep_mode')})",
+                  "", "| part | median of later steps (s) |", "|---|---|"]
+        lines += [f"| {p} | {med[p]:.3f} |" for p in PARTS if p in med]
+        lines += ["", f"peak memory {b.get('peak_mem_gib')} GiB allocated, {b.get('peak_reserved_gib')} GiB reserved; "
+                      f"sync_weights median {b.get('sync_s_median')} s; checks {b.get('checks')}"]
+    for name, r in (s.get("opsd_reference") or {}).items():
+        if "error" in r:
+            lines += ["", f"## OPSD reference, {name}: {r['error']}"]
+            continue
+        lines += ["", f"## Step vs official-style HF+PEFT OPSD, {name} ({r['rollout_tokens']} rollout tokens, "
+                      f"{r['step_tflop']:.1f} TFLOP/step)", "",
+                  "| step | median s | tokens/s | MFU | peak GiB |", "|---|---|---|---|---|"]
+        for kind in ("reference", "ours_opsd", "ours_phf"):
+            k = r[kind]
+            lines.append(f"| {kind} | {k['step_s_median']:.4f} | {k['tokens_per_s']:.0f} | {k['mfu']:.3f} | "
+                         f"{k['peak_mem_gib']} |")
+        lines += ["", f"ratios {r.get('ratios')}; checks {r.get('checks')}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    out = (argv or sys.argv[1:])[0]
+    s = summarize(out)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(s, f, indent=1, default=str)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(to_markdown(s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

