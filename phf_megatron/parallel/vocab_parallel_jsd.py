@@ -23,10 +23,12 @@ Memory: the forward keeps no ``[N, V]`` tensor; both passes walk the tokens in c
 saved per-token log-normalizers. The only full-size tensor is the gradient itself, in the
 logits' dtype. The local math lives in the helpers; the collectives in the Function.
 
-Clip statistics (the per-step diagnostics of ``loss.reduce_logs``): the forward also returns
-``[2, N]`` = (divergence before the clip, entries cut) per token, ``objectives.opsd.clip_statistics``.
-They come from the summands the forward computes anyway (two reductions per chunk, in the same
-all-reduce as the divergence: no extra collective, no host sync); no gradient flows through them.
+Clip statistics (the per-step diagnostics of ``loss.reduce_logs``; ``return_clip_stats``): the
+forward also returns ``[2, N]`` = (divergence before the clip, entries cut) per token,
+``objectives.opsd.clip_statistics``. They come from the summands the forward computes anyway
+(the eager loop: a sum and a compare-and-count per chunk, with the element clip only; Triton: two
+register accumulators), in the same all-reduce as the divergence: no extra collective, no host
+sync; no gradient flows through them. Measured cost: ``benchmarks/diagnostics_cost.md``.
 
 ``top_k`` (official ``--top_k_loss``) takes ``top_k_jsd``: a global top-k of the teacher and the
 divergence over those k entries; both backends then run that path (no Triton kernel for it).
@@ -103,13 +105,13 @@ class _VocabParallelJSD(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, student_logits, teacher_rows, student_index, beta, temperature, clip, clip_mode,
-                tp_group, chunk_elements):
+                tp_group, chunk_elements, with_stats):
         vocab_local = student_logits.shape[-1]
         flat = student_logits.reshape(-1, vocab_local)
         n = student_index.numel()
-        element_clip = clip is not None and clip_mode == "element"
+        element_stats = with_stats and clip is not None and clip_mode == "element"
         # rows: the clipped divergence, then (element clip) the raw divergence and the entries cut
-        sums = torch.zeros(3 if element_clip else 1, n, dtype=compute_dtype(flat), device=flat.device)
+        sums = torch.zeros(3 if element_stats else 1, n, dtype=compute_dtype(flat), device=flat.device)
         lse_s = torch.zeros_like(sums[0])
         lse_t = torch.zeros_like(sums[0])
         for lo, hi in token_chunks(n, vocab_local, chunk_elements):
@@ -122,17 +124,22 @@ class _VocabParallelJSD(torch.autograd.Function):
             s -= lse[0][:, None]  # in place: s becomes log p_S
             t -= lse[1][:, None]
             terms = generalized_jsd_terms(s, t, beta)
-            if element_clip:
-                sums[1:, lo:hi] = torch.stack(clip_statistics(terms, clip, clip_mode))
+            if element_stats:  # objectives.opsd.clip_statistics; the 0/1 mask goes into the dead buffer s as
+                # floats: a float sum costs a tenth of a bool reduction on CPU
+                sums[1, lo:hi] = terms.sum(-1)
+                sums[2, lo:hi] = torch.gt(terms, clip, out=s).sum(-1)
+            if clip is not None and clip_mode == "element":
                 terms = terms.clamp_(max=clip)
             sums[0, lo:hi] = terms.sum(-1)
             lse_s[lo:hi], lse_t[lo:hi] = lse[0], lse[1]
         all_reduce_(sums, tp_group)
         per_token = sums[0].clone()
-        if element_clip:
+        if element_stats:
             stats = sums[1:].clone()
-        else:  # no clip or the token clip: the statistics follow from the summed divergence
+        elif with_stats:  # no clip or the token clip: the statistics follow from the summed divergence
             stats = torch.stack(clip_statistics(per_token[:, None], clip, clip_mode))
+        else:
+            stats = sums.new_zeros(2, 0)
         unclipped = per_token.clone() if clip is not None and clip_mode == "token" else None
         if unclipped is not None:
             per_token = per_token.clamp(max=clip)
@@ -165,7 +172,7 @@ class _VocabParallelJSD(torch.autograd.Function):
             p = a.exp_()  # a is not needed any more
             grad_rows = (g - p * g_sum[:, None]) / temperature
             grad_flat.index_copy_(0, student_index[lo:hi], grad_rows.to(grad_flat.dtype))
-        return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None
+        return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None, None
 
 
 class _FusedVocabParallelJSD(torch.autograd.Function):
@@ -310,5 +317,5 @@ def vocab_parallel_jsd(
         else:
             per_token, stats = _VocabParallelJSD.apply(
                 student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
-                clip_mode, tp_group, chunk_elements)
+                clip_mode, tp_group, chunk_elements, return_clip_stats)
     return (per_token, stats) if return_clip_stats else per_token
