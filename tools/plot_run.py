@@ -1,17 +1,22 @@
-"""Plot a training run from its metrics.jsonl: loss curves and a layer x step energy heatmap.
+"""Plot a training run: loss curves, clip diagnostics, a layer x step energy heatmap, the loss by token.
 
-    python tools/plot_run.py runs/phf_tiny                      # -> runs/phf_tiny/plots/{curves,layer_energy}.png
-    python tools/plot_run.py runs/phf_tiny --out /tmp/run.png   # -> /tmp/run.png, /tmp/run_layer_energy.png
+    python tools/plot_run.py runs/phf_tiny                      # -> runs/phf_tiny/plots/{curves,layer_energy,loss_tokens}.png
+    python tools/plot_run.py runs/phf_tiny --out /tmp/run.png   # -> /tmp/run.png, /tmp/run_layer_energy.png, /tmp/run_loss_tokens.png
 
-Panels: total loss, OPSD (JSD) loss, flow loss, gradient norm, learning rate, and the spread of
-the flow energy over layers (largest layer's share, normalized entropy). The heatmap shows each
-step's share of the flow energy per layer (columns sum to 1). A panel whose metric was never
-logged (e.g. the flow in an OPSD-only run) says so instead of plotting.
+Panels (from ``metrics.jsonl``): total loss, OPSD (JSD) loss, flow loss, gradient norm, learning
+rate, the spread of the flow energy over layers (largest layer's share, normalized entropy), the
+clip diagnostics (fraction of tokens and of vocabulary summands the clip cut), the OPSD loss
+before and after the clip, and the on-policy fraction (``rollout.lmbda`` < 1). The heatmap shows
+each step's share of the flow energy per layer (columns sum to 1). From ``loss_tokens.jsonl``:
+the share of the step's OPSD loss of the tokens that lead it most often, over the steps, and the
+last record's top 20. A panel whose metric was never logged (e.g. the flow in an OPSD-only run)
+says so instead of plotting.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 
@@ -53,6 +58,12 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps), np.asarray(values, dtype=float)
 
 
+def load_loss_tokens(run_dir: str) -> list[dict]:
+    """The records of ``loss_tokens.jsonl`` (none when the run wrote no such file)."""
+    path = os.path.join(run_dir, M.LOSS_TOKENS_FILE)
+    return M.read_jsonl(path) if os.path.isfile(path) else []
+
+
 def _not_logged(ax, title: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -60,8 +71,43 @@ def _not_logged(ax, title: str) -> None:
     ax.set_yticks([])
 
 
+def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, ylim=None) -> None:
+    """Several metrics on one panel (``keys``: (metric, legend label)); 'not logged' when none was."""
+    drawn = 0
+    for key, label in keys:
+        steps, values = series(records, key)
+        if steps.size:
+            ax.plot(steps, values, label=label, lw=1.4, marker="o" if steps.size < 30 else None, ms=3)
+            drawn += 1
+    if not drawn:
+        _not_logged(ax, title)
+        return
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def plot_clip_fractions(ax, records: list[dict]) -> None:
+    """Fraction of tokens cut (left axis, 0-1) and of vocabulary summands cut (right axis: far smaller)."""
+    title = "clip: fraction cut"
+    _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, ylim=(-0.02, 1.02))
+    steps, values = series(records, M.CLIP_FRAC_ENTRIES)
+    if steps.size:
+        if not series(records, M.CLIP_FRAC_TOKENS)[0].size:
+            ax.cla()
+        right = ax.twinx()
+        right.plot(steps, values, color="tab:orange", lw=1.4, label="vocabulary summands (right)")
+        right.set_ylim(bottom=0)
+        right.ticklabel_format(axis="y", style="sci", scilimits=(0, 0), useMathText=True)
+        right.legend(fontsize=8, loc="lower left")
+        ax.set_title(title, fontsize=10)
+
+
 def plot_curves(records: list[dict], out: str, title: str) -> None:
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), constrained_layout=True)
+    fig, axes = plt.subplots(3, 3, figsize=(13, 9.5), constrained_layout=True)
     for ax, (key, label, scale) in zip(axes.flat, CURVES):
         steps, values = series(records, key)
         if steps.size == 0:
@@ -89,9 +135,46 @@ def plot_curves(records: list[dict], out: str, title: str) -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
+    plot_clip_fractions(axes.flat[6], records)
+    _lines(axes.flat[7], records, [(M.OPSD_UNCLIPPED, "before the clip"), (M.LOSS_OPSD, "after (the loss)")],
+           "OPSD divergence per token")
+    _lines(axes.flat[8], records, [(M.ON_POLICY_FRACTION, "rollouts / samples")], "on-policy fraction (lmbda)",
+           ylim=(-0.02, 1.02))
     fig.suptitle(title, fontsize=12)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def plot_loss_tokens(token_records: list[dict], out: str, title: str, lines: int = 8) -> bool:
+    """The tokens' shares of the OPSD loss over the steps, and the last record's top 20; False when none."""
+    if not token_records:
+        return False
+    total = collections.Counter()
+    names = {}
+    for record in token_records:
+        for t in record["tokens"]:
+            total[t["id"]] += t["share"] or 0.0
+            names[t["id"]] = t["token"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), constrained_layout=True)
+    steps = np.asarray([r["step"] for r in token_records])
+    for tid, _ in total.most_common(lines):
+        shares = [next((t["share"] for t in r["tokens"] if t["id"] == tid), np.nan) for r in token_records]
+        left.plot(steps, np.asarray([np.nan if v is None else v for v in shares], dtype=float),
+                  marker="o", ms=3, lw=1.2, label=f"{names[tid]!r} ({tid})")
+    left.set_title("share of the step's OPSD loss (tokens leading most often)", fontsize=10)
+    left.set_xlabel("step")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    last = token_records[-1]
+    labels = [f"{t['token']!r} ({t['id']})" for t in last["tokens"]][::-1]
+    right.barh(np.arange(len(labels)), [t["share"] or 0.0 for t in last["tokens"]][::-1])
+    right.set_yticks(np.arange(len(labels)), labels, fontsize=8)
+    right.set_xlabel("share of the step's OPSD loss")
+    right.set_title(f"top {len(labels)} rollout tokens at step {last['step']}", fontsize=10)
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
@@ -123,8 +206,9 @@ def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="the run directory holding metrics.jsonl")
-    parser.add_argument("--out", help="curves PNG (default: RUN_DIR/plots/curves.png); the heatmap goes "
-                        "next to it as <name>_layer_energy.png (default: RUN_DIR/plots/layer_energy.png)")
+    parser.add_argument("--out", help="curves PNG (default: RUN_DIR/plots/curves.png); the heatmap and the "
+                        "loss-by-token plot go next to it as <name>_layer_energy.png and <name>_loss_tokens.png "
+                        "(default: RUN_DIR/plots/layer_energy.png, loss_tokens.png)")
     args = parser.parse_args(argv)
     try:
         records = load_run(args.run_dir)
@@ -134,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         curves = args.out
         heatmap = f"{os.path.splitext(args.out)[0]}_layer_energy.png"
+        tokens = f"{os.path.splitext(args.out)[0]}_loss_tokens.png"
     else:
         curves = os.path.join(args.run_dir, "plots", "curves.png")
         heatmap = os.path.join(args.run_dir, "plots", "layer_energy.png")
+        tokens = os.path.join(args.run_dir, "plots", "loss_tokens.png")
     os.makedirs(os.path.dirname(os.path.abspath(curves)), exist_ok=True)
     title = os.path.basename(os.path.normpath(args.run_dir))
     plot_curves(records, curves, title)
@@ -145,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         print(heatmap)
     else:
         print("no per-layer flow energy logged: no heatmap", file=sys.stderr)
+    if plot_loss_tokens(load_loss_tokens(args.run_dir), tokens, title):
+        print(tokens)
+    else:
+        print(f"no {M.LOSS_TOKENS_FILE}: no loss-by-token plot", file=sys.stderr)
     return 0
 
 

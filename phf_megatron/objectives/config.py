@@ -37,6 +37,14 @@ class ObjectiveConfig:
     """element (official: clamp each vocabulary summand) | token (clamp the token's sum)."""
     ema_decay: float = DEFAULT_EMA_DECAY
     """rho of the EMA teacher (paper: 0.999)."""
+    top_k_loss: int | None = None
+    """k: the divergence over the teacher's k most likely entries only, both distributions
+    renormalized over them (official ``--top_k_loss``, ``opsd_trainer.py`` lines 430-435 at
+    7448751; its 0 = off is None here); None: the whole vocabulary (paper, official scripts)."""
+    use_tinker_loss: bool = False
+    """The sampled-token loss ``-sg[log p_T(y) - log p_S(y)] * log p_S(y)`` instead of the JSD
+    (official ``--use_tinker_loss``, lines 705-726; no clip, no beta, no top-k:
+    ``objectives.sampled_token``); False: the clipped JSD (paper)."""
 
     def __post_init__(self) -> None:
         if self.flow_variant not in FLOW_CHOICES:
@@ -59,6 +67,15 @@ class ObjectiveConfig:
             raise ValueError(f"ema_decay: must lie in [0, 1], got {self.ema_decay}")
         if self.flow_layers is not None:
             self.flow_layers = tuple(int(x) for x in self.flow_layers)
+        if self.top_k_loss is not None and self.top_k_loss < 1:
+            raise ValueError(f"top_k_loss: must be >= 1, or None for the whole vocabulary (the official 0), "
+                             f"got {self.top_k_loss}")
+        if self.use_tinker_loss and self.top_k_loss is not None:
+            raise ValueError("top_k_loss: the sampled-token loss (use_tinker_loss) scores one token, not a "
+                             "vocabulary; set --objective.top_k_loss=null")
+        if self.use_tinker_loss and self.jsd_clip is not None:
+            raise ValueError("jsd_clip: the sampled-token loss (use_tinker_loss) has no clip (the official code "
+                             "ignores --jsd_token_clip there); set --objective.jsd_clip=null")
 
     @property
     def uses_flow(self) -> bool:

@@ -137,11 +137,13 @@ class PhfMicroBatch:
         """Index sets and counts, computed once here (host syncs belong to batch building, not the step).
 
         ``student/teacher_score_index [N]``: logits rows scoring the N rollout tokens (OPSD);
-        ``num_tokens``: N; ``flow_sample_mask [B]``: True where the window has ``m_b >= 2``
+        ``score_tokens [N]``: the rollout token each of them predicts (the sampled-token loss and
+        the loss-by-token diagnostics); ``num_tokens``: N; ``flow_sample_mask [B]``: True where the window has ``m_b >= 2``
         entries (a sample with fewer contributes 0 to the flow); ``num_flow_samples``: its count.
         """
         self.student_score_index = self.score_index(self.student_response)
         self.teacher_score_index = self.score_index(self.teacher_response)
+        self.score_tokens = self.student_tokens.reshape(-1)[self.student_score_index + 1]
         self.num_tokens = int(self.student_score_index.numel())
         self.flow_sample_mask = self.window_valid.sum(1) >= 2
         self.num_flow_samples = int(self.flow_sample_mask.sum())

@@ -9,7 +9,9 @@ else in registers (one program per token row, a loop over ``BLOCK``-wide vocabul
    and ``t = z_T / tau`` (an online softmax per lane: one read of both rows);
 2. ``summands``: with the global log-normalizers ``lse``, ``a = s - lse_S``, ``b = t - lse_T``,
    the divergence ``D = sum_v clip(e_v(a_v, b_v))`` and ``H = sum_v h_v`` where
-   ``h_v = de_v/da_v * [e_v <= clip]`` (element clip; no mask otherwise);
+   ``h_v = de_v/da_v * [e_v <= clip]`` (element clip; no mask otherwise), and the clip
+   statistics ``sum_v e_v`` (before the clip) and ``#{v : e_v > clip}`` (two more accumulators
+   in registers: the diagnostics cost no extra pass);
 3. ``logit_grad``: ``dL/dz_v = w (h_v - p_v H) / tau`` for every row of the student logits
    (``w = dL/dD`` of the row's token; rows that score no token get zeros), written once in the
    logits' dtype. ``H`` from the forward replaces the eager backward's all-reduce: ``sum_v g_v``
@@ -101,14 +103,15 @@ if triton is not None:
     @triton.jit
     def _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE: tl.constexpr,
               CLIP: tl.constexpr):
-        """One vocabulary tile of a token: (a, clipped e, h) with h = 0 where the element clip is active."""
+        """One vocabulary tile of a token: (a, clipped e, h, raw e) with h = 0 where the element clip is active."""
         a = tl.load(s_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_s
         b = tl.load(t_row + cols, mask=inside, other=0.0).to(tl.float32) / tau - lse_t
-        e, h = _summand(a, b, beta, log_w_s, log_w_t, MODE)
+        raw, h = _summand(a, b, beta, log_w_s, log_w_t, MODE)
+        e = raw
         if CLIP:  # torch.clamp(max=clip) passes the gradient where e <= clip
-            h = tl.where(e <= clip, h, 0.0)
-            e = tl.minimum(e, clip)
-        return a, e, h
+            h = tl.where(raw <= clip, h, 0.0)
+            e = tl.minimum(raw, clip)
+        return a, e, h, raw
 
     @triton.jit
     def _row_stats_kernel(s_ptr, s_index_ptr, t_ptr, out_ptr, n_tokens, vocab, tau, BLOCK: tl.constexpr):
@@ -147,14 +150,22 @@ if triton is not None:
         lse_t = tl.load(lse_ptr + n_tokens + tok)
         acc_e = tl.zeros([BLOCK], tl.float32)
         acc_h = tl.zeros([BLOCK], tl.float32)
+        acc_raw = tl.zeros([BLOCK], tl.float32)
+        acc_cut = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             inside = cols < vocab
-            _, e, h = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE, CLIP)
+            _, e, h, raw = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE,
+                                 CLIP)
             acc_e += tl.where(inside, e, 0.0)
             acc_h += tl.where(inside, h, 0.0)
+            acc_raw += tl.where(inside, raw, 0.0)
+            if CLIP:
+                acc_cut += tl.where(inside & (raw > clip), 1.0, 0.0)
         tl.store(out_ptr + tok, tl.sum(acc_e, 0))
         tl.store(out_ptr + n_tokens + tok, tl.sum(acc_h, 0))
+        tl.store(out_ptr + 2 * n_tokens + tok, tl.sum(acc_raw, 0))
+        tl.store(out_ptr + 3 * n_tokens + tok, tl.sum(acc_cut, 0))
 
     @triton.jit
     def _logit_grad_kernel(s_ptr, token_of_row_ptr, t_ptr, lse_ptr, h_sum_ptr, w_ptr, g_ptr, n_tokens, vocab, tau,
@@ -176,8 +187,8 @@ if triton is not None:
             for start in range(0, vocab, BLOCK):
                 cols = start + tl.arange(0, BLOCK)
                 inside = cols < vocab
-                a, _, h = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE,
-                                CLIP)
+                a, _, h, _ = _tile(s_row, t_row, cols, inside, tau, lse_s, lse_t, beta, log_w_s, log_w_t, clip, MODE,
+                                   CLIP)
                 g = w * (h - tl.exp(a) * h_sum) / tau
                 tl.store(g_row + cols, g.to(g_ptr.dtype.element_ty), mask=inside)
 
@@ -198,9 +209,10 @@ def row_stats(flat: torch.Tensor, student_index: torch.Tensor, teacher_rows: tor
 
 def summands(flat: torch.Tensor, student_index: torch.Tensor, teacher_rows: torch.Tensor, lse: torch.Tensor,
              beta: float, temperature: float, element_clip: float | None) -> torch.Tensor:
-    """``[2, N]`` float32: this rank's share of ``D`` (element-clipped) and of ``H`` per token."""
+    """``[4, N]`` float32: this rank's share of ``D`` (element-clipped), of ``H``, of ``sum_v e_v`` (before
+    the clip) and of the count of entries with ``e_v > clip`` (0 without an element clip), per token."""
     n, vocab = student_index.numel(), flat.shape[1]
-    out = torch.empty(2, n, dtype=torch.float32, device=flat.device)
+    out = torch.empty(4, n, dtype=torch.float32, device=flat.device)
     if n:
         _summands_kernel[(n,)](flat, student_index, teacher_rows, lse, out, n, vocab,
                                **_scalars(beta, temperature, element_clip), BLOCK=_block(vocab), num_warps=NUM_WARPS)

@@ -18,7 +18,25 @@ Megatron (0.16 and 0.19 alike) accepts two return forms from the loss function:
 by its own token count: a mean of means, not the reference; we do not use it.)
 
 ``logs`` holds detached sums; ``reduce_logs`` turns the list the schedule returns into the
-step's metrics, including the per-layer flow values of the layer-energy diagnostics.
+step's metrics, including the per-layer flow values of the layer-energy diagnostics and the clip
+diagnostics (official OPSD issues #3, #20: collapse driven by style tokens):
+
+* ``opsd_unclipped``: the mean over tokens of the divergence before the clip;
+* ``clip_frac_tokens``: the fraction of tokens the clip changed (an entry above the cap for the
+  element clip, the token's sum for the token clip);
+* ``clip_frac_entries``: the fraction of (token, vocabulary entry) summands above the cap
+  (element clip only; over the k entries with ``top_k_loss``);
+* ``loss_tokens`` (on the steps that ask for it): the rollout token ids with the largest share of
+  the step's OPSD loss, ``[[id, share, count], ...]``: ``share_v = L_v / sum_t |l_t|`` with ``L_v``
+  the summed loss of the tokens with id v, ranked by ``|L_v|`` (the JSD's terms are >= 0, so this
+  is the plain share of the sum; the sampled-token loss has terms of either sign).
+
+All come from tensors the loss computes anyway (``vocab_parallel_jsd``'s clip statistics, the
+per-token values) and travel in the one all-reduce of ``reduce_logs``: no host sync per
+micro-batch. The loss-by-token sums are ``[V]`` vectors, built only on the steps that write them.
+The output loss is the clipped JSD (optionally over the teacher's top-k) or, with
+``objective.use_tinker_loss``, the sampled-token loss (``objectives.sampled_token``), which has
+no clip statistics.
 """
 
 from __future__ import annotations
@@ -29,9 +47,18 @@ import torch
 import torch.distributed as dist
 
 from ..objectives.config import ObjectiveConfig
+from ..objectives.sampled_token import sampled_token_terms
 from .batch import PhfMicroBatch, StepNormalizers
-from .collectives import all_reduce_
+from .collectives import all_reduce_, group_size
+from .sampled_token import vocab_parallel_token_logprob
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, vocab_parallel_jsd
+
+#: metric names of the diagnostics (see the module docstring)
+OPSD_UNCLIPPED = "opsd_unclipped"
+CLIP_FRAC_TOKENS = "clip_frac_tokens"
+CLIP_FRAC_ENTRIES = "clip_frac_entries"
+LOSS_TOKENS = "loss_tokens"
+TOP_LOSS_TOKENS = 20
 
 
 @dataclass(frozen=True)
@@ -56,6 +83,7 @@ def phf_microbatch_loss(
     tp_group: dist.ProcessGroup | None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     jsd_backend: str = "auto",
+    loss_tokens: bool = False,
 ):
     """The loss function's body on the last pipeline stage.
 
@@ -67,11 +95,10 @@ def phf_microbatch_loss(
         mb: the micro-batch; ``mb.teacher_out["logits"]`` holds the teacher's ``[N, V/tp]`` rows.
         flow_share: ``[B]`` the summed flow shares of all stages (differentiable), None if no flow.
         flow_values: ``[B, 1 + n_layers + n_pairs]`` their detached values (share, per layer, per pair).
+        loss_tokens: also log the loss summed per rollout token id (``[V]``, for ``loss_tokens``).
     """
-    per_token = vocab_parallel_jsd(
-        logits, mb.teacher_out["logits"], student_index, objective.jsd_beta,
-        objective.jsd_temperature, objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements, jsd_backend,
-    )
+    per_token, clip_stats = output_loss_terms(logits, student_index, mb, objective, tp_group, chunk_elements,
+                                              jsd_backend)
     opsd_sum = per_token.sum()
     mask = mb.flow_sample_mask.to(logits.device)
     n_tok = max(normalizers.num_tokens, 1)
@@ -83,9 +110,70 @@ def phf_microbatch_loss(
         flow_sum = torch.zeros_like(opsd_sum)
         loss_sum = opsd_sum
     logs = _logs(opsd_sum, flow_sum, mb, mask, flow_values)
+    vocab = logits.shape[-1] * group_size(tp_group)
+    if clip_stats is not None:
+        entries = objective.top_k_loss or vocab
+        logs.update(_clip_logs(clip_stats, mb.num_tokens * entries))
+    if loss_tokens:
+        logs.update(_token_logs(per_token, mb.score_tokens.to(logits.device), vocab))
     if conventions.per_token_loss:
         return loss_sum, torch.full((), mb.num_tokens, dtype=torch.int, device=logits.device), logs
     return loss_sum / n_tok * (conventions.num_microbatches * conventions.dp_size), logs
+
+
+def output_loss_terms(logits, student_index, mb: PhfMicroBatch, objective: ObjectiveConfig,
+                      tp_group: dist.ProcessGroup | None, chunk_elements: int, jsd_backend: str):
+    """``(per_token [N], clip_stats [2, N] or None)``: the output loss of each scored token.
+
+    The clipped JSD of ``vocab_parallel_jsd`` (over the teacher's top-k with ``top_k_loss``), or
+    with ``use_tinker_loss`` the sampled-token loss ``-sg[log p_T(y) - log p_S(y)] log p_S(y)``
+    (the teacher's log-probs from its kept logit rows, without gradient; no clip statistics).
+    """
+    teacher_rows = mb.teacher_out["logits"]
+    if objective.use_tinker_loss:
+        tokens = mb.score_tokens.to(logits.device)
+        student_lp = vocab_parallel_token_logprob(logits, student_index, tokens, objective.jsd_temperature, tp_group,
+                                                  chunk_elements)
+        with torch.no_grad():
+            rows = torch.arange(tokens.numel(), device=logits.device)
+            teacher_lp = vocab_parallel_token_logprob(teacher_rows, rows, tokens, objective.jsd_temperature, tp_group,
+                                                      chunk_elements)
+        return sampled_token_terms(student_lp, teacher_lp), None
+    return vocab_parallel_jsd(logits, teacher_rows, student_index, objective.jsd_beta, objective.jsd_temperature,
+                              objective.jsd_clip, objective.jsd_clip_mode, tp_group, chunk_elements, jsd_backend,
+                              top_k=objective.top_k_loss, return_clip_stats=True)
+
+
+def _clip_logs(clip_stats: torch.Tensor, entries: int) -> dict[str, torch.Tensor]:
+    """Sums of the clip statistics of one micro-batch (``entries``: tokens x vocabulary entries)."""
+    raw, cut = clip_stats.double()
+    return {
+        "clip_raw_sum": raw.sum().reshape(1),
+        "clip_cut_entries": cut.sum().reshape(1),
+        "clip_cut_tokens": (cut > 0).sum().double().reshape(1),
+        "clip_entries": torch.full((1,), float(entries), dtype=torch.float64, device=raw.device),
+    }
+
+
+def _token_logs(per_token: torch.Tensor, tokens: torch.Tensor, vocab: int) -> dict[str, torch.Tensor]:
+    """The loss and the count of each rollout token id, ``[V]`` each, and ``sum_t |l_t|`` (summed over
+    the micro-batch)."""
+    values = per_token.detach().double()
+    zeros = torch.zeros(vocab, dtype=torch.float64, device=values.device)
+    return {"token_loss": zeros.index_add(0, tokens, values),
+            "token_count": zeros.index_add(0, tokens, torch.ones_like(values)),
+            "token_abs_loss": values.abs().sum().reshape(1)}
+
+
+def top_loss_tokens(token_loss: torch.Tensor, token_count: torch.Tensor, abs_total: float,
+                    top: int = TOP_LOSS_TOKENS) -> list[list[float]]:
+    """``[[id, share, count], ...]``: the ``top`` token ids by ``|L_v|``, ``share = L_v / abs_total``."""
+    k = min(top, int((token_count > 0).sum()))
+    if k == 0:
+        return []
+    ids = token_loss.abs().topk(k).indices.tolist()
+    denom = abs_total if abs_total != 0 else float("nan")
+    return [[int(i), float(token_loss[i]) / denom, int(token_count[i])] for i in ids]
 
 
 def _logs(opsd_sum, flow_sum, mb, mask, flow_values) -> dict[str, torch.Tensor]:
@@ -114,7 +202,7 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
         return None
     keys = sorted(logs[0])
     total = torch.cat([sum(d[k] for d in logs).reshape(-1) for k in keys])
-    all_reduce_(total, dp_group)
+    total = all_reduce_(total, dp_group).cpu()  # one device-to-host copy for every metric
     sums, offset = {}, 0
     for k in keys:
         n = logs[0][k].numel()
@@ -128,4 +216,12 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
         per = (sums["value_sums"] / n_flow).tolist()
         metrics["layer_flow"] = per[1: 1 + num_layers]
         metrics["pair_flow"] = per[1 + num_layers:]
+    if "clip_raw_sum" in sums:
+        n_tok = sums["num_tokens"][0].clamp(min=1)
+        metrics[OPSD_UNCLIPPED] = float(sums["clip_raw_sum"][0] / n_tok)
+        metrics[CLIP_FRAC_TOKENS] = float(sums["clip_cut_tokens"][0] / n_tok)
+        if objective.jsd_clip is None or objective.jsd_clip_mode == "element":
+            metrics[CLIP_FRAC_ENTRIES] = float(sums["clip_cut_entries"][0] / sums["clip_entries"][0].clamp(min=1))
+    if "token_loss" in sums:
+        metrics[LOSS_TOKENS] = top_loss_tokens(sums["token_loss"], sums["token_count"], float(sums["token_abs_loss"][0]))
     return metrics

@@ -76,7 +76,10 @@ class PhfStep:
         score_rows_only: the last stage stops at the final norm and projects only the scored
             positions (``logit_rows``; default); False: Megatron's output layer over every position.
 
-    ``backends_used`` records what the last student pass ran: ``{"flow": ..., "jsd": ...}``.
+    ``backends_used`` records what the last student pass ran: ``{"flow": ..., "jsd": ...}`` (jsd:
+    "torch", "triton", "top_k" for ``objective.top_k_loss``, or "sampled_token" for
+    ``objective.use_tinker_loss``). Set ``collect_loss_tokens`` before a step to have its metrics
+    carry the loss by rollout token id (``loss.LOSS_TOKENS``).
     """
 
     def __init__(self, objective: ObjectiveConfig, config, *, tp_group: dist.ProcessGroup | None,
@@ -86,6 +89,8 @@ class PhfStep:
         check_backend(flow_backend)
         if jsd_backend not in JSD_BACKENDS:
             raise ValueError(f"jsd_backend: expected one of {JSD_BACKENDS}, got {jsd_backend!r}")
+        if jsd_backend == "triton" and objective.top_k_loss is not None:
+            raise ValueError("jsd_backend: 'triton' has no top-k kernel (objective.top_k_loss); use 'auto' or 'torch'")
         if getattr(config, "context_parallel_size", 1) > 1:
             raise ValueError("config: context parallelism is not supported by the PHF capture (context_parallel_size > 1)")
         self.objective = objective
@@ -96,6 +101,7 @@ class PhfStep:
         self.jsd_backend = jsd_backend
         self.score_rows_only = score_rows_only
         self.backends_used: dict[str, str] = {}
+        self.collect_loss_tokens = False
         self.plan = None
         if objective.uses_flow:
             if student_capture is None or teacher_capture is None:
@@ -256,9 +262,10 @@ class PhfStep:
 
     def _loss(self, mb, share, values, model, output):
         logits, index = self._scored_logits(model, output, mb.student_score_index, mb.student_tokens.shape[1])
-        self.backends_used["jsd"] = resolve_backend(self.jsd_backend, logits, mb.teacher_out["logits"])
+        self.backends_used["jsd"] = "sampled_token" if self.objective.use_tinker_loss else resolve_backend(
+            self.jsd_backend, logits, mb.teacher_out["logits"], self.objective.top_k_loss)
         return phf_microbatch_loss(logits, index, mb, share, values, self.objective, self.normalizers, self.conventions,
-                                   self.tp_group, self.chunk_elements, self.backends_used["jsd"])
+                                   self.tp_group, self.chunk_elements, self.jsd_backend, self.collect_loss_tokens)
 
 
 def _no_loss(output):

@@ -9,6 +9,8 @@ synchronizes, ``totals_ms()`` sums the elapsed time per name. Regions, as the co
 * ``capture_bwd``: adding the flow gradient into the layer-output gradients (student backward);
 * ``flow_fwd`` / ``flow_bwd``: the stage's flow terms and their gradient w.r.t. the rows;
 * ``jsd_fwd`` / ``jsd_bwd``: the vocabulary-parallel JSD (both step kinds);
+* ``token_logprob_fwd`` / ``token_logprob_bwd``: the sampled-token loss's log-probabilities
+  (``objective.use_tinker_loss``, instead of the JSD);
 * ``teacher_rows``: picking the teacher's scored logit rows (both step kinds).
 
 Event pairs measure device time between two points of the stream: a region whose kernels

@@ -23,6 +23,16 @@ Memory: the forward keeps no ``[N, V]`` tensor; both passes walk the tokens in c
 saved per-token log-normalizers. The only full-size tensor is the gradient itself, in the
 logits' dtype. The local math lives in the helpers; the collectives in the Function.
 
+Clip statistics (the per-step diagnostics of ``loss.reduce_logs``; ``return_clip_stats``): the
+forward also returns ``[2, N]`` = (divergence before the clip, entries cut) per token,
+``objectives.opsd.clip_statistics``. They come from the summands the forward computes anyway
+(the eager loop: a sum and a compare-and-count per chunk, with the element clip only; Triton: two
+register accumulators), in the same all-reduce as the divergence: no extra collective, no host
+sync; no gradient flows through them. Measured cost: ``benchmarks/diagnostics_cost.md``.
+
+``top_k`` (official ``--top_k_loss``) takes ``top_k_jsd``: a global top-k of the teacher and the
+divergence over those k entries; both backends then run that path (no Triton kernel for it).
+
 Backends: ``"torch"`` is that chunked loop (any device and dtype; the CPU machines' path and the
 float64 oracle of the tests); ``"triton"`` runs the three fused passes of ``jsd_triton`` (CUDA,
 float32/bf16/fp16 logits), which also carry ``sum_v de_v/da_v`` from the forward so that the
@@ -36,10 +46,11 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..objectives.opsd import CLIP_MODES, generalized_jsd_terms, mixture_log_probs
+from ..objectives.opsd import CLIP_MODES, clip_statistics, generalized_jsd_terms, mixture_log_probs
 from . import jsd_triton
-from .collectives import all_reduce_
+from .collectives import all_reduce_, group_size
 from .timing import region
+from .top_k_jsd import top_k_jsd
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 24  # float32 elements per [chunk, V_r] temporary: 64 MiB
 JSD_BACKENDS = ("auto", "torch", "triton")
@@ -51,6 +62,13 @@ JSD_BACKENDS = ("auto", "torch", "triton")
 def chunk_rows(num_tokens: int, vocab_local: int, chunk_elements: int) -> int:
     """Rows per chunk so that one ``[rows, V_r]`` float32 temporary holds about ``chunk_elements``."""
     return max(1, min(num_tokens, chunk_elements // max(1, vocab_local)))
+
+
+def token_chunks(num_tokens: int, vocab_local: int, chunk_elements: int):
+    """``(lo, hi)`` row ranges of ``chunk_rows`` rows covering ``[0, num_tokens)``."""
+    rows = chunk_rows(num_tokens, vocab_local, chunk_elements)
+    for lo in range(0, num_tokens, rows):
+        yield lo, min(num_tokens, lo + rows)
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -83,20 +101,20 @@ def term_grad_wrt_student_lp(student_lp: torch.Tensor, teacher_lp: torch.Tensor,
 
 
 class _VocabParallelJSD(torch.autograd.Function):
-    """Per-token clipped JSD ``[N]`` from student logits rows (by index) and teacher rows."""
+    """Per-token clipped JSD ``[N]`` and clip statistics ``[2, N]`` from student logits rows (by index) and teacher rows."""
 
     @staticmethod
     def forward(ctx, student_logits, teacher_rows, student_index, beta, temperature, clip, clip_mode,
-                tp_group, chunk_elements):
+                tp_group, chunk_elements, with_stats):
         vocab_local = student_logits.shape[-1]
         flat = student_logits.reshape(-1, vocab_local)
         n = student_index.numel()
-        per_token = torch.zeros(n, dtype=compute_dtype(flat), device=flat.device)
-        lse_s = torch.zeros_like(per_token)
-        lse_t = torch.zeros_like(per_token)
-        rows = chunk_rows(n, vocab_local, chunk_elements)
-        for lo in range(0, n, rows):
-            hi = min(n, lo + rows)
+        element_stats = with_stats and clip is not None and clip_mode == "element"
+        # rows: the clipped divergence, then (element clip) the raw divergence and the entries cut
+        sums = torch.zeros(3 if element_stats else 1, n, dtype=compute_dtype(flat), device=flat.device)
+        lse_s = torch.zeros_like(sums[0])
+        lse_t = torch.zeros_like(sums[0])
+        for lo, hi in token_chunks(n, vocab_local, chunk_elements):
             s = scaled(flat.index_select(0, student_index[lo:hi]), temperature)
             t = scaled(teacher_rows[lo:hi], temperature)
             # Global max and partition function of both distributions: 2 all-reduces for the pair.
@@ -106,20 +124,32 @@ class _VocabParallelJSD(torch.autograd.Function):
             s -= lse[0][:, None]  # in place: s becomes log p_S
             t -= lse[1][:, None]
             terms = generalized_jsd_terms(s, t, beta)
+            if element_stats:  # objectives.opsd.clip_statistics; the 0/1 mask goes into the dead buffer s as
+                # floats: a float sum costs a tenth of a bool reduction on CPU
+                sums[1, lo:hi] = terms.sum(-1)
+                sums[2, lo:hi] = torch.gt(terms, clip, out=s).sum(-1)
             if clip is not None and clip_mode == "element":
                 terms = terms.clamp_(max=clip)
-            per_token[lo:hi] = terms.sum(-1)
+            sums[0, lo:hi] = terms.sum(-1)
             lse_s[lo:hi], lse_t[lo:hi] = lse[0], lse[1]
-        all_reduce_(per_token, tp_group)
+        all_reduce_(sums, tp_group)
+        per_token = sums[0].clone()
+        if element_stats:
+            stats = sums[1:].clone()
+        elif with_stats:  # no clip or the token clip: the statistics follow from the summed divergence
+            stats = torch.stack(clip_statistics(per_token[:, None], clip, clip_mode))
+        else:
+            stats = sums.new_zeros(2, 0)
         unclipped = per_token.clone() if clip is not None and clip_mode == "token" else None
         if unclipped is not None:
             per_token = per_token.clamp(max=clip)
         ctx.save_for_backward(student_logits, teacher_rows, student_index, lse_s, lse_t, unclipped)
         ctx.options = (beta, temperature, clip, clip_mode, tp_group, chunk_elements)
-        return per_token
+        ctx.mark_non_differentiable(stats)
+        return per_token, stats
 
     @staticmethod
-    def backward(ctx, grad_per_token):
+    def backward(ctx, grad_per_token, _grad_stats):
         with region("jsd_bwd"):
             return _VocabParallelJSD._backward(ctx, grad_per_token)
 
@@ -130,10 +160,7 @@ class _VocabParallelJSD(torch.autograd.Function):
         vocab_local = student_logits.shape[-1]
         flat = student_logits.reshape(-1, vocab_local)
         grad_flat = torch.zeros_like(flat)
-        n = student_index.numel()
-        rows = chunk_rows(n, vocab_local, chunk_elements)
-        for lo in range(0, n, rows):
-            hi = min(n, lo + rows)
+        for lo, hi in token_chunks(student_index.numel(), vocab_local, chunk_elements):
             a = scaled(flat.index_select(0, student_index[lo:hi]), temperature) - lse_s[lo:hi, None]
             b = scaled(teacher_rows[lo:hi], temperature) - lse_t[lo:hi, None]
             g = term_grad_wrt_student_lp(a, b, beta)
@@ -145,11 +172,11 @@ class _VocabParallelJSD(torch.autograd.Function):
             p = a.exp_()  # a is not needed any more
             grad_rows = (g - p * g_sum[:, None]) / temperature
             grad_flat.index_copy_(0, student_index[lo:hi], grad_rows.to(grad_flat.dtype))
-        return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None
+        return grad_flat.view_as(student_logits), None, None, None, None, None, None, None, None, None
 
 
 class _FusedVocabParallelJSD(torch.autograd.Function):
-    """The same per-token divergence ``[N]`` by the Triton passes (three all-reduces of ``[2, N]``)."""
+    """The same per-token divergence ``[N]`` and statistics by the Triton passes (all-reduces of ``[2, N]``, ``[2, N]``, ``[4, N]``)."""
 
     @staticmethod
     def forward(ctx, student_logits, teacher_rows, student_index, beta, temperature, clip, clip_mode, tp_group):
@@ -160,6 +187,8 @@ class _FusedVocabParallelJSD(torch.autograd.Function):
         sums = all_reduce_(jsd_triton.summands(flat, student_index, teacher_rows, lse, beta, temperature,
                                                element_clip), tp_group)
         per_token, h_sum = sums[0].clone(), sums[1]
+        stats = sums[2:].clone() if element_clip is not None else torch.stack(
+            clip_statistics(per_token[:, None], clip, clip_mode))
         keep = None
         if clip is not None and clip_mode == "token":  # the token's own clamp gates its whole row
             keep = per_token <= clip
@@ -168,10 +197,11 @@ class _FusedVocabParallelJSD(torch.autograd.Function):
         token_of_row[student_index] = torch.arange(student_index.numel(), device=flat.device)
         ctx.save_for_backward(student_logits, teacher_rows, token_of_row, lse, h_sum, keep)
         ctx.options = (beta, temperature, element_clip)
-        return per_token
+        ctx.mark_non_differentiable(stats)
+        return per_token, stats
 
     @staticmethod
-    def backward(ctx, grad_per_token):
+    def backward(ctx, grad_per_token, _grad_stats):
         student_logits, teacher_rows, token_of_row, lse, h_sum, keep = ctx.saved_tensors
         beta, temperature, element_clip = ctx.options
         with region("jsd_bwd"):
@@ -192,10 +222,18 @@ def global_log_normalizers(local_max: torch.Tensor, local_sum_exp: torch.Tensor,
     return global_max + total.log()
 
 
-def resolve_backend(backend: str, student_logits: torch.Tensor, teacher_rows: torch.Tensor) -> str:
-    """``"torch"`` or ``"triton"`` for these inputs; ValueError for an unknown or impossible choice."""
+def resolve_backend(backend: str, student_logits: torch.Tensor, teacher_rows: torch.Tensor,
+                    top_k: int | None = None) -> str:
+    """``"torch"``, ``"triton"`` or ``"top_k"`` for these inputs; ValueError for an unknown or impossible choice.
+
+    ``top_k`` set: ``"top_k"`` (``top_k_jsd``, eager) for ``"auto"`` and ``"torch"``; ``"triton"`` is refused.
+    """
     if backend not in JSD_BACKENDS:
         raise ValueError(f"backend: expected one of {JSD_BACKENDS}, got {backend!r}")
+    if top_k is not None:
+        if backend == "triton":
+            raise ValueError("backend: 'triton' has no top-k kernel (objective.top_k_loss); use 'auto' or 'torch'")
+        return "top_k"
     if backend == "torch":
         return "torch"
     problem = jsd_triton.unsupported(student_logits, teacher_rows)
@@ -220,7 +258,9 @@ def vocab_parallel_jsd(
     tp_group: dist.ProcessGroup | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     backend: str = "auto",
-) -> torch.Tensor:
+    top_k: int | None = None,
+    return_clip_stats: bool = False,
+):
     """Per-token clipped generalized JSD ``D(p_T || p_S)`` on vocabulary-sharded logits.
 
     Equals ``objectives.opsd.opsd_token_divergence`` on the gathered vocabulary, token by token.
@@ -237,9 +277,14 @@ def vocab_parallel_jsd(
         chunk_elements: float32 elements per temporary of the ``"torch"`` backend; bounds its extra memory.
         backend: ``"auto"`` (Triton kernels for CUDA float32/bf16/fp16 logits when Triton is
             installed, else the chunked loop), ``"torch"`` or ``"triton"`` (see the module docstring).
+        top_k: None (the whole vocabulary) or k: the divergence over the teacher's k most likely
+            entries, both renormalized (``top_k_jsd``; ``"auto"`` and ``"torch"`` only).
+        return_clip_stats: also return the ``[2, N]`` clip statistics (no gradient).
 
     Returns:
-        ``[N]`` per-token divergences (float32, or float64 for float64 logits), identical on every rank of ``tp_group``.
+        ``[N]`` per-token divergences (float32, or float64 for float64 logits), identical on every rank of
+        ``tp_group``; with ``return_clip_stats``, ``(divergences, stats)`` where ``stats[0]`` is the divergence
+        before the clip and ``stats[1]`` the entries cut (element clip) or 1 where the token was cut (token clip).
     """
     if clip_mode not in CLIP_MODES:
         raise ValueError(f"clip_mode: expected one of {CLIP_MODES}, got {clip_mode!r}")
@@ -256,11 +301,21 @@ def vocab_parallel_jsd(
         )
     if student_index.dtype != torch.long or student_index.dim() != 1:
         raise ValueError(f"student_index: expected a 1-D long tensor, got {student_index.dtype} {tuple(student_index.shape)}")
+    if top_k is not None and not 1 <= top_k <= student_logits.shape[-1] * group_size(tp_group):
+        raise ValueError(f"top_k: must lie in [1, {student_logits.shape[-1] * group_size(tp_group)}] (the vocabulary), "
+                         f"got {top_k}")
     with region("jsd_fwd"):
-        if resolve_backend(backend, student_logits, teacher_rows) == "triton":
-            return _FusedVocabParallelJSD.apply(student_logits.contiguous(), teacher_rows.detach().contiguous(),
-                                                student_index, beta, temperature, clip, clip_mode, tp_group)
-        return _VocabParallelJSD.apply(
-            student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
-            clip_mode, tp_group, chunk_elements,
-        )
+        path = resolve_backend(backend, student_logits, teacher_rows, top_k)
+        if path == "top_k":
+            rows = chunk_rows(student_index.numel(), student_logits.shape[-1], chunk_elements)
+            per_token, stats = top_k_jsd(student_logits, teacher_rows, student_index, top_k, beta, temperature, clip,
+                                         clip_mode, tp_group, rows)
+        elif path == "triton":
+            per_token, stats = _FusedVocabParallelJSD.apply(
+                student_logits.contiguous(), teacher_rows.detach().contiguous(), student_index, beta, temperature,
+                clip, clip_mode, tp_group)
+        else:
+            per_token, stats = _VocabParallelJSD.apply(
+                student_logits.contiguous(), teacher_rows.detach(), student_index, beta, temperature, clip,
+                clip_mode, tp_group, chunk_elements, return_clip_stats)
+    return (per_token, stats) if return_clip_stats else per_token

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
+EMA_STARTS = ("initial", "after_first_step")
 ROLLOUT_BACKENDS = ("auto", "vllm", "transformers", "vllm_server")
 SERVER_WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -95,10 +96,19 @@ class TeacherConfig:
 
     mode: str = "ema"
     """ema (paper: EMA of the student's trainable weights, rho = objective.ema_decay) | fixed
-    (adapters off: the initial policy; needs LoRA) | dynamic (the current student)."""
+    (adapters off: the initial policy; needs LoRA; the official OPSD scripts' --fixed_teacher) |
+    dynamic (the current student)."""
+    ema_start: str = "initial"
+    """Where the EMA starts: initial (paper: theta_bar_0 = theta_0) | after_first_step (official
+    OPSD code at 7448751, opsd_trainer.py lines 193, 531-544, 571-573: the teacher is the student
+    until the first optimizer step, whose result theta_1 the EMA copies; see training.teacher)."""
 
     def __post_init__(self) -> None:
         check_choice("teacher.mode", self.mode, TEACHER_MODES)
+        check_choice("teacher.ema_start", self.ema_start, EMA_STARTS)
+        if self.ema_start != "initial" and self.mode != "ema":
+            raise fail("teacher.ema_start", f"{self.ema_start!r} applies to the EMA teacher only, not "
+                       f"teacher.mode={self.mode!r}")
 
 
 @dataclass
@@ -150,12 +160,18 @@ class RolloutConfig:
     probe_atol: float | None = None
     """With verify_sync: max |engine - trainer| logprob on the probe sequence (a coarse end-to-end
     check); None: by dtype (float32 1e-4, bfloat16 0.1, float16 0.05)."""
+    lmbda: float = 1.0
+    """GKD's on-policy fraction: each micro-batch trains on rollouts with probability lmbda, else on
+    the rows' solutions as completions (TRL GOLD training_step; training.policy_mix). 1 (paper,
+    official scripts' --lmbda 1; the official OPSD trainer ignores the flag and always samples)."""
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
         _check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
         if self.probe_atol is not None:
             _check_positive("rollout.probe_atol", self.probe_atol)
+        if not 0.0 <= self.lmbda <= 1.0:
+            raise fail("rollout.lmbda", f"must lie in [0, 1], got {self.lmbda}")
         if self.backend == "vllm_server" and not self.server_url:
             raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
         check_choice("rollout.server_weight_transport", self.server_weight_transport, SERVER_WEIGHT_TRANSPORTS)
@@ -201,10 +217,18 @@ class DataConfig:
     """Reshuffle the rows every epoch (HF Trainer's RandomSampler)."""
     shuffle_seed: int = 42
     """Seed of the shuffle (HF TrainingArguments seed = 42)."""
+    reason_first: bool = False
+    """The teacher first writes an analysis of the reference (sampled by the rollout engine, i.e.
+    the student's weights, as the official vLLM runs do) and its prompt is the analysis prompt,
+    the analysis and the transition text (official --reason_first; data.reason_first). False: the
+    plain privileged prompt (paper, official scripts)."""
+    reason_first_max_tokens: int = 4096
+    """Most tokens of the teacher's analysis (official max_reasoning_length default 4096)."""
 
     def __post_init__(self) -> None:
         if not self.path:
             raise fail("data.path", "is empty")
+        _check_positive("data.reason_first_max_tokens", self.reason_first_max_tokens)
         if self.max_rows is not None:
             _check_positive("data.max_rows", self.max_rows)
         _check_positive("data.max_prompt_length", self.max_prompt_length)
@@ -324,6 +348,11 @@ class LoggingConfig:
     """Show a tqdm bar with step time and loss."""
     log_layer_energy: bool = True
     """Log the per-layer flow energy and its spread (paper Section 4 diagnostics)."""
+    loss_tokens_interval: int = 10
+    """Every this many steps, write the 20 rollout tokens with the largest share of the step's
+    OPSD loss to <run_dir>/loss_tokens.jsonl (style tokens such as "wait": OPSD issues #3, #20);
+    0: never."""
 
     def __post_init__(self) -> None:
         _check_positive("logging.log_interval", self.log_interval)
+        _check_positive("logging.loss_tokens_interval", self.loss_tokens_interval, allow_zero=True)

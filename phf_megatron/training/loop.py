@@ -1,8 +1,11 @@
 """The OPSD + PHF training loop (``python -m phf_megatron.train``).
 
 Each step: the step's prompts from the dataset (deterministic, identical on every rank) →
-rollouts from the engine (rank 0, broadcast) → this rank's micro-batches → one PHF update
-(``update.phf_update``) → weight sync into the engine → metrics, layer energy, checkpoint.
+[``data.reason_first``: the teacher's analyses from the engine, then the teacher prompts] →
+rollouts from the engine (rank 0, broadcast; with ``rollout.lmbda`` < 1 the off-policy
+micro-batches take the rows' solutions instead, ``policy_mix``) → this rank's micro-batches →
+one PHF update (``update.phf_update``) → weight sync into the engine → metrics, layer energy,
+the loss by rollout token (every ``logging.loss_tokens_interval`` steps), checkpoint.
 
 Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a resumed run needs
 to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
@@ -17,7 +20,9 @@ import time
 
 import torch
 
-from ..data import PromptConfig, build_prompt_pair, load_math_dataset
+from ..data import PromptConfig, PromptPair, build_prompt_pair, load_math_dataset
+from ..data.prompts import encode_prompt, render_student_prompt
+from ..data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
 from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..parallel.capture import WindowCapture
@@ -29,8 +34,9 @@ from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config
 from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
-from .metrics import MetricsLogger
+from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger
 from .model_setup import StudentModel, build_student
+from .policy_mix import on_policy_samples, solution_completion
 from .rollouts import RolloutDriver, RolloutFailure
 from .teacher import PrivilegedTeacher
 from .update import phf_update
@@ -64,7 +70,7 @@ class Trainer:
                                           align_generation_prompt=cfg.data.align_generation_prompt)
         self.student: StudentModel = build_student(cfg, len(self.dataset))
         self.teacher = PrivilegedTeacher(self.student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
-                                         lora=cfg.lora.enabled)
+                                         lora=cfg.lora.enabled, ema_start=cfg.teacher.ema_start)
         self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
         self.layout = RankLayout.from_parallel_state()
         self.step = 0
@@ -117,22 +123,56 @@ class Trainer:
     # ----------------------------------------------------------------- one step
 
     def _step_inputs(self):
-        """The step's prompt pairs (one per sample: ``rollout.n`` samples per prompt) and unique prompts."""
+        """The step's rows and prompt pairs (one per row; reason-first pairs need the engine: collective)."""
         rows = [self.dataset[i] for i in self.sampler.take(self.cfg.prompts_per_step)]
-        pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
-        too_long = [i for i, p in enumerate(pairs) if len(p.teacher_ids) > self.cfg.data.max_prompt_length]
+        if self.cfg.data.reason_first:
+            pairs = self._reason_first_pairs(rows)
+        else:
+            pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
+            self._check_prompt_lengths(rows, [p.teacher_ids for p in pairs])
+        return rows, pairs
+
+    def _check_prompt_lengths(self, rows, prompts) -> None:
+        too_long = [i for i, p in enumerate(prompts) if len(p) > self.cfg.data.max_prompt_length]
         if too_long:
             raise ValueError(f"data.max_prompt_length: {len(too_long)} prompt(s) of step {self.step} exceed "
                              f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
-        return [p for p in pairs for _ in range(self.cfg.rollout.n)], [p.student_ids for p in pairs]
+
+    def _reason_first_pairs(self, rows) -> list[PromptPair]:
+        """The teacher's analysis of each row's reference (engine: the current student), then the teacher
+        prompt ``[analysis prompt][analysis][transition]`` (``data.reason_first``)."""
+        prompts = [analysis_prompt_ids(self.tokenizer, r.problem, r.solution) for r in rows]
+        self._check_prompt_lengths(rows, prompts)
+        analyses = self.rollouts.generate(prompts, self.step, self.rollouts.analysis_params(self.step))
+        return [PromptPair(student_ids=encode_prompt(self.tokenizer, render_student_prompt(
+                    self.tokenizer, r.problem, self.prompt_config)),
+                           teacher_ids=reason_first_teacher_ids(self.tokenizer, p, a, self.prompt_config))
+                for r, p, a in zip(rows, prompts, analyses)]
+
+    def _completions(self, rows, pairs) -> tuple[list[list[int]], float]:
+        """One completion per sample (``rollout.n`` per row): rollouts, or with ``rollout.lmbda`` < 1 the
+        rows' solutions for the off-policy micro-batches; and the on-policy fraction."""
+        from megatron.core import parallel_state as ps
+
+        cfg, n = self.cfg, self.cfg.rollout.n
+        on_policy = on_policy_samples(cfg.rollout.lmbda, cfg.training.seed, self.step, len(rows) * n,
+                                      ps.get_data_parallel_world_size(), cfg.training.micro_batch_size)
+        sampled = [r for r in range(len(rows)) if any(on_policy[r * n: (r + 1) * n])]
+        rollouts = self.rollouts.generate([pairs[r].student_ids for r in sampled], self.step) if sampled else []
+        by_sample = {r * n + j: rollouts[k * n + j] for k, r in enumerate(sampled) for j in range(n)}
+        completions = [by_sample[i] if on_policy[i] else
+                       solution_completion(self.tokenizer, rows[i // n].solution, cfg.rollout.max_tokens)
+                       for i in range(len(on_policy))]
+        return completions, sum(on_policy) / len(on_policy)
 
     def train_step(self) -> dict:
         from megatron.core import parallel_state as ps
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        pairs, prompts = self._step_inputs()
-        completions = self.rollouts.generate(prompts, self.step)
+        rows, row_pairs = self._step_inputs()
+        completions, on_policy = self._completions(rows, row_pairs)
+        pairs = [p for p in row_pairs for _ in range(cfg.rollout.n)]
         t1 = time.perf_counter()
         sp = self.student.config.sequence_parallel
         mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id or 0,
@@ -140,7 +180,9 @@ class Trainer:
                                  dp_size=ps.get_data_parallel_world_size(),
                                  pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
                                  window_budget=cfg.objective.flow_window)
-        metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective)
+        interval = cfg.logging.loss_tokens_interval
+        metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective,
+                             collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0)
         t2 = time.perf_counter()
         if (self.step + 1) % cfg.rollout.sync_interval == 0:
             self.rollouts.sync()
@@ -150,6 +192,8 @@ class Trainer:
                        sync_probe_diff=self.rollouts.last_probe_diff,
                        sync_fingerprint_diff=self.rollouts.last_fingerprint_diff,
                        sync_fingerprints_checked=self.rollouts.last_fingerprints_checked)
+        if cfg.rollout.lmbda < 1:
+            metrics[ON_POLICY_FRACTION] = on_policy
         if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
             metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
         return metrics
@@ -162,6 +206,11 @@ class Trainer:
             while self.step < cfg.training.train_iters:
                 metrics = self.train_step()
                 self.step += 1
+                loss_tokens = metrics.pop(LOSS_TOKENS, None)
+                if loss_tokens is not None:
+                    self.metrics.log_loss_tokens(self.step, [
+                        {"id": i, "token": self.tokenizer.decode([i]), "share": share, "count": count}
+                        for i, share, count in loss_tokens])
                 if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
                     self.metrics.log(self.step, metrics)
                 self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")),

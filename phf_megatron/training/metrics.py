@@ -9,6 +9,11 @@ TensorBoard gets ``purge_step = s + 1`` for the same effect.
 
     with MetricsLogger(run_dir, total_steps=100, start_step=resumed_step, tensorboard=True) as m:
         m.log(step, {"loss": 0.41, "lr": 5e-6, "step_time": 3.2})
+
+``loss_tokens.jsonl`` (``log_loss_tokens``, every ``logging.loss_tokens_interval`` steps) holds
+``{"step": 10, "tokens": [{"id": 13824, "token": " wait", "share": 0.081, "count": 57}, ...]}``:
+the rollout tokens with the largest share of the step's summed OPSD loss; truncated on resume
+like the metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from ..parallel import loss as _loss
+
 METRICS_FILE = "metrics.jsonl"
+LOSS_TOKENS_FILE = "loss_tokens.jsonl"
 
 #: Record keys the trainer writes and ``tools/plot_run.py`` reads.
 LOSS = "loss"            # L_OPSD + alpha * L_flow, the optimized total
@@ -31,6 +39,11 @@ GRAD_NORM = "grad_norm"  # global gradient norm before clipping
 LR = "lr"
 STEP_TIME = "step_time"  # seconds per optimizer step
 FLOW_ENERGY = "flow_energy"  # [L] per-layer energy (diagnostics.layer_energy_metrics)
+OPSD_UNCLIPPED = _loss.OPSD_UNCLIPPED        # mean divergence per token before the clip
+CLIP_FRAC_TOKENS = _loss.CLIP_FRAC_TOKENS    # fraction of tokens the clip changed
+CLIP_FRAC_ENTRIES = _loss.CLIP_FRAC_ENTRIES  # fraction of vocabulary summands above the cap (element clip)
+LOSS_TOKENS = _loss.LOSS_TOKENS              # [[id, share, count], ...] on loss_tokens steps (not in metrics.jsonl)
+ON_POLICY_FRACTION = "on_policy_fraction"    # share of the step's samples that are rollouts (rollout.lmbda)
 
 
 def _is_rank0() -> bool:
@@ -38,13 +51,15 @@ def _is_rank0() -> bool:
 
 
 def to_json_value(value: Any) -> Any:
-    """Tensors/NumPy values to Python numbers or lists; NaN and +-inf to None."""
+    """Tensors/NumPy values to Python numbers or lists (dicts and lists recursively); NaN and +-inf to None."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().tolist()
     elif hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         return [to_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json_value(v) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -52,7 +67,7 @@ def to_json_value(value: Any) -> Any:
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """The records of a metrics file; a half-written last line is ignored, other bad lines raise."""
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
@@ -73,9 +88,9 @@ def truncate_jsonl(path: str, last_step: int) -> int:
         return 0
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         for record in kept:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -107,6 +122,7 @@ class MetricsLogger:
     ) -> None:
         self.enabled = _is_rank0() if enabled is None else enabled
         self.path = os.path.join(run_dir, METRICS_FILE)
+        self.loss_tokens_path = os.path.join(run_dir, LOSS_TOKENS_FILE)
         self._file = None
         self._tb = None
         self._bar = None
@@ -116,6 +132,7 @@ class MetricsLogger:
         if jsonl:
             truncate_jsonl(self.path, start_step)
             self._file = open(self.path, "a")
+        truncate_jsonl(self.loss_tokens_path, start_step)
         if tensorboard:
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
                                          purge_step=start_step + 1 if start_step > 0 else None)
@@ -154,6 +171,13 @@ class MetricsLogger:
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
         self.progress(step, loss=record.get("loss"), step_time=record.get("step_time"))
+
+    def log_loss_tokens(self, step: int, tokens: list[dict[str, Any]]) -> None:
+        """Append one ``loss_tokens.jsonl`` record (``tokens``: id, decoded token, share, count)."""
+        if not self.enabled:
+            return
+        with open(self.loss_tokens_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": int(step), "tokens": to_json_value(tokens)}, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
         if self._file is not None:

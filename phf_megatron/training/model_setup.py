@@ -70,6 +70,13 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
         raise ValueError(f"data.max_prompt_length + rollout.max_tokens = {cfg.data.max_prompt_length} + "
                          f"{cfg.rollout.max_tokens} = {longest} exceeds the model's max_position_embeddings "
                          f"({hf_config.max_position_embeddings}); lower data.max_prompt_length")
+    if cfg.data.reason_first and longest + cfg.data.reason_first_max_tokens > hf_config.max_position_embeddings:
+        raise ValueError(f"data.reason_first_max_tokens: the reason-first teacher sequence (prompt {cfg.data.max_prompt_length} "
+                         f"+ analysis {cfg.data.reason_first_max_tokens} + rollout {cfg.rollout.max_tokens}) exceeds the "
+                         f"model's max_position_embeddings ({hf_config.max_position_embeddings})")
+    if cfg.objective.top_k_loss is not None and cfg.objective.top_k_loss > hf_config.vocab_size:
+        raise ValueError(f"objective.top_k_loss: {cfg.objective.top_k_loss} exceeds the model's vocabulary "
+                         f"({hf_config.vocab_size})")
 
 
 def _config_overrides(cfg: TrainConfig) -> dict:

@@ -83,7 +83,8 @@ class RolloutDriver:
                     dtype=cfg.model.dtype, seed=cfg.training.seed,
                     timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
                     gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
-                    max_model_len=cfg.data.max_prompt_length + r.max_tokens))
+                    max_model_len=cfg.data.max_prompt_length + max(
+                        r.max_tokens, cfg.data.reason_first_max_tokens if cfg.data.reason_first else 0)))
             except Exception as err:  # noqa: BLE001 - reported to every rank
                 error = f"rollout engine failed to start ({type(err).__name__}): {err}"
         error = _broadcast(error, group=self.group)
@@ -97,13 +98,23 @@ class RolloutDriver:
         return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
                               seed=self.cfg.training.seed * 1_000_003 + step, stop_token_ids=self.eos_token_ids)
 
-    def generate(self, prompts: list[list[int]], step: int) -> list[list[int]]:
-        """Completion token ids for every prompt of the step (``rollout.n`` per prompt, flattened)."""
+    def analysis_params(self, step: int) -> SamplingParams:
+        """The teacher's reason-first analysis (``data.reason_first``): one sample per prompt at the
+        rollout's temperature / top-p / top-k, at most ``data.reason_first_max_tokens`` tokens
+        (official ``opsd_trainer.py`` lines 257-266, 1091-1097), its own seed stream."""
+        return SamplingParams(n=1, temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
+                              top_k=self.cfg.rollout.top_k, max_tokens=self.cfg.data.reason_first_max_tokens,
+                              seed=(self.cfg.training.seed * 1_000_003 + step) * 2 + 1,
+                              stop_token_ids=self.eos_token_ids)
+
+    def generate(self, prompts: list[list[int]], step: int, params: SamplingParams | None = None) -> list[list[int]]:
+        """Completion token ids for every prompt of the step (``params.n`` per prompt, flattened;
+        default: the rollout's ``sampling_params``). Collective: every rank calls it with the same prompts."""
         result = None
         if self.engine is not None:
             try:
                 self._wake()
-                outs = self.engine.generate(prompts, self.sampling_params(step))
+                outs = self.engine.generate(prompts, params or self.sampling_params(step))
                 self._sleep()
                 result = [list(c.token_ids) for per_prompt in outs for c in per_prompt]
             except Exception as err:  # noqa: BLE001

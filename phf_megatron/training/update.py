@@ -38,8 +38,9 @@ def _gather_metrics(metrics: dict | None) -> dict:
 
 
 def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: WindowCapture | None,
-               microbatches: list[PhfMicroBatch], objective: ObjectiveConfig) -> dict:
-    """Run one update; returns the step's metrics (loss parts, grad norm, lr, per-layer flow, timings)."""
+               microbatches: list[PhfMicroBatch], objective: ObjectiveConfig, collect_loss_tokens: bool = False) -> dict:
+    """Run one update; returns the step's metrics (loss parts, grad norm, lr, per-layer flow, clip
+    diagnostics, timings; with ``collect_loss_tokens`` the loss by rollout token, ``loss.LOSS_TOKENS``)."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -47,6 +48,7 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     mbs = [mb.to(device) for mb in microbatches] if device.type != "cpu" else microbatches
     step = PhfStep(objective, student.config, tp_group=ps.get_tensor_model_parallel_group(),
                    dp_group=ps.get_data_parallel_group(), student_capture=capture, teacher_capture=capture)
+    step.collect_loss_tokens = collect_loss_tokens
     step.prepare(mbs)
     chunks = student.chunks
     model = chunks if len(chunks) > 1 else chunks[0]

@@ -4,7 +4,9 @@ Triton's interpreter executes the kernels of ``phf_megatron.parallel.jsd_triton`
 tensors (it must be switched on before Triton is imported, hence a separate process). Checked
 against Foundation's ``opsd_token_divergence`` in float64: every beta branch and clip mode,
 per-token values and the gradient of a weighted sum, single rank and the vocabulary split over
-two gloo ranks (the all-reduced log-normalizers and sums). Writes ``{case: max relative error}``.
+two gloo ranks (the all-reduced log-normalizers and sums), and in float32 the clip statistics
+(divergence before the clip, entries cut: ``stats_*``, the counts exact). Writes ``{case: max
+relative error}``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 
 import torch
 
-from phf_megatron.objectives.opsd import opsd_token_divergence
+from phf_megatron.objectives.opsd import clip_statistics, generalized_jsd_terms, log_probs, opsd_token_divergence
 from phf_megatron.parallel.vocab_parallel_jsd import vocab_parallel_jsd
 
 CASES = [(beta, clip, mode) for beta in (0.0, 0.5, 1.0, 0.3)
@@ -46,18 +48,27 @@ def _rel(a, b):
     return float((a.detach().double() - b).abs().max() / b.abs().max())
 
 
+def _stats_error(stats, zs, zt, mask, beta, clip, mode):
+    """Relative error of the divergence before the clip, plus any difference in the counts cut."""
+    terms = generalized_jsd_terms(log_probs(zs.double(), 1.1), log_probs(zt.double(), 1.1), beta)
+    raw, cut = (x[mask] for x in clip_statistics(terms, clip, mode))
+    return max(_rel(stats[0], raw), float((stats[1].double() - cut).abs().max()))
+
+
 def single_rank(dtype=torch.float32) -> dict:
     errors = {}
     for k, (beta, clip, mode) in enumerate(CASES):
         zs, zt, mask, idx, w = _inputs(k)
         ref, ref_grad, clip = _reference(zs.to(dtype), zt.to(dtype), mask, w, beta, clip, mode)
         logits = zs.to(dtype).requires_grad_()
-        out = vocab_parallel_jsd(logits, zt.to(dtype).reshape(-1, VOCAB)[idx], idx, beta, 1.1, clip, mode,
-                                 backend="triton")
+        out, stats = vocab_parallel_jsd(logits, zt.to(dtype).reshape(-1, VOCAB)[idx], idx, beta, 1.1, clip, mode,
+                                        backend="triton", return_clip_stats=True)
         (grad,) = torch.autograd.grad((out * w).sum(), logits)
         name = f"{str(dtype).split('.')[-1]}_beta{beta}_{mode}{'_clip' if clip else ''}"
         errors[name] = max(_rel(out, ref), _rel(grad, ref_grad))
         errors[f"unscored_rows_{name}"] = float(grad[~mask].abs().max())
+        if dtype == torch.float32:
+            errors[f"stats_{name}"] = _stats_error(stats, zs, zt, mask, beta, clip, mode)
     return errors
 
 
@@ -74,11 +85,13 @@ def two_ranks(rank, world_size) -> dict:
         zs, zt, mask, idx, w = _inputs(100 + k)
         ref, ref_grad, clip = _reference(zs, zt, mask, w, beta, clip, mode)
         shard = zs[..., cols].clone().requires_grad_()
-        out = vocab_parallel_jsd(shard, zt[..., cols].reshape(-1, half)[idx], idx, beta, 1.1, clip, mode,
-                                 tp_group=ps.get_tensor_model_parallel_group(), backend="triton")
+        out, stats = vocab_parallel_jsd(shard, zt[..., cols].reshape(-1, half)[idx], idx, beta, 1.1, clip, mode,
+                                        tp_group=ps.get_tensor_model_parallel_group(), backend="triton",
+                                        return_clip_stats=True)
         (grad,) = torch.autograd.grad((out * w).sum(), shard)
-        errors[f"tp2_beta{beta}_{mode}{'_clip' if clip else ''}"] = max(_rel(out.detach(), ref),
-                                                                         _rel(grad, ref_grad[..., cols]))
+        name = f"tp2_beta{beta}_{mode}{'_clip' if clip else ''}"
+        errors[name] = max(_rel(out.detach(), ref), _rel(grad, ref_grad[..., cols]))
+        errors[f"stats_{name}"] = _stats_error(stats, zs, zt, mask, beta, clip, mode)
     return errors
 
 

@@ -29,10 +29,12 @@ VARIANTS = {
 STUDENT_SEED, TEACHER_SEED = 0, 1
 
 
-def run_layouts(rank, world_size, plans, with_collectives=False):
+def run_layouts(rank, world_size, plans, with_collectives=False, variants_table=None, collect_loss_tokens=False):
     """``plans``: list of ``(layout_name, Layout, model_name, [variant names])``.
 
     ``with_collectives`` also runs ``tp2_collectives`` first (its errors under key "collectives").
+    ``variants_table``: the objectives by variant name (default ``VARIANTS``); ``collect_loss_tokens``:
+    the steps also collect the loss by rollout token id.
     """
     from megatron.core import parallel_state as ps
 
@@ -56,9 +58,10 @@ def run_layouts(rank, world_size, plans, with_collectives=False):
         reporter = ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
         for variant in variants:
             mbs = reference.microbatches(VOCAB, dp_rank, dp, layout.num_micro)
-            step = PhfStep(VARIANTS[variant], student[0].config, tp_group=ps.get_tensor_model_parallel_group(),
-                           dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1],
-                           **layout.step_options)
+            step = PhfStep((variants_table or VARIANTS)[variant], student[0].config,
+                           tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group(),
+                           student_capture=captures[0], teacher_capture=captures[1], **layout.step_options)
+            step.collect_loss_tokens = collect_loss_tokens
             calls[0] = 0
             logs = run_step(step, student, teacher, mbs)
             metrics = step.reduce_logs(logs) if ps.is_pipeline_last_stage(ignore_virtual=True) else None

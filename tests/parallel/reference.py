@@ -12,7 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from phf_megatron.objectives import ObjectiveConfig, flow_terms, hidden_flow_loss, layer_values, opsd_loss
+from phf_megatron.objectives import (
+    ObjectiveConfig,
+    clip_statistics,
+    flow_terms,
+    generalized_jsd_terms,
+    hidden_flow_loss,
+    layer_values,
+    opsd_loss,
+    opsd_token_divergence,
+    restrict_to_top_k,
+    sampled_token_loss,
+)
+from phf_megatron.objectives.opsd import log_probs
 from phf_megatron.objectives.flow import LayerPlan
 from phf_megatron.parallel.batch import PhfMicroBatch
 
@@ -92,7 +104,7 @@ def _pad_cat(tensors, dim, length, value=0):
 def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: ObjectiveConfig, layers_total: int):
     """Loss, its parts, per-layer flow values and the gradient of every student parameter."""
     student.zero_grad(set_to_none=True)
-    s_logits, t_logits, s_rows, t_rows, valid, masks = [], [], [], [], [], []
+    s_logits, t_logits, s_rows, t_rows, valid, masks, toks = [], [], [], [], [], [], []
     for mb in mbs:
         sl, sh = _layer_outputs(student, mb.student_tokens, grad=True)
         tl, th = _layer_outputs(teacher, mb.teacher_tokens, grad=False)
@@ -104,6 +116,7 @@ def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: Objectiv
             s_logits.append(torch.cat([sl[b, si], sl.new_zeros(pad, sl.shape[-1])])[None])
             t_logits.append(torch.cat([tl[b, ti], tl.new_zeros(pad, tl.shape[-1])])[None])
             masks.append(torch.arange(n_max)[None] < len(si))
+            toks.append(torch.cat([mb.student_tokens[b, si + 1], torch.zeros(pad, dtype=torch.long)])[None])
         s_rows.append(_rows(sh, mb.student_window))
         t_rows.append(_rows(th, mb.teacher_window))
         valid.append(mb.window_valid)
@@ -111,14 +124,19 @@ def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: Objectiv
     s_lg = torch.cat([torch.cat([x, x.new_zeros(1, n - x.shape[1], x.shape[2])], 1) for x in s_logits])
     t_lg = torch.cat([torch.cat([x, x.new_zeros(1, n - x.shape[1], x.shape[2])], 1) for x in t_logits])
     mask = torch.cat([torch.cat([x, torch.zeros(1, n - x.shape[1], dtype=torch.bool)], 1) for x in masks])
+    tokens = torch.cat([torch.cat([x, torch.zeros(1, n - x.shape[1], dtype=torch.long)], 1) for x in toks])
     m = max(v.shape[1] for v in valid)
     h_s = torch.cat([torch.cat([r, r[:, :, -1:].expand(-1, -1, m - r.shape[2], -1)], 2) for r in s_rows], 1)
     h_t = torch.cat([torch.cat([r, r[:, :, -1:].expand(-1, -1, m - r.shape[2], -1)], 2) for r in t_rows], 1)
     val = torch.cat([torch.cat([v, torch.zeros(v.shape[0], m - v.shape[1], dtype=torch.bool)], 1) for v in valid])
 
     o = objective
-    opsd = opsd_loss(s_lg, t_lg, mask, o.jsd_beta, o.jsd_temperature, o.jsd_clip, o.jsd_clip_mode)
-    out = {"opsd": opsd.item(), "flow": 0.0}
+    if o.use_tinker_loss:
+        opsd = sampled_token_loss(s_lg, t_lg, tokens, mask, o.jsd_temperature)
+        out = {"opsd": opsd.item(), "flow": 0.0}
+    else:
+        opsd = opsd_loss(s_lg, t_lg, mask, o.jsd_beta, o.jsd_temperature, o.jsd_clip, o.jsd_clip_mode, o.top_k_loss)
+        out = {"opsd": opsd.item(), "flow": 0.0, **_diagnostics(s_lg.detach(), t_lg, tokens, mask, o)}
     loss = opsd
     if o.uses_flow:
         flow = hidden_flow_loss(h_s, h_t, val, o.flow_variant, o.flow_eps, o.flow_layers)
@@ -135,4 +153,25 @@ def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: Objectiv
     loss.backward()
     out["loss"] = loss.item()
     out["grads"] = {name: p.grad.detach().clone() for name, p in student.named_parameters() if p.grad is not None}
+    return out
+
+
+def _diagnostics(s_lg, t_lg, tokens, mask, o: ObjectiveConfig) -> dict:
+    """The clip diagnostics and the loss by rollout token id, from the objectives directly."""
+    s, t = restrict_to_top_k(s_lg, t_lg, o.top_k_loss) if o.top_k_loss else (s_lg, t_lg)
+    terms = generalized_jsd_terms(log_probs(s, o.jsd_temperature), log_probs(t, o.jsd_temperature), o.jsd_beta)
+    raw, cut = (x[mask] for x in clip_statistics(terms, o.jsd_clip, o.jsd_clip_mode))
+    n = mask.sum()
+    out = {"opsd_unclipped": float(raw.sum() / n), "clip_frac_tokens": float((cut > 0).sum() / n)}
+    if o.jsd_clip is None or o.jsd_clip_mode == "element":
+        out["clip_frac_entries"] = float(cut.sum() / (n * terms.shape[-1]))
+    per_token = opsd_token_divergence(s_lg, t_lg, o.jsd_beta, o.jsd_temperature, o.jsd_clip, o.jsd_clip_mode,
+                                      o.top_k_loss)[mask]
+    by_id: dict[int, list[float]] = {}
+    for tok, value in zip(tokens[mask].tolist(), per_token.tolist()):
+        entry = by_id.setdefault(tok, [0.0, 0])
+        entry[0] += value
+        entry[1] += 1
+    total = float(per_token.sum())
+    out["loss_tokens"] = sorted(([tok, v / total, c] for tok, (v, c) in by_id.items()), key=lambda r: -r[1])
     return out

@@ -1,7 +1,8 @@
 """The hot path of a PHF step (teacher pass, student forward + backward, loss) on CPU, audited.
 
 A tiny Qwen3 (4 layers) through Megatron's schedule, once as an OPSD step (no flow) and once
-as a PHF step, after a warm-up step of each:
+as a PHF step, after a warm-up step of each (and, for the host-sync audit, with the official
+options ``top_k_loss`` and ``use_tinker_loss`` and on a step that collects the loss by token):
 
 * no call from phf_megatron inside the passes makes the host wait for the device (on CUDA:
   ``.item()``, ``bool(tensor)``, ``nonzero``, boolean-mask indexing, ``.tolist()``, ...);
@@ -50,7 +51,13 @@ def audited():
         groups = dict(tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group())
         steps = {"opsd": PhfStep(ObjectiveConfig(flow_variant="none"), model[0].config, **groups),
                  "phf": PhfStep(VARIANTS["phf"], model[0].config, student_capture=capture, teacher_capture=capture,
-                                **groups)}
+                                **groups),
+                 "top_k": PhfStep(ObjectiveConfig(flow_variant="none", top_k_loss=7), model[0].config, **groups),
+                 "tinker": PhfStep(ObjectiveConfig(flow_variant="none", use_tinker_loss=True, jsd_clip=None),
+                                   model[0].config, **groups),
+                 "loss_tokens": PhfStep(VARIANTS["phf"], model[0].config, student_capture=capture,
+                                        teacher_capture=capture, **groups)}
+        steps["loss_tokens"].collect_loss_tokens = True
         fb = get_forward_backward_func()
         for repeat in range(2):  # the first round warms up
             for kind, step in steps.items():
@@ -69,7 +76,7 @@ def audited():
     return out
 
 
-@pytest.mark.parametrize("kind", ["opsd", "phf"])
+@pytest.mark.parametrize("kind", ["opsd", "phf", "top_k", "tinker", "loss_tokens"])
 @pytest.mark.parametrize("phase", ["teacher", "student"])
 def test_no_host_sync_from_our_code_in_the_passes(audited, kind, phase):
     audit, _ = audited[kind][phase]

@@ -3,7 +3,8 @@
 * Where Triton is installed (not on the CPU CI machines, whose setup removes it): its
   interpreter runs the kernels on CPU tensors in a subprocess (``jsd_triton_check``), every beta
   branch and clip mode, float32 (1e-5 relative against float64) and bf16 logits (1e-2: the
-  inputs' and the gradient's own rounding), single rank and vocabulary-split over TP=2 gloo ranks.
+  inputs' and the gradient's own rounding), single rank and vocabulary-split over TP=2 gloo ranks,
+  and the clip statistics in float32 (``stats_*``: 1e-5, so the counts of entries cut are exact).
 * On a GPU: the kernels against the chunked eager backend at the real vocabulary size.
 """
 
@@ -30,7 +31,7 @@ def test_interpreted_kernels_equal_the_reference(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     errors = json.loads(out.read_text())
-    assert len(errors) == 54
+    assert len(errors) == 72
     for name, err in errors.items():
         limit = 0.0 if name.startswith("unscored") else 1e-2 if name.startswith("bfloat16") else 1e-5
         assert err <= limit, (name, err)
@@ -60,11 +61,14 @@ def test_gpu_kernels_equal_the_eager_backend(dtype, beta, clip, mode):
     results = []
     for backend in ("torch", "triton"):
         x = zs.clone().requires_grad_()
-        out = vocab_parallel_jsd(x, rows, idx, beta, 1.1, clip, mode, backend=backend)
+        out, stats = vocab_parallel_jsd(x, rows, idx, beta, 1.1, clip, mode, backend=backend, return_clip_stats=True)
         (grad,) = torch.autograd.grad((out * w).sum(), x)
-        results.append((out, grad.float()))
-    (ref, ref_grad), (out, grad) = results
+        results.append((out, grad.float(), stats))
+    (ref, ref_grad, ref_stats), (out, grad, stats) = results
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=1e-6)
+    torch.testing.assert_close(stats[0], ref_stats[0], rtol=2e-5, atol=1e-6)  # the divergence before the clip
+    # entries cut: a summand within float32 rounding of the cap may land on either side
+    assert float((stats[1] - ref_stats[1]).abs().sum()) <= 1e-4 * max(1.0, float(ref_stats[1].sum()))
     grad_tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # bf16 gradients round to 8 bits
     assert float(ref_grad.abs().max()) > 0, "the case clips every token: it would test nothing"
     assert float((grad - ref_grad).abs().max() / ref_grad.abs().max()) <= grad_tol

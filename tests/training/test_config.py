@@ -154,6 +154,12 @@ def test_unknown_yaml_key_names_file_and_close_match(tmp_path):
     ("--checkpoint.model_format=zip", "checkpoint.model_format"),
     ("--logging.log_interval=0", "logging.log_interval"),
     ("--data.max_prompt_length=0", "data.max_prompt_length"),
+    ("--objective.top_k_loss=0", "objective.top_k_loss"),
+    ("--objective.use_tinker_loss=true", "objective.jsd_clip"),
+    ("--rollout.lmbda=1.5", "rollout.lmbda"),
+    ("--data.reason_first_max_tokens=0", "data.reason_first_max_tokens"),
+    ("--teacher.ema_start=later", "teacher.ema_start"),
+    ("--logging.loss_tokens_interval=-1", "logging.loss_tokens_interval"),
 ])
 def test_invalid_values_name_field_and_flag(override, key):
     with pytest.raises(ValueError) as err:
@@ -168,6 +174,8 @@ def test_cross_section_rules():
         load_config(argv=["--rollout.n=3"])
     assert load_config(argv=["--teacher.mode=dynamic", "--lora.enabled=false"]).model_format == "torch_dist"
     assert load_config(argv=["--tensor_model_parallel_size=1", "--sequence_parallel"]).model.sequence_parallel is False
+    with pytest.raises(ValueError, match=r"teacher.ema_start: 'after_first_step' applies to the EMA teacher only"):
+        load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
 
 
 def test_parallel_layout_checks_name_the_flag():
@@ -209,6 +217,10 @@ def test_model_dependent_settings_are_checked_against_the_hf_config(tmp_path):
     with pytest.raises(ValueError, match=r"objective.flow_layers: "):
         check([*base, "--data.max_prompt_length=1000", "--ablation=selected_layers",
                "--objective.flow_layers=0,5"])   # the model has 2 layers
+    with pytest.raises(ValueError, match=r"data.reason_first_max_tokens: the reason-first teacher sequence"):
+        check([*base, "--data.max_prompt_length=900", "--data.reason_first=true", "--data.reason_first_max_tokens=128"])
+    with pytest.raises(ValueError, match=r"objective.top_k_loss: 129 exceeds the model's vocabulary \(128\)"):
+        check([*base, "--data.max_prompt_length=1000", "--objective.top_k_loss=129"])
 
 
 @pytest.mark.parametrize("name, variant", [

@@ -17,7 +17,7 @@ TOOL = os.path.join(REPO, "tools", "plot_run.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def write_run(run_dir, steps=30, layers=28, flow=True):
+def write_run(run_dir, steps=30, layers=28, flow=True, diagnostics=True):
     import torch
 
     os.makedirs(run_dir, exist_ok=True)
@@ -33,8 +33,18 @@ def write_run(run_dir, steps=30, layers=28, flow=True):
                 record.update(layer_energy_metrics(energy))
             else:
                 record["loss"] = opsd
+            if diagnostics:
+                record.update(clip_frac_tokens=0.4 - step / 100, clip_frac_entries=1e-3 / step, opsd_unclipped=1.5 * opsd)
             f.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
                                 for k, v in record.items()}) + "\n")
+
+
+def write_loss_tokens(run_dir, steps=(10, 20, 30)):
+    with open(os.path.join(run_dir, "loss_tokens.jsonl"), "w") as f:
+        for step in steps:
+            tokens = [{"id": 100 + i, "token": f" tok{i}", "share": 0.2 / (i + 1), "count": 50 - i} for i in range(20)]
+            tokens[0] = {"id": 13824, "token": " wait", "share": 0.3 + step / 1000, "count": 57}
+            f.write(json.dumps({"step": step, "tokens": tokens}) + "\n")
 
 
 def run_tool(*args):
@@ -45,10 +55,11 @@ def run_tool(*args):
 def test_writes_curves_and_heatmap(tmp_path):
     run = tmp_path / "phf_run"
     write_run(str(run))
+    write_loss_tokens(str(run))
     out = tmp_path / "figs" / "run.png"
     result = run_tool(str(run), "--out", str(out))
     assert result.returncode == 0, result.stderr
-    for path in (out, tmp_path / "figs" / "run_layer_energy.png"):
+    for path in (out, tmp_path / "figs" / "run_layer_energy.png", tmp_path / "figs" / "run_loss_tokens.png"):
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
 
@@ -69,6 +80,7 @@ def test_default_paths_and_opsd_only_run(tmp_path):
     assert plot_run.main([str(run)]) == 0
     assert (run / "plots" / "curves.png").read_bytes().startswith(PNG_MAGIC)
     assert not (run / "plots" / "layer_energy.png").exists()  # nothing to draw without flow energy
+    assert not (run / "plots" / "loss_tokens.png").exists()  # nor without loss_tokens.jsonl
 
 
 @pytest.mark.parametrize("content", [None, "", "\n\n"])

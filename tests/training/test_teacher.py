@@ -77,3 +77,71 @@ def test_state_round_trip_and_mode_mismatch():
         PrivilegedTeacher([m], mode="fixed", lora=False).load_state_dict(t1.state_dict())
     with pytest.raises(ValueError, match="teacher.mode"):
         PrivilegedTeacher([m], mode="average")
+
+
+class _OfficialEma:
+    """The official EMA teacher's rule, transcribed from ``opsd_trainer.py`` at commit 7448751
+    (``louieworth/OPSD``): ``_ema_params`` starts as None (line 193); the teacher forward swaps in
+    the EMA values only once they exist (lines 571-573, 609-624); after each optimizer step
+    (``EMAUpdateCallback``, lines 84-93) the first call snapshots the parameters and returns
+    (lines 531-544), later calls do ``ema = decay * ema + (1 - decay) * param`` (lines 546-554)."""
+
+    def __init__(self, params, decay):
+        self.params, self.decay, self.ema = params, decay, None
+
+    def teacher_values(self):
+        return [p.detach().clone() for p in self.params] if self.ema is None else [e.clone() for e in self.ema]
+
+    def on_step_end(self):
+        if self.ema is None:
+            self.ema = [p.detach().clone() for p in self.params]
+            return
+        for e, p in zip(self.ema, self.params):
+            e.mul_(self.decay).add_(p.detach(), alpha=1.0 - self.decay)
+
+
+def _teacher_values(teacher, m):
+    with teacher.weights():
+        return [p.detach().clone() for p in m.parameters() if p.requires_grad]
+
+
+def test_ema_after_first_step_follows_the_official_rule():
+    m = _model()
+    trainable = [p for p in m.parameters() if p.requires_grad]
+    ours = PrivilegedTeacher([m], mode="ema", decay=0.9, lora=False, ema_start="after_first_step")
+    paper = PrivilegedTeacher([m], mode="ema", decay=0.9, lora=False)
+    official = _OfficialEma(trainable, 0.9)
+    for step in range(4):
+        for got, want in zip(_teacher_values(ours, m), official.teacher_values()):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)  # lerp_ vs mul_ + add_ rounding
+        if step > 0:  # from step 1 on, the paper's start (theta_0 in the average) differs
+            assert not all(torch.equal(a, b) for a, b in zip(_teacher_values(paper, m), official.teacher_values()))
+        _train_step(m)
+        ours.update()
+        paper.update()
+        official.on_step_end()
+
+
+def test_ema_start_survives_a_checkpoint_at_every_point():
+    """Resumed before the first step (still a copy to come) or after it (averaging), a teacher
+    continues exactly as the one that was not interrupted; the start must match the checkpoint."""
+    for interrupt_after in (0, 1, 2):
+        torch.manual_seed(1)
+        m = _model()
+        straight = PrivilegedTeacher([m], mode="ema", decay=0.8, lora=False, ema_start="after_first_step")
+        for _ in range(interrupt_after):
+            _train_step(m)
+            straight.update()
+        resumed = PrivilegedTeacher([m], mode="ema", decay=0.8, lora=False, ema_start="after_first_step")
+        resumed.load_state_dict(straight.state_dict())
+        for _ in range(2):
+            _train_step(m)
+            straight.update()
+            resumed.update()
+        for a, b in zip(straight.shadow, resumed.shadow):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="teacher.ema_start"):
+        PrivilegedTeacher([m], mode="ema", lora=False).load_state_dict(straight.state_dict())
+    old = {k: v for k, v in PrivilegedTeacher([m], mode="ema", lora=False).state_dict().items()
+           if k not in ("ema_start", "started")}  # a checkpoint written before the option
+    PrivilegedTeacher([m], mode="ema", lora=False).load_state_dict(old)

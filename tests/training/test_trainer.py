@@ -7,27 +7,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from .tiny_run import make_tiny_hf, make_toy_jsonl, read_metrics, train
+from .tiny_run import assert_ok as _ok
+from .tiny_run import read_metrics, train
 
 LR = "--lr=1e-3"  # large enough that one step visibly moves the adapters
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return make_tiny_hf(str(root / "hf")), make_toy_jsonl(str(root / "toy.jsonl"))
-
-
-def _ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
 
 
 def _adapters(run_dir):
     return load_file(os.path.join(run_dir, "export", "peft_adapter", "adapter_model.safetensors"))
 
 
-def test_one_update_at_tp2_with_sp_equals_single_process(inputs, tmp_path):
-    hf, data = inputs
+def test_one_update_at_tp2_with_sp_equals_single_process(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
     # adam_eps well above |g|: Adam's first step is then linear in the gradient, not lr * sign(g),
     # so a 1e-9 difference in a near-zero gradient element cannot flip an update.
     common = ("--training.train_iters=1", "--training.global_batch_size=4", "--training.micro_batch_size=2", LR,
@@ -48,9 +39,9 @@ def test_one_update_at_tp2_with_sp_equals_single_process(inputs, tmp_path):
     assert moved > 0
 
 
-def test_full_recompute_gives_the_same_update_to_the_adapters(inputs, tmp_path):
+def test_full_recompute_gives_the_same_update_to_the_adapters(tiny_inputs, tmp_path):
     """Full activation recompute with a frozen base (LoRA) must not cut the adapters' gradient."""
-    hf, data = inputs
+    hf, data = tiny_inputs
     common = ("--training.train_iters=2", "--checkpoint.save_interval=0", LR, "--optimizer.adam_eps=1e-4")
     _ok(train(hf, data, str(tmp_path / "plain"), *common))
     _ok(train(hf, data, str(tmp_path / "recompute"), *common, "--model.recompute_granularity=full",
@@ -64,8 +55,8 @@ def test_full_recompute_gives_the_same_update_to_the_adapters(inputs, tmp_path):
         torch.testing.assert_close(_adapters(str(tmp_path / "recompute"))[k], v, rtol=0, atol=1e-7)
 
 
-def test_resume_reproduces_the_straight_run(inputs, tmp_path):
-    hf, data = inputs
+def test_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
     common = ("--training.train_iters=4", "--checkpoint.save_interval=2", LR)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
     _ok(train(hf, data, straight, *common))
@@ -80,8 +71,8 @@ def test_resume_reproduces_the_straight_run(inputs, tmp_path):
         torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
 
 
-def test_rollout_failure_saves_a_checkpoint_first(inputs, tmp_path):
-    hf, data = inputs
+def test_rollout_failure_saves_a_checkpoint_first(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
     run = str(tmp_path / "fail")
     # the probe after the initial sync (24 tokens) fits in the timeout; a 600-token generate does not
     proc = train(hf, data, run, "--training.train_iters=3", "--checkpoint.save_interval=0",
@@ -93,11 +84,11 @@ def test_rollout_failure_saves_a_checkpoint_first(inputs, tmp_path):
 
 
 @pytest.mark.vllm
-def test_tp2_run_under_torchrun_with_vllm_on_rank0(inputs, tmp_path):
+def test_tp2_run_under_torchrun_with_vllm_on_rank0(tiny_inputs, tmp_path):
     """vLLM started by rank 0 of a torchrun world (its engine process spawned), synced from the
     TP=2 shards every step and verified by the probe against the trainer's logits."""
     pytest.importorskip("vllm")
-    hf, data = inputs
+    hf, data = tiny_inputs
     run = str(tmp_path / "tp2_vllm")
     _ok(train(hf, data, run, "--training.train_iters=2", "--checkpoint.save_interval=0",
               "--model.tensor_model_parallel_size=2", "--model.sequence_parallel=true", "--rollout.backend=vllm",

@@ -52,6 +52,11 @@ def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
     return subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    """Fail with the run's exit code and the tails of its output unless it exited 0."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
 def read_metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
