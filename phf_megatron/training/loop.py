@@ -61,7 +61,8 @@ class Trainer:
         self.sampler = EpochSampler(len(self.dataset), seed=cfg.data.shuffle_seed, shuffle=cfg.data.shuffle)
         self.prompt_config = PromptConfig(student_enable_thinking=cfg.data.student_enable_thinking,
                                           teacher_enable_thinking=cfg.data.teacher_enable_thinking,
-                                          align_generation_prompt=cfg.data.align_generation_prompt)
+                                          align_generation_prompt=cfg.data.align_generation_prompt,
+                                          teacher_prompt=cfg.data.teacher_prompt)
         self.student: StudentModel = build_student(cfg, len(self.dataset))
         self.teacher = PrivilegedTeacher(self.student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
                                          lora=cfg.lora.enabled)

@@ -121,8 +121,8 @@ def test_pad_to_multiple_of_and_max_length(qwen3_tokenizer):
     _, _, batch = batch_for(qwen3_tokenizer, PromptConfig(), pad_to_multiple_of=16)
     assert batch.student_input_ids.shape[1] % 16 == 0 and batch.teacher_input_ids.shape[1] % 16 == 0
     assert (batch.student_input_ids[~batch.student_attention_mask] == qwen3_tokenizer.pad_token_id).all()
-    with pytest.raises(ValueError, match=r"teacher_prompts\[1\]: prompt \d+ \+ rollout \d+ tokens exceeds max_length=100"):
-        batch_for(qwen3_tokenizer, PromptConfig(), max_length=100)
+    with pytest.raises(ValueError, match=r"teacher_prompts\[1\]: prompt 154 \+ rollout 12 tokens exceeds max_length=160"):
+        batch_for(qwen3_tokenizer, PromptConfig(), max_length=160)
 
 
 @pytest.mark.parametrize("args, message", [

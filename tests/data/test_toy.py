@@ -79,7 +79,7 @@ def test_sub_vocab_round_trips_every_toy_prompt(qwen3_tokenizer):
     split = make_toy_split(0)
     probe = [build_prompt_pair(qwen3_tokenizer, r.problem, r.solution) for r in split.rows(split.heldout[:2])]
     vocab = toy_sub_vocab(qwen3_tokenizer, [p.student_ids for p in probe] + [p.teacher_ids for p in probe])
-    assert len(vocab) < 100
+    assert len(vocab) < 128  # 110 ids with the official (7448751) teacher message
     for row in split.rows(split.train[::500]):
         pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution)
         for ids in (pair.student_ids, pair.teacher_ids):
