@@ -136,7 +136,7 @@ class Trainer:
         completions = self.rollouts.generate(prompts, self.step)
         t1 = time.perf_counter()
         sp = self.student.config.sequence_parallel
-        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id or 0,
+        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
                                  micro_batch_size=cfg.training.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
                                  dp_size=ps.get_data_parallel_world_size(),
                                  pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
