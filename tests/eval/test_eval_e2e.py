@@ -82,6 +82,14 @@ def test_transformers_backend_end_to_end_and_resume(tmp_path, reference):
     assert {k: v for k, v in _check_run(more, run_eval(more)).items() if k[1] < 2} == outputs
     # the other grading rule regrades the stored outputs; it generates nothing
     assert run_eval(dataclasses.replace(config, require_boxed=False)).generated == 0
+    # a run directory written before the official context default (None = the model's own, 1,024 here) resumes
+    fingerprint_path = os.path.join(config.out_dir, "run_config.json")
+    with open(fingerprint_path) as f:
+        fingerprint = json.load(f)
+    assert (fingerprint["top_p"], fingerprint["max_model_len"]) == (0.95, 1024)
+    with open(fingerprint_path, "w") as f:
+        json.dump({**fingerprint, "max_model_len": None}, f)
+    assert run_eval(config).generated == 0
     # other generation settings may not be mixed into the same run
     with pytest.raises(ValueError, match="other settings.*temperature"):
         run_eval(dataclasses.replace(config, temperature=0.6))
