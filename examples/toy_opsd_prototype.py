@@ -26,8 +26,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 from phf_megatron.data.batch import build_distill_batch
-from phf_megatron.data.prompts import PromptConfig, build_prompt_pair
-from phf_megatron.data.toy import grade_toy, make_toy_split, toy_response, toy_sub_vocab
+from phf_megatron.data.prompts import build_prompt_pair
+from phf_megatron.data.toy import TOY_PROMPT_CONFIG, grade_toy, make_toy_split, toy_response, toy_sub_vocab
 from phf_megatron.objectives import ema_update, hidden_flow_loss, opsd_loss, select_window
 from phf_megatron.toy.model import ramped_adamw, supervised_step
 
@@ -59,7 +59,7 @@ def parse_args():
 class ToyEncoder:
     """Prompts as compact ids (real Qwen3 tokenizer → SubVocab), memoized per problem."""
 
-    def __init__(self, tokenizer, split, config=PromptConfig()):
+    def __init__(self, tokenizer, split, config=TOY_PROMPT_CONFIG):
         self.tok, self.split, self.config = tokenizer, split, config
         probe = [build_prompt_pair(tokenizer, r.problem, r.solution, config) for r in split.rows(split.heldout[:4])]
         self.vocab = toy_sub_vocab(tokenizer, [p.student_ids for p in probe] + [p.teacher_ids for p in probe])

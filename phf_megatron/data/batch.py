@@ -18,6 +18,16 @@ The flow window (``phf_megatron.objectives.select_window(batch.response_mask)``)
 rollout axis ``t``; :meth:`DistillBatch.to_absolute` maps it to sequence positions on either side
 (``kind="token"``: the residual stream at ``y_t`` itself, the paper's "hidden state at rollout
 position t"; ``kind="logit"``: the state that predicts ``y_t``). Padding entries (``t >= n_b``) map to an in-range position of the same row and are masked out.
+
+Scored tokens (``response_mask``): every rollout token except those equal to the tokenizer's pad
+id, as in the official trainer, which sets ``labels[labels == pad_token_id] = -100`` over the
+whole sequence (OPSD 7448751 ``opsd_trainer.py`` lines 1411-1417; the loss masks with
+``labels != -100``). For Qwen3 the pad token is ``<|endoftext|>`` (151643), one of the model's
+two EOS ids, so a rollout that stops on it does not score that token; ``<|im_end|>`` (151645)
+is scored. The rule is meant to skip padding, but it also drops a genuine ``<|endoftext|>``:
+we follow it so that the loss averages over the same tokens. The unscored tokens stay in the
+sequences (the official code keeps them too, attention-masked; as they can only end a rollout,
+no scored token sees them). ``response_lengths`` counts every rollout token, scored or not.
 """
 
 from __future__ import annotations
@@ -44,14 +54,12 @@ class DistillBatch:
     teacher_response_start: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+    """``[B, T]`` bool: the scored rollout tokens (all but the pad id; see the module docstring)."""
+    response_lengths: torch.Tensor
+    """``[B]`` long: rollout tokens per sample, scored or not."""
 
     def to(self, device) -> "DistillBatch":
         return DistillBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
-
-    @property
-    def response_lengths(self) -> torch.Tensor:
-        """``[B]`` long: rollout tokens per sample."""
-        return self.response_mask.sum(dim=1)
 
     def input_ids(self, side: str) -> torch.Tensor:
         return self.student_input_ids if _check_side(side) == "student" else self.teacher_input_ids
@@ -95,9 +103,17 @@ class DistillBatch:
         index = index.view(*index.shape, *([1] * (per_position.dim() - 2)))
         return torch.gather(per_position, 1, index.expand(*index.shape[:2], *per_position.shape[2:]))
 
+    def scored_positions(self, side: str) -> torch.Tensor:
+        """``[B, L]`` bool: True at the positions of that side's sequence holding a scored rollout token."""
+        mask = torch.zeros_like(self.attention_mask(side))
+        positions = self.response_positions(side, "token")
+        rows = torch.arange(positions.shape[0]).unsqueeze(1).expand_as(positions)
+        mask[rows[self.response_mask], positions[self.response_mask]] = True
+        return mask
+
     def shifted_labels(self, side: str) -> torch.Tensor:
-        """``[B, L]`` long: ``y_t`` at position ``start + t - 1`` (the logits predicting it), -100
-        elsewhere — a causal-LM cross-entropy over the rollout only."""
+        """``[B, L]`` long: ``y_t`` at position ``start + t - 1`` (the logits predicting it) for the
+        scored tokens, -100 elsewhere — a causal-LM cross-entropy over the scored rollout tokens."""
         labels = torch.full_like(self.input_ids(side), IGNORE_INDEX)
         positions = self.response_positions(side, "logit")
         rows = torch.arange(positions.shape[0]).unsqueeze(1).expand_as(positions)
@@ -139,7 +155,7 @@ def build_distill_batch(
     student_prompts: Sequence[Sequence[int]],
     teacher_prompts: Sequence[Sequence[int]],
     rollouts: Sequence[Sequence[int]],
-    pad_id: int,
+    pad_id: int | None,
     pad_to_multiple_of: int = 1,
     max_length: int | None = None,
     vocab_size: int | None = None,
@@ -150,7 +166,9 @@ def build_distill_batch(
         student_prompts, teacher_prompts: ``B`` tokenized prompts (non-empty).
         rollouts: ``B`` rollouts: the ids the engine sampled after the student prompt (may
             end in EOS; may be empty — such a row has no response token).
-        pad_id: the padding id (never used to find the response: lengths are explicit).
+        pad_id: the tokenizer's pad id: fills the padding, and rollout tokens equal to it are
+            not scored (official rule, module docstring). None (a tokenizer without one): pad
+            with 0 and score every rollout token. Lengths are explicit, never found from it.
         pad_to_multiple_of: round each sequence length up (e.g. the TP size for sequence
             parallelism).
         max_length: raise if a sequence (prompt + rollout) is longer.
@@ -174,13 +192,15 @@ def build_distill_batch(
             if max_length is not None and len(p) + len(ys[b]) > max_length:
                 raise ValueError(f"{name}[{b}]: prompt {len(p)} + rollout {len(ys[b])} tokens exceeds "
                                  f"max_length={max_length}")
-    s_ids, s_mask = _pad_right([p + y for p, y in zip(student, ys)], pad_id, pad_to_multiple_of)
-    t_ids, t_mask = _pad_right([p + y for p, y in zip(teacher, ys)], pad_id, pad_to_multiple_of)
-    y_ids, y_mask = _pad_right(ys, pad_id, 1)
+    fill = 0 if pad_id is None else pad_id
+    s_ids, s_mask = _pad_right([p + y for p, y in zip(student, ys)], fill, pad_to_multiple_of)
+    t_ids, t_mask = _pad_right([p + y for p, y in zip(teacher, ys)], fill, pad_to_multiple_of)
+    y_ids, y_mask = _pad_right(ys, fill, 1)
+    scored = y_mask if pad_id is None else y_mask & (y_ids != pad_id)
     return DistillBatch(
         student_input_ids=s_ids, student_attention_mask=s_mask,
         teacher_input_ids=t_ids, teacher_attention_mask=t_mask,
         student_response_start=torch.tensor([len(p) for p in student], dtype=torch.long),
         teacher_response_start=torch.tensor([len(p) for p in teacher], dtype=torch.long),
-        response_ids=y_ids, response_mask=y_mask,
+        response_ids=y_ids, response_mask=scored, response_lengths=y_mask.sum(dim=1),
     )

@@ -36,7 +36,7 @@ teacher prompt does; ``--data.align_generation_prompt=false`` gives the official
 
 from __future__ import annotations
 
-from .prompts import PromptConfig, encode_prompt, generation_prompt
+from .prompts import PromptConfig, encode_prompt, generation_prompt, teacher_continuation
 
 #: ``data_collator.py`` lines 30-35.
 REASON_FIRST_INSTRUCTION = (
@@ -45,15 +45,6 @@ REASON_FIRST_INSTRUCTION = (
     "Do NOT use <think> tags. Do NOT derive your own solution. "
     "Simply analyze and explain the reference solution provided above.\n"
 )
-#: ``data_collator.py`` lines 37-43 (the transition of the official teacher prompt since 2026-03-18).
-TRANSITION_TEXT = (
-    "\n\nAfter reading the reference solution above, make sure you truly understand "
-    "the reasoning behind each step \u2014 do not copy or paraphrase it. Now, using your "
-    "own words and independent reasoning, derive the same final answer to the problem above. "
-    "Think step by step, explore different approaches, and don't be afraid to backtrack "
-    "or reconsider if something doesn't work out:\n"
-)
-FINAL_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 #: The official default ``max_reasoning_length`` (``opsd_trainer.py`` line 257).
 DEFAULT_ANALYSIS_TOKENS = 4096
 
@@ -72,11 +63,6 @@ def analysis_prompt_ids(tokenizer, problem: str, solution: str) -> list[int]:
     return encode_prompt(tokenizer, text)
 
 
-def transition_text() -> str:
-    """What follows the analysis, as plain text (line 162)."""
-    return f"\n{TRANSITION_TEXT}\n{FINAL_INSTRUCTION}"
-
-
 def reason_first_teacher_ids(tokenizer, prompt_ids: list[int], analysis_ids: list[int],
                              config: PromptConfig = PromptConfig()) -> list[int]:
     """``[analysis prompt][analysis][transition]`` (+ the student's generation prompt when aligned).
@@ -84,7 +70,9 @@ def reason_first_teacher_ids(tokenizer, prompt_ids: list[int], analysis_ids: lis
     ``analysis_ids``: what the engine sampled after ``prompt_ids`` (ending in EOS unless cut at
     the length limit), kept as ids.
     """
-    ids = list(prompt_ids) + list(analysis_ids) + encode_prompt(tokenizer, transition_text())
+    # What follows the analysis, as plain text (data_collator.py line 162): the teacher
+    # message's own ending, transition + instruction, in the configured wording.
+    ids = list(prompt_ids) + list(analysis_ids) + encode_prompt(tokenizer, teacher_continuation(config.teacher_prompt))
     if config.align_generation_prompt:
         ids += encode_prompt(tokenizer, generation_prompt(tokenizer, config.student_enable_thinking))
     return ids

@@ -38,11 +38,19 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from .prompts import PromptConfig
 from .rows import MathRow
 from .sampler import epoch_permutation
 
 OPERANDS = range(10, 100)
 NUM_CELLS = 100
+#: The toy's prompts: the defaults but the shorter teacher wording of before the official
+#: 2026-03-18 rewrite (teacher prompt 99 tokens instead of 153). With the official text the
+#: 300-step warm-up teaches the 2-layer model to copy the reference on only 76.5% of held-out
+#: unseen-cell problems (1.00 with this one; seed 0, measured 2026-11-24), below the learning
+#: test's 0.9 precondition. The wording is only text to the trainer; its official form is
+#: tested token for token in tests/data/test_prompts_official.py.
+TOY_PROMPT_CONFIG = PromptConfig(teacher_prompt="opsd_2026_03")
 
 
 def cell_of(a: int, b: int) -> int:

@@ -8,12 +8,20 @@ from dataclasses import asdict, dataclass, field
 
 from phf_megatron.rollout.factory import BACKENDS
 
+from .grading import GRADERS
+
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
+#: What official OPSD's eval/evaluate_math.py (7448751) picks when unset, by thinking mode:
+#: top-p (lines 653-654) and the engine's context length (lines 114-116).
+OFFICIAL_TOP_P = {True: 0.95, False: 0.8}
+OFFICIAL_MAX_MODEL_LEN = {True: 40_960, False: 32_768}
 
 
 @dataclass
 class EvalConfig:
-    """Paper defaults (Appendix C): n=12, T=1.0, top-p 0.95, top-k off, 38,912 new tokens, thinking."""
+    """Paper defaults (Appendix C): n=12, T=1.0, top-p 0.95, top-k off, 38,912 new tokens, thinking,
+    graded by the official OPSD grader. Without thinking the official script's own defaults apply
+    (top-p 0.8, context 32,768)."""
 
     out_dir: str
     """run directory: samples.rank*.jsonl, summary.json, run_config.json (a rerun resumes it)."""
@@ -30,7 +38,8 @@ class EvalConfig:
     n: int = 12
     """samples per problem (k of Average@k)."""
     temperature: float = 1.0
-    top_p: float = 0.95
+    top_p: float | None = None
+    """None: the official choice, 0.95 with thinking (paper), 0.8 without (``sampling_top_p``)."""
     top_k: int = -1
     """-1 or 0 = off."""
     max_new_tokens: int = 38_912
@@ -42,13 +51,19 @@ class EvalConfig:
     """auto (vLLM if installed) | vllm | hf."""
     dtype: str = "bfloat16"
     max_model_len: int | None = None
-    """engine context length; None = the model's."""
+    """engine context length (prompt + completion); None: the official choice, 40,960 with thinking,
+    32,768 without, never above the model's max_position_embeddings (``engine_max_model_len``)."""
     data_parallel: int = 0
     """engine replicas, each on tensor_parallel_size GPUs; 0 = as many as the visible GPUs allow (1 on CPU)."""
     batch_size: int = 512
     """samples per engine call; each finished call is written to disk before the next."""
+    grader: str = "official"
+    """the grader of the headline Avg@k, pass@k and plot: official (OPSD eval/evaluate_math.py at
+    7448751, the paper's numbers) | extended (ours: the official verdict or our fallbacks,
+    ``eval/grading.py``). Both Avg@k columns are always reported."""
     require_boxed: bool = True
-    """official OPSD rule: an output without \\boxed is wrong (False: math-verify's fallback extraction)."""
+    """extended grader: an output without \\boxed is wrong, as in the official rule (False:
+    math-verify's fallback extraction on the whole output)."""
     limit: int | None = None
     """evaluate only the first N problems of each benchmark (smoke runs)."""
     pass_ks: tuple[int, ...] = (1,)
@@ -76,12 +91,32 @@ class EvalConfig:
             raise ValueError(f"limit: must be >= 1 or None, got {self.limit}")
         if self.model is None and self.megatron_checkpoint is None:
             raise ValueError("model: give a HF model directory, or megatron_checkpoint")
+        if self.grader not in GRADERS:
+            raise ValueError(f"grader: {self.grader!r} is not one of {GRADERS}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: must lie in (0, 1] or be None (official), got {self.top_p}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len: must be >= 1 or None (official), got {self.max_model_len}")
 
-    def generation_fingerprint(self, model_dir: str, backend: str) -> dict:
-        """What fixes the samples: a rerun into the same out_dir must match it to resume."""
-        keys = ("temperature", "top_p", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "max_model_len")
+    @property
+    def sampling_top_p(self) -> float:
+        """``top_p``, or the official choice for the thinking mode."""
+        return OFFICIAL_TOP_P[self.thinking] if self.top_p is None else self.top_p
+
+    def engine_max_model_len(self, model_limit: int | None) -> int:
+        """``max_model_len``, or the official choice capped at ``model_limit`` (the model's own)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        official = OFFICIAL_MAX_MODEL_LEN[self.thinking]
+        return official if model_limit is None else min(official, model_limit)
+
+    def generation_fingerprint(self, model_dir: str, backend: str, model_limit: int | None = None) -> dict:
+        """What fixes the samples: a rerun into the same out_dir must match it to resume (the
+        top-p and context length as the engine gets them)."""
+        keys = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype")
         fp = {k: getattr(self, k) for k in keys}
-        fp.update(model_dir=model_dir, backend=backend, adapter=self.adapter,
+        fp.update(top_p=self.sampling_top_p, max_model_len=self.engine_max_model_len(model_limit),
+                  model_dir=model_dir, backend=backend, adapter=self.adapter,
                   megatron_checkpoint=self.megatron_checkpoint)
         return fp
 

@@ -1,10 +1,27 @@
-"""Is a model's final answer right? The official OPSD rule, made robust.
+"""Is a model's final answer right? Two graders: the official OPSD one, and ours beside it.
 
-``is_correct(model_output, gold)`` runs, stopping at the first "yes":
+``official`` (:func:`is_correct_official`) is official OPSD's ``eval/evaluate_math.py`` at
+7448751 (lines 15-86), the grader behind the paper's numbers:
 
-1. **Official OPSD check** (``siyan-zhao/OPSD`` ``eval/evaluate_math.py``): take the last
-   brace-matched ``\\boxed{...}`` of the output, wrap prediction and gold in ``$...$``, parse
-   both with math-verify (no fallback) and ``verify(gold, pred)`` with a 5 s timeout.
+1. the answer is the content of the last ``\\boxed{...}``: the last ``\\boxed`` of the output,
+   its braces matched from there, kept only if ``\\boxed`` is followed directly by ``{``
+   (``\\fbox{5}`` and ``\\boxed 5`` are no answer), stripped; none: wrong;
+2. prediction and gold are wrapped in ``$...$`` unless they hold a ``$``, parsed by math-verify
+   with ``fallback_mode="no_fallback"``, and ``verify(gold, pred, timeout_seconds=5)`` decides;
+3. if math-verify raises, the two wrapped strings are compared with ``$`` and spaces removed,
+   lower-cased.
+
+The official environment pins math-verify 0.8.0; we run what is installed (0.9.0 in
+``requirements/cpu-ci.txt``; the eval summary records it). math-verify's timeouts use
+``signal.alarm``, which works only in the main thread: elsewhere we pass no timeout (a
+pathological expression can then take long). The official code, run in a thread, would raise
+there and fall back to the string compare for every answer; we do not reproduce that accident.
+
+``extended`` (:func:`is_correct`) accepts what the official grader accepts and, when it says
+no, tries in order:
+
+1. **The official check on a wider extraction**: the last ``\\boxed{...}`` or ``\\fbox{...}`` or
+   ``\\boxed x``, wrapped in ``$...$``, parsed and verified as in the official step 2.
 2. **math-verify on the answer line**: math-verify's own extraction (boxed first, then the
    last LaTeX / plain expression) on the output from the line holding the last ``\\boxed``,
    against the gold parsed the same way. This catches answers split over several boxes
@@ -15,13 +32,9 @@
    their letter; comma lists compared as sets when both sides are braced sets.
 
 An output with no ``\\boxed`` is wrong under the official rule. With ``require_boxed=False``
-(the default, as in math-verify and lighteval) steps 2-3 run on the whole output instead,
-which grades answer snippets such as ``$E$``; ``tools/eval_avg_at_k.py`` passes
-``require_boxed=True`` unless ``--grade-unboxed`` is given, to reproduce the paper's numbers.
-
-math-verify's timeouts use ``signal.alarm``, which works only in the main thread; elsewhere
-they are disabled (a pathological expression can then take long, never hang forever is not
-guaranteed).
+(the default, as in math-verify and lighteval) the extended steps 2-3 run on the whole output
+instead, which grades answer snippets such as ``$E$``; ``tools/eval_avg_at_k.py`` passes
+``require_boxed=True`` unless ``--grade-unboxed`` is given.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 
 #: Seconds math-verify may spend on one parse or verify (official OPSD: 5).
 TIMEOUT_S = 5
+#: The graders, each an Avg@k column: ``official`` (the paper's numbers) and ``extended``.
+GRADERS = ("official", "extended")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _NATIVE_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
@@ -41,10 +56,11 @@ def _timeout() -> int | None:
     return TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def _braced(text: str, open_idx: int) -> int | None:
-    """Index of the ``}`` matching the ``{`` at ``open_idx`` (None if unbalanced)."""
+def _braced(text: str, start: int) -> int | None:
+    """Counting braces from ``start`` on, the index of the first ``}`` that brings the depth back
+    to 0: the ``}`` matching the ``{`` at ``start`` (None if unbalanced)."""
     depth = 0
-    for i in range(open_idx, len(text)):
+    for i in range(start, len(text)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
@@ -74,13 +90,48 @@ def last_boxed(text: str) -> str | None:
     return None if span is None else span[1]
 
 
-def _official_verify(pred: str, gold: str) -> bool:
-    pred = pred if "$" in pred else f"${pred}$"
-    gold = gold if "$" in gold else f"${gold}$"
+def official_boxed_answer(text: str) -> str | None:
+    """The official answer extraction: the content of the last ``\\boxed{...}`` (module docstring, step 1)."""
+    idx = text.rfind("\\boxed")
+    if idx < 0:
+        return None
+    close = _braced(text, idx)          # the official code counts braces from the backslash on
+    if close is None or not text.startswith("\\boxed{", idx):
+        return None
+    return text[idx + len("\\boxed{"):close].strip()
+
+
+def _dollar_wrapped(answer: str) -> str:
+    return answer if "$" in answer else f"${answer}$"
+
+
+def _no_fallback_verify(pred: str, gold: str) -> bool:
+    """math-verify on ``$``-wrapped answers, no fallback (official step 2); raises what it raises."""
+    return bool(verify(parse(_dollar_wrapped(gold), fallback_mode="no_fallback", parsing_timeout=_timeout()),
+                       parse(_dollar_wrapped(pred), fallback_mode="no_fallback", parsing_timeout=_timeout()),
+                       timeout_seconds=_timeout()))
+
+
+def official_answer_matches(pred: str | None, gold: str) -> bool:
+    """The official verdict on an extracted answer (steps 2-3; None: no answer, wrong)."""
+    if pred is None:
+        return False
     try:
-        return bool(verify(parse(gold, fallback_mode="no_fallback", parsing_timeout=_timeout()),
-                           parse(pred, fallback_mode="no_fallback", parsing_timeout=_timeout()),
-                           timeout_seconds=_timeout()))
+        return _no_fallback_verify(pred, gold)
+    except Exception:
+        squash = lambda s: _dollar_wrapped(s).replace("$", "").replace(" ", "").lower().strip()  # noqa: E731
+        return squash(pred) == squash(gold)
+
+
+def is_correct_official(model_output: str, gold: str) -> bool:
+    """The official OPSD grader (``eval/evaluate_math.py`` at 7448751; module docstring)."""
+    _check_inputs(model_output, gold)
+    return official_answer_matches(official_boxed_answer(model_output), gold)
+
+
+def _official_verify(pred: str, gold: str) -> bool:
+    try:
+        return _no_fallback_verify(pred, gold)
     except Exception:
         return False
 
@@ -137,18 +188,26 @@ def _strings_match(pred: str, gold: str) -> bool:
     return False
 
 
+def _check_inputs(model_output: str, gold: str) -> None:
+    if not isinstance(model_output, str) or not isinstance(gold, str):
+        raise TypeError("is_correct: model_output and gold must be str")
+    if not gold.strip():
+        raise ValueError("gold: empty reference answer")
+
+
 def is_correct(model_output: str, gold: str, *, require_boxed: bool = False) -> bool:
-    """True if the final answer of ``model_output`` equals ``gold`` (see the module docstring).
+    """The extended grader: the official verdict, or else our fallbacks (module docstring).
 
     Args:
         model_output: the model's full completion (thinking included or not).
         gold: the reference answer, LaTeX or plain (``204``, ``\\frac{1}{2}``, ``$\\{1,2\\}$``).
         require_boxed: True = an output without ``\\boxed`` is wrong (official OPSD rule).
     """
-    if not isinstance(model_output, str) or not isinstance(gold, str):
-        raise TypeError("is_correct: model_output and gold must be str")
-    if not gold.strip():
-        raise ValueError("gold: empty reference answer")
+    return is_correct_official(model_output, gold) or _extended_fallbacks(model_output, gold, require_boxed)
+
+
+def _extended_fallbacks(model_output: str, gold: str, require_boxed: bool) -> bool:
+    """The extended grader's steps after the official check (module docstring)."""
     span = last_boxed_span(model_output)
     if span is None:
         if require_boxed:
@@ -159,3 +218,10 @@ def is_correct(model_output: str, gold: str, *, require_boxed: bool = False) -> 
         return True
     line_start = model_output.rfind("\n", 0, start) + 1
     return _native_verify(model_output[line_start:], gold) or _strings_match(pred, gold)
+
+
+def grade(model_output: str, gold: str, *, require_boxed: bool = True) -> dict[str, bool]:
+    """Both verdicts, ``{"official": ..., "extended": ...}`` (``require_boxed``: the extended grader's)."""
+    official = is_correct_official(model_output, gold)
+    return {"official": official,
+            "extended": official or _extended_fallbacks(model_output, gold, require_boxed)}

@@ -27,6 +27,13 @@ def check_hf_dir(path: str, what: str = "model") -> str:
     return path
 
 
+def model_context_limit(model_dir: str) -> int | None:
+    """The model's ``max_position_embeddings`` (config.json), None if it does not say."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        limit = json.load(f).get("max_position_embeddings")
+    return int(limit) if limit else None
+
+
 def _publish(tmp: str, final: str, marker: dict) -> str:
     with open(os.path.join(tmp, "phf_source.json"), "w") as f:
         json.dump(marker, f, indent=1)

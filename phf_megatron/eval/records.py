@@ -15,7 +15,24 @@ import json
 import os
 from collections.abc import Iterable
 
+from .grading import GRADERS, grade, official_boxed_answer
+
 SHARD_GLOB = "samples.rank*.jsonl"
+
+
+def grade_record(record: dict, require_boxed: bool) -> dict:
+    """``record`` with its answer (the official extraction; ``boxed``: one was found) and both
+    graders' verdicts, ``correct = {"official": ..., "extended": ...}``."""
+    pred = official_boxed_answer(record["output"])
+    return {**record, "pred": pred, "boxed": pred is not None, "require_boxed": require_boxed,
+            "correct": grade(record["output"], record["gold"], require_boxed=require_boxed)}
+
+
+def needs_grading(record: dict, require_boxed: bool) -> bool:
+    """True for a record graded under another rule, or before both graders were recorded."""
+    correct = record.get("correct")
+    return (record.get("require_boxed") != require_boxed or not isinstance(correct, dict)
+            or set(correct) != set(GRADERS))
 
 
 def sample_key(record: dict) -> tuple[str, str, int]:

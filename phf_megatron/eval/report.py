@@ -1,4 +1,10 @@
-"""The evaluation's outputs: a table on stdout, summary.json, and an optional bar plot."""
+"""The evaluation's outputs: a table on stdout, summary.json, and an optional bar plot.
+
+The table has one Average@k column per grader: ``Avg@k (official)``, official OPSD's grader (the
+paper's numbers), and ``Avg@k (extended)``, ours; pass@k, the plot and ``suite_average_at_k``
+follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
+official environment pins 0.8.0).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,27 @@ import os
 import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
+from importlib.metadata import version
 
 from .benchmarks import Problem
 from .config import EvalConfig
-from .grading import is_correct
+from .grading import GRADERS
 from .metrics import BenchmarkScore, score_benchmark, suite_average
+from .records import grade_record, needs_grading
 
 SUMMARY = "summary.json"
 PLOT = "avg_at_k.png"
+#: math-verify in official OPSD's environment.yml (7448751); ours is whatever is installed.
+OFFICIAL_MATH_VERIFY = "0.8.0"
 
 
 @dataclass
 class Summary:
     scores: list[BenchmarkScore]
     suite_average_at_k: float
+    suite_average_by_grader: dict[str, float]
+    grader: str
+    math_verify_version: str
     k: int
     samples: int
     generated: int
@@ -31,13 +44,18 @@ class Summary:
 
     def table(self) -> str:
         ks = sorted({k for s in self.scores for k in s.pass_at_k})
-        head = ["benchmark", "problems", f"Avg@{self.k}", *[f"pass@{k}" for k in ks], "boxed%", "truncated%"]
-        rows = [[s.benchmark, str(s.problems), f"{s.average_at_k:.2f}", *[f"{s.pass_at_k[k]:.2f}" for k in ks],
-                 f"{s.boxed_rate:.1f}", f"{s.truncated_rate:.1f}"] for s in self.scores]
-        rows.append(["suite average", "", f"{self.suite_average_at_k:.2f}", *[""] * len(ks), "", ""])
+        head = ["benchmark", "problems", *[f"Avg@{self.k} ({g})" for g in GRADERS], *[f"pass@{k}" for k in ks],
+                "boxed%", "truncated%"]
+        rows = [[s.benchmark, str(s.problems), *[f"{s.average_at_k_by_grader[g]:.2f}" for g in GRADERS],
+                 *[f"{s.pass_at_k[k]:.2f}" for k in ks], f"{s.boxed_rate:.1f}", f"{s.truncated_rate:.1f}"]
+                for s in self.scores]
+        rows.append(["suite average", "", *[f"{self.suite_average_by_grader[g]:.2f}" for g in GRADERS],
+                     *[""] * len(ks), "", ""])
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows)])
+        note = (f"official: OPSD eval/evaluate_math.py (the paper's numbers); extended: ours. pass@k by the "
+                f"{self.grader} grader; math-verify {self.math_verify_version} (official: {OFFICIAL_MATH_VERIFY})")
+        return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows), note])
 
 
 def _atomic_write_json(path: str, obj) -> None:
@@ -55,9 +73,8 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
     by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for (bench, pid, idx), rec in records.items():
         if idx < config.n:
-            if rec.get("require_boxed") != config.require_boxed:      # graded under the other rule
-                rec = {**rec, "require_boxed": config.require_boxed,
-                       "correct": is_correct(rec["output"], rec["gold"], require_boxed=config.require_boxed)}
+            if needs_grading(rec, config.require_boxed):              # another rule, or an older record
+                rec = grade_record(rec, config.require_boxed)
             by_problem[bench][pid].append(rec)
     scores = []
     for bench, ps in problems.items():
@@ -65,13 +82,16 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
         missing = [pid for pid, ss in per.items() if len(ss) < config.n]
         if missing:
             raise RuntimeError(f"{bench}: {len(missing)} problems lack samples (e.g. {missing[0]}); rerun to resume")
-        scores.append(score_benchmark(bench, per, config.n, config.pass_ks))
+        scores.append(score_benchmark(bench, per, config.n, config.pass_ks, grader=config.grader))
     summary_path = os.path.join(config.out_dir, SUMMARY)
     plot_path = plot_scores(scores, config.n, os.path.join(config.out_dir, PLOT)) if config.plot else None
-    summary = Summary(scores, suite_average(scores), config.n, sum(s.problems for s in scores) * config.n,
+    summary = Summary(scores, suite_average(scores), {g: suite_average(scores, g) for g in GRADERS}, config.grader,
+                      version("math-verify"), config.n, sum(s.problems for s in scores) * config.n,
                       generated, duplicates, seconds, summary_path, plot_path)
     _atomic_write_json(summary_path, {
-        "k": config.n, "suite_average_at_k": summary.suite_average_at_k,
+        "k": config.n, "grader": config.grader, "suite_average_at_k": summary.suite_average_at_k,
+        "suite_average_at_k_by_grader": summary.suite_average_by_grader,
+        "math_verify_version": summary.math_verify_version, "official_math_verify_version": OFFICIAL_MATH_VERIFY,
         "benchmarks": {s.benchmark: s.to_json() for s in scores},
         "samples": summary.samples, "generated_this_run": generated, "duplicates_ignored": duplicates,
         "seconds_this_run": seconds, "model_dir": model_dir, "backend": backend, "config": config.to_json(),
@@ -90,7 +110,7 @@ def plot_scores(scores: list[BenchmarkScore], k: int, path: str) -> str:
     fig, ax = plt.subplots(figsize=(1.4 * len(names) + 1.5, 3.2))
     bars = ax.bar(names, values, color=["#4C72B0"] * len(scores) + ["#55A868"])
     ax.bar_label(bars, fmt="%.1f")
-    ax.set_ylabel(f"Average@{k} (%)")
+    ax.set_ylabel(f"Average@{k} (%), {scores[0].grader} grader")
     ax.set_ylim(0, max(100.0, max(values) * 1.15))
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,11 +23,10 @@ from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
-from .grading import is_correct, last_boxed
-from .models import resolve_model_dir
+from .models import model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
-from .records import SampleWriter, load_records, shard_path
+from .records import SampleWriter, grade_record, load_records, shard_path
 from .report import Summary, summarize
 
 RUN_CONFIG = "run_config.json"
@@ -55,12 +54,14 @@ def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[
             if (p.benchmark, p.id, i) not in done]
 
 
-def _check_fingerprint(out_dir: str, fingerprint: dict) -> None:
+def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None) -> None:
     """Refuse to mix samples of different generation settings in one run directory."""
     path = os.path.join(out_dir, RUN_CONFIG)
     if os.path.isfile(path):
         with open(path) as f:
             old = json.load(f)
+        if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
+            old["max_model_len"] = model_limit
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
         if diff:
             raise ValueError(f"{out_dir}: holds samples generated with other settings {diff} "
@@ -79,8 +80,9 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
         return
     tok = load_qwen3_tokenizer(model_dir)
     engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
+    max_model_len = config.engine_max_model_len(model_context_limit(model_dir))
     engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype, seed=config.seed,
-                                       max_model_len=config.max_model_len, **engine_kwargs))
+                                       max_model_len=max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(len(items), enabled=show_progress)
     try:
@@ -94,7 +96,7 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
                         prompt_cache[key] = eval_prompt_ids(tok, it.problem.problem, thinking=config.thinking)
                     prompts.append(prompt_cache[key])
                     params.append(SamplingParams(
-                        n=1, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
+                        n=1, temperature=config.temperature, top_p=config.sampling_top_p, top_k=config.top_k,
                         max_tokens=config.max_new_tokens,
                         seed=sample_seed(config.seed, it.problem.benchmark, it.problem.id, it.sample_index)))
                 outs = engine.generate(prompts, params)
@@ -108,15 +110,12 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
 
 
 def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, require_boxed: bool) -> dict:
-    text = tok.decode(completion.token_ids, skip_special_tokens=True)
-    pred = last_boxed(text)
-    return {
+    return grade_record({
         "benchmark": item.problem.benchmark, "problem_id": item.problem.id, "sample_index": item.sample_index,
-        "seed": seed, "gold": item.problem.answer, "pred": pred, "boxed": pred is not None,
-        "correct": is_correct(text, item.problem.answer, require_boxed=require_boxed), "require_boxed": require_boxed,
-        "finish_reason": completion.finish_reason, "prompt_tokens": len(prompt),
-        "completion_tokens": len(completion.token_ids), "output": text,
-    }
+        "seed": seed, "gold": item.problem.answer, "finish_reason": completion.finish_reason,
+        "prompt_tokens": len(prompt), "completion_tokens": len(completion.token_ids),
+        "output": tok.decode(completion.token_ids, skip_special_tokens=True),
+    }, require_boxed)
 
 
 def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
@@ -174,7 +173,8 @@ def run_eval(config: EvalConfig) -> Summary:
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
                                   dtype=config.dtype)
     backend = resolve_backend(config.backend)
-    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend))
+    limit = model_context_limit(model_dir)
+    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend, limit), limit)
     done, _ = load_records(config.out_dir)
     items = pending_work(problems, config.n, set(done))
     t0 = time.perf_counter()

@@ -28,7 +28,9 @@ class ObjectiveConfig:
     flow_eps: float = 1e-6
     """epsilon of the direction normalizer ||dh|| + eps."""
     jsd_beta: float = 0.5
-    """0: KL(T||S), 1: KL(S||T), else generalized JSD (official OPSD run script: 0.5)."""
+    """beta of the generalized JSD: 0.5 = the Jensen-Shannon divergence of the PHF paper (default);
+    0 = forward KL(T||S), what every official OPSD script since the clip runs (--beta 0 at
+    7448751); 1 = reverse KL(S||T). README "Recipe" lists the other differences."""
     jsd_temperature: float = 1.1
     """softmax temperature of the divergence; the official code uses the rollout temperature."""
     jsd_clip: float | None = 0.05

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..data import PromptConfig, build_prompt_pair
-from ..data.toy import ToySplit, grade_toy
+from ..data.toy import TOY_PROMPT_CONFIG, ToySplit, grade_toy
 from ..tokenizer import load_qwen3_tokenizer
 
 
@@ -26,7 +26,7 @@ def load_toy_model(hf_dir: str, adapter_dir: str | None = None):
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, split: ToySplit, pairs, with_reference: bool,
-                    prompt_config: PromptConfig = PromptConfig(), max_new_tokens: int = 14) -> float:
+                    prompt_config: PromptConfig = TOY_PROMPT_CONFIG, max_new_tokens: int = 14) -> float:
     rows = split.rows(pairs)
     prompts = [build_prompt_pair(tokenizer, r.problem, r.solution, prompt_config) for r in rows]
     ids = torch.tensor([p.teacher_ids if with_reference else p.student_ids for p in prompts])

@@ -20,7 +20,7 @@ import torch
 
 from ..data import PromptConfig, build_distill_batch, build_prompt_pair
 from ..data.prompts import render_student_prompt, render_teacher_prompt
-from ..data.toy import ToySplit, make_toy_split, toy_response
+from ..data.toy import TOY_PROMPT_CONFIG, ToySplit, make_toy_split, toy_response
 from ..tokenizer import load_qwen3_tokenizer
 from .tokenizer import build_compact_tokenizer, check_equivalent
 
@@ -124,7 +124,7 @@ def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps:
 
 
 def prepare_toy(out_dir: str, *, seed: int = 0, warmup_steps: int = 300, model_config: ToyModelConfig = ToyModelConfig(),
-                prompt_config: PromptConfig = PromptConfig(), log=print) -> dict[str, str]:
+                prompt_config: PromptConfig = TOY_PROMPT_CONFIG, log=print) -> dict[str, str]:
     """Write ``hf/`` (warmed-up model), ``train.jsonl`` and ``heldout.jsonl`` into ``out_dir``."""
     split = make_toy_split(seed)
     os.makedirs(out_dir, exist_ok=True)

@@ -10,16 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 
 from ..data import PromptPair, build_distill_batch
 from ..parallel.batch import PhfMicroBatch
-
-
-def response_mask(starts: torch.Tensor, lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """``[B, seq_len]`` bool: True on positions ``start_b .. start_b + n_b - 1`` (the rollout tokens)."""
-    pos = torch.arange(seq_len)[None]
-    return (pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])
 
 
 def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
@@ -30,10 +23,11 @@ def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
     return range(dp_rank * per, (dp_rank + 1) * per)
 
 
-def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int,
+def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int | None,
                        micro_batch_size: int, dp_rank: int, dp_size: int, pad_multiple: int,
                        window_budget: int, max_length: int | None = None) -> list[PhfMicroBatch]:
-    """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``."""
+    """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``; the
+    tokenizer's ``pad_id`` is not scored where a rollout holds it (``data.batch``)."""
     if len(pairs) != len(completions):
         raise ValueError(f"completions: {len(completions)} rollouts for {len(pairs)} prompt pairs")
     idx = local_samples(len(pairs), dp_rank, dp_size)
@@ -43,9 +37,7 @@ def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequen
     batch = build_distill_batch([pairs[i].student_ids for i in idx], [pairs[i].teacher_ids for i in idx],
                                 [list(completions[i]) for i in idx], pad_id=pad_id, pad_to_multiple_of=pad_multiple,
                                 max_length=max_length)
-    lengths = batch.response_lengths
-    s_mask = response_mask(batch.student_response_start, lengths, batch.student_input_ids.shape[1])
-    t_mask = response_mask(batch.teacher_response_start, lengths, batch.teacher_input_ids.shape[1])
+    s_mask, t_mask = batch.scored_positions("student"), batch.scored_positions("teacher")
     out = []
     for lo in range(0, len(idx), micro_batch_size):
         sl = slice(lo, lo + micro_batch_size)

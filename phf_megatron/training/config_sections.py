@@ -22,6 +22,7 @@ MODEL_FORMATS = ("auto", "torch_dist", "per_rank")
 
 from ..config_errors import _check_positive, check_choice, fail  # noqa: F401 - re-exported
 from ..lora.config import LORA_TARGETS, LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
+from ..data.prompts import TEACHER_PROMPTS
 
 
 @dataclass
@@ -209,6 +210,9 @@ class DataConfig:
     align_generation_prompt: bool = True
     """End the teacher's prompt with the student's generation prompt so y continues the same
     assistant turn in both (fixes OPSD issue #10); False reproduces the official rendering."""
+    teacher_prompt: str = "official"
+    """Wording of the teacher's message: official (OPSD 7448751, data_collator.py) | opsd_2026_03
+    (the wording before the authors' 2026-03-18 rewrite; see phf_megatron/data/prompts.py)."""
     max_prompt_length: int = 20000
     """Truncate prompts to this many tokens (official --max_length 20000)."""
     skip_bad_rows: bool = False
@@ -232,6 +236,7 @@ class DataConfig:
         if self.max_rows is not None:
             _check_positive("data.max_rows", self.max_rows)
         _check_positive("data.max_prompt_length", self.max_prompt_length)
+        check_choice("data.teacher_prompt", self.teacher_prompt, TEACHER_PROMPTS)
 
 
 @dataclass
@@ -311,7 +316,8 @@ class CheckpointConfig:
     load: str | None = None
     """Resume from this directory; None: from ``save`` when it holds a checkpoint."""
     save_interval: int = 50
-    """Save every this many steps, and at the last step (official save_steps 50); 0: last step only."""
+    """Save every this many steps, and at the last step (official OPSD scripts at
+    7448751: save_steps 25); 0: last step only."""
     keep_last: int | None = None
     """Keep only the newest this many checkpoints; None: keep all (the paper evaluates step 100
     and plots the intermediate ones)."""

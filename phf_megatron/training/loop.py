@@ -67,7 +67,8 @@ class Trainer:
         self.sampler = EpochSampler(len(self.dataset), seed=cfg.data.shuffle_seed, shuffle=cfg.data.shuffle)
         self.prompt_config = PromptConfig(student_enable_thinking=cfg.data.student_enable_thinking,
                                           teacher_enable_thinking=cfg.data.teacher_enable_thinking,
-                                          align_generation_prompt=cfg.data.align_generation_prompt)
+                                          align_generation_prompt=cfg.data.align_generation_prompt,
+                                          teacher_prompt=cfg.data.teacher_prompt)
         self.student: StudentModel = build_student(cfg, len(self.dataset))
         self.teacher = PrivilegedTeacher(self.student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
                                          lora=cfg.lora.enabled, ema_start=cfg.teacher.ema_start)
@@ -175,7 +176,7 @@ class Trainer:
         pairs = [p for p in row_pairs for _ in range(cfg.rollout.n)]
         t1 = time.perf_counter()
         sp = self.student.config.sequence_parallel
-        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id or 0,
+        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
                                  micro_batch_size=cfg.training.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
                                  dp_size=ps.get_data_parallel_world_size(),
                                  pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,

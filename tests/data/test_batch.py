@@ -121,8 +121,8 @@ def test_pad_to_multiple_of_and_max_length(qwen3_tokenizer):
     _, _, batch = batch_for(qwen3_tokenizer, PromptConfig(), pad_to_multiple_of=16)
     assert batch.student_input_ids.shape[1] % 16 == 0 and batch.teacher_input_ids.shape[1] % 16 == 0
     assert (batch.student_input_ids[~batch.student_attention_mask] == qwen3_tokenizer.pad_token_id).all()
-    with pytest.raises(ValueError, match=r"teacher_prompts\[1\]: prompt \d+ \+ rollout \d+ tokens exceeds max_length=100"):
-        batch_for(qwen3_tokenizer, PromptConfig(), max_length=100)
+    with pytest.raises(ValueError, match=r"teacher_prompts\[1\]: prompt 154 \+ rollout 12 tokens exceeds max_length=160"):
+        batch_for(qwen3_tokenizer, PromptConfig(), max_length=160)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -154,3 +154,59 @@ def test_to_moves_every_tensor():
     moved = batch.to("meta")
     assert all(getattr(moved, f).device.type == "meta" and getattr(moved, f).shape == getattr(batch, f).shape
                for f in batch.__dataclass_fields__)
+
+
+def official_scored_positions(prompt_ids, rollout_ids, pad_id):
+    """Transcription of the official label rule (OPSD 7448751 opsd_trainer.py lines 1411-1417):
+    labels = the full ids, the prompt set to -100, then every pad-id token set to -100."""
+    labels = list(prompt_ids) + list(rollout_ids)
+    labels[:len(prompt_ids)] = [-100] * len(prompt_ids)
+    labels = [-100 if x == pad_id else x for x in labels]
+    return [i for i, x in enumerate(labels) if x != -100]
+
+
+def test_pad_id_tokens_are_not_scored_as_in_the_official_trainer(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    pad, im_end = tok.pad_token_id, tok.convert_tokens_to_ids("<|im_end|>")
+    assert (tok.pad_token, pad, im_end) == ("<|endoftext|>", 151643, 151645)
+    pairs, _ = tokenized(tok, PromptConfig())
+    text = tok("The answer is \\boxed{5}.", add_special_tokens=False)["input_ids"]
+    rollouts = [text + [pad],                      # stopped on <|endoftext|>: not scored
+                text + [im_end],                   # stopped on <|im_end|>: scored
+                text[:3] + [pad] + text[3:]]       # a pad id inside (ignore_eos): not scored, the rest is
+    batch = build_distill_batch([p.student_ids for p in pairs], [p.teacher_ids for p in pairs], rollouts,
+                                pad_id=pad, pad_to_multiple_of=8)
+    assert batch.response_lengths.tolist() == [len(y) for y in rollouts]
+    assert batch.response_mask.sum(1).tolist() == [len(text), len(text) + 1, len(text)]
+    for side in ("student", "teacher"):
+        scored = batch.scored_positions(side)
+        labels = batch.shifted_labels(side)
+        for b, (pair, y) in enumerate(zip(pairs, rollouts)):
+            prompt = pair.student_ids if side == "student" else pair.teacher_ids
+            want = official_scored_positions(prompt, y, pad)
+            assert scored[b].nonzero().flatten().tolist() == want
+            assert (labels[b] != -100).nonzero().flatten().tolist() == [p - 1 for p in want]
+            assert batch.input_ids(side)[b, len(prompt):len(prompt) + len(y)].tolist() == y   # kept in the sequence
+    # the rollout index still maps to the right token after an unscored one
+    t = torch.arange(len(rollouts[2])).unsqueeze(0).expand(3, -1)
+    at = batch.input_ids("student").gather(1, batch.to_absolute(t, "student"))
+    assert at[2].tolist() == rollouts[2]
+
+
+def test_without_a_pad_token_every_rollout_token_is_scored():
+    batch = build_distill_batch([[1, 2], [1]], [[1, 2, 3], [4]], [[0, 5, 0], [6]], pad_id=None)
+    assert batch.response_mask.tolist() == [[True, True, True], [True, False, False]]
+    assert batch.student_input_ids[1].tolist() == [1, 6, 0, 0, 0]     # padded with 0, not scored
+    assert batch.response_lengths.tolist() == [3, 1]
+
+
+def test_micro_batches_score_what_the_batch_scores(qwen3_tokenizer):
+    from phf_megatron.training.batches import build_microbatches
+    tok = qwen3_tokenizer
+    pairs, _ = tokenized(tok, PromptConfig())
+    rollouts = [[11, 12, tok.pad_token_id], [13, tok.convert_tokens_to_ids("<|im_end|>")], [14]]
+    mbs = build_microbatches(pairs, rollouts, pad_id=tok.pad_token_id, micro_batch_size=1, dp_rank=0, dp_size=1,
+                             pad_multiple=1, window_budget=128)
+    assert [mb.num_tokens for mb in mbs] == [2, 2, 1]
+    assert mbs[0].student_tokens[mbs[0].student_response].tolist() == [11, 12]
+    assert int(mbs[0].student_window[0, int(mbs[0].window_valid[0].sum()) - 1]) == len(pairs[0].student_ids) + 1

@@ -1,4 +1,6 @@
-"""The OPSD prompts: the official strings, the Qwen3 template, the aligned generation prompt."""
+"""The OPSD prompts: the Qwen3 template, the aligned generation prompt, the options.
+
+Parity with the official code (messages and tokens) is in test_prompts_official.py."""
 
 import itertools
 
@@ -22,17 +24,6 @@ COMBOS = list(itertools.product([False, True], repeat=2))
 
 def test_student_message_is_the_official_string():
     assert student_user_message(PROBLEM) == "Problem: " + PROBLEM + "\n\n" + INSTRUCTION
-
-
-def test_teacher_message_is_the_official_string():
-    # siyan-zhao/OPSD data_collator.py, reason_first=False: no "Problem:" prefix, the reference
-    # block, then "\n" + transition_prompt + "\n" + the student instruction.
-    transition = ("\n\nAfter understanding the reference solution and the rationale behind each step, "
-                  "now articulate your own step-by-step reasoning that derives the same final answer "
-                  "to the problem below:\n")
-    expected = (PROBLEM + "\n\nHere is a reference solution to this problem:\n" + SOLUTION + "\n"
-                + transition + "\n" + INSTRUCTION)
-    assert teacher_user_message(PROBLEM, SOLUTION) == expected
 
 
 def test_student_prompt_rendered_with_the_qwen3_template(qwen3_tokenizer):
@@ -71,3 +62,5 @@ def test_official_rendering_uses_each_side_own_mode(qwen3_tokenizer, student_thi
 def test_config_fields_are_checked():
     with pytest.raises(ValueError, match="student_enable_thinking"):
         PromptConfig(student_enable_thinking="no")
+    with pytest.raises(ValueError, match="teacher_prompt: 'opsd_2026_02' is not one of"):
+        PromptConfig(teacher_prompt="opsd_2026_02")

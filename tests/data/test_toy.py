@@ -13,7 +13,7 @@ from phf_megatron.data import (
     toy_sub_vocab,
     validate_row,
 )
-from phf_megatron.data.toy import cell_of, toy_response
+from phf_megatron.data.toy import TOY_PROMPT_CONFIG, cell_of, toy_response
 
 
 def test_split_is_deterministic_in_the_seed():
@@ -46,15 +46,25 @@ def test_rows_are_valid_and_the_reference_holds_the_answer(a, b):
         toy_row(5, 48)
 
 
-def test_toy_prompts_have_a_fixed_token_layout(qwen3_tokenizer):
+@pytest.mark.parametrize("config, teacher_length", [(TOY_PROMPT_CONFIG, 99), (PromptConfig(), 153)])
+def test_toy_prompts_have_a_fixed_token_layout(qwen3_tokenizer, config, teacher_length):
     split = make_toy_split(0)
     lengths = set()
     for a, b in split.heldout[::37]:
         row = toy_row(a, b)
-        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution, PromptConfig())
+        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution, config)
         response = qwen3_tokenizer(toy_response(a, b), add_special_tokens=False)["input_ids"]
         lengths.add((len(pair.student_ids), len(pair.teacher_ids), len(response)))
-    assert len(lengths) == 1
+    assert lengths == {(43, teacher_length, 11)}
+
+
+def test_the_toy_run_config_renders_the_toy_prompts():
+    from phf_megatron.training.config_io import load_config
+    from tests.training.tiny_run import REPO
+
+    data = load_config(f"{REPO}/configs/toy_cpu.yaml").data
+    assert PromptConfig(data.student_enable_thinking, data.teacher_enable_thinking, data.align_generation_prompt,
+                        data.teacher_prompt) == TOY_PROMPT_CONFIG
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -77,11 +87,12 @@ def test_grade_toy():
 
 def test_sub_vocab_round_trips_every_toy_prompt(qwen3_tokenizer):
     split = make_toy_split(0)
-    probe = [build_prompt_pair(qwen3_tokenizer, r.problem, r.solution) for r in split.rows(split.heldout[:2])]
+    probe = [build_prompt_pair(qwen3_tokenizer, r.problem, r.solution, TOY_PROMPT_CONFIG)
+             for r in split.rows(split.heldout[:2])]
     vocab = toy_sub_vocab(qwen3_tokenizer, [p.student_ids for p in probe] + [p.teacher_ids for p in probe])
     assert len(vocab) < 100
     for row in split.rows(split.train[::500]):
-        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution)
+        pair = build_prompt_pair(qwen3_tokenizer, row.problem, row.solution, TOY_PROMPT_CONFIG)
         for ids in (pair.student_ids, pair.teacher_ids):
             compact = vocab.encode(ids)
             assert max(compact) < len(vocab) and vocab.decode(compact) == ids

@@ -30,8 +30,9 @@ def test_pass_at_1_is_the_mean_and_bad_arguments_are_named():
         pass_at_k(4, 1, 5)
 
 
-def _rec(correct, boxed=True, finish="stop"):
-    return {"correct": correct, "boxed": boxed, "finish_reason": finish}
+def _rec(correct, boxed=True, finish="stop", extended=None):
+    return {"correct": {"official": correct, "extended": correct if extended is None else extended},
+            "boxed": boxed, "finish_reason": finish}
 
 
 def test_average_at_k_pass_at_k_and_suite_average():
@@ -48,3 +49,15 @@ def test_average_at_k_pass_at_k_and_suite_average():
     assert suite_average([s, other]) == pytest.approx(s.average_at_k / 2)
     with pytest.raises(ValueError, match="b/p1: 3 samples, expected 4"):
         score_benchmark("b", {"p1": per["p1"][:3]}, k=4)
+
+
+def test_each_grader_has_its_average_and_the_chosen_one_its_pass_at_k():
+    per = {"p1": [_rec(True), _rec(False, extended=True)], "p2": [_rec(False, extended=True), _rec(False)]}
+    official = score_benchmark("b", per, k=2, pass_ks=(1,))
+    extended = score_benchmark("b", per, k=2, pass_ks=(1,), grader="extended")
+    assert official.average_at_k_by_grader == extended.average_at_k_by_grader == {"official": 25.0, "extended": 75.0}
+    assert (official.grader, official.average_at_k, official.pass_at_k[2]) == ("official", 25.0, 50.0)
+    assert (extended.grader, extended.average_at_k, extended.pass_at_k[2]) == ("extended", 75.0, 100.0)
+    assert suite_average([official], "extended") == 75.0 and suite_average([extended]) == 75.0
+    with pytest.raises(ValueError, match="grader: 'strict' is not one of"):
+        score_benchmark("b", per, k=2, grader="strict")
