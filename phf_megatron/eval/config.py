@@ -6,8 +6,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from phf_megatron.rollout.factory import BACKENDS
-
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
 
 
@@ -59,6 +57,8 @@ class EvalConfig:
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
 
     def __post_init__(self) -> None:
+        from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
+
         self.benchmarks = tuple(self.benchmarks)
         if not self.benchmarks:
             raise ValueError("benchmarks: give at least one")
