@@ -15,6 +15,8 @@ import json
 import os
 from collections.abc import Iterable
 
+from ..errors import InputFileError
+
 SHARD_GLOB = "samples.rank*.jsonl"
 
 
@@ -100,7 +102,7 @@ def load_records(run_dir: str) -> tuple[dict[tuple[str, str, int], dict], int]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 if lineno == len(lines):             # torn tail: no newline after it
                     continue
-                raise ValueError(f"{path}:{lineno}: corrupt sample record ({exc})") from None
+                raise InputFileError(f"{path}:{lineno}", f"corrupt sample record ({exc})") from None
             if key in records:
                 duplicates += 1
                 continue
