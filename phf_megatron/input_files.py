@@ -52,7 +52,9 @@ def load_torch_file(path: str, **kwargs) -> Any:
 
     try:
         return torch.load(path, **kwargs)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as err:
+    except (FileNotFoundError, PermissionError):
+        raise
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as err:  # OSError: a cut zip
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputFileError(path, f"not a readable torch file, truncated or corrupt ({first}); "
                                    f"size {os.path.getsize(path)} bytes") from None

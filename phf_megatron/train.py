@@ -18,12 +18,13 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
     from .cli import run_command
 
-    return run_command(lambda: train(sys.argv[1:] if argv is None else list(argv)))
+    return run_command(lambda: train(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
 
 
-def train(argv: list[str]) -> int:
+def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import process_rank, wants_help
     from .training.config_io import help_text, load_config, split_argv, to_yaml
@@ -39,9 +40,10 @@ def train(argv: list[str]) -> int:
         return 0
     cfg.require_inputs()
 
-    from .startup import quiet_start
+    if quiet:
+        from .startup import quiet_start
 
-    quiet_start(cfg.logging.verbose)
+        quiet_start(cfg.logging.verbose)
     from .training.distributed import shutdown_distributed
     from .training.loop import Trainer
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from phf_megatron.cli import parse_command_line, run_command  # noqa: E402
+from phf_megatron.cli import parse_command_line, run_command, wants_help  # noqa: E402
 from phf_megatron.config_errors import check_choice  # noqa: E402
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -44,13 +44,14 @@ class HfToMcore:
             check_choice("dtype", self.dtype, DTYPES)
 
 
-def convert(argv: list[str]) -> int:
-    args, switches = parse_command_line(HfToMcore, argv, __doc__, {"--verbose": "show third-party warnings"})
+def convert(argv: list[str], quiet: bool) -> int:
+    if quiet and not wants_help(argv):
+        from phf_megatron.startup import quiet_start
+
+        quiet_start("--verbose" in argv)
+    args, _ = parse_command_line(HfToMcore, argv, __doc__, {"--verbose": "show third-party warnings"})
     if args is None:
         return 0
-    from phf_megatron.startup import quiet_start
-
-    quiet_start("--verbose" in switches)
     from phf_megatron.convert.checkpoints import convert_hf_to_mcore
     from phf_megatron.models.config import as_dtype
 
@@ -61,7 +62,8 @@ def convert(argv: list[str]) -> int:
 
 
 def main(argv=None) -> int:
-    return run_command(lambda: convert(sys.argv[1:] if argv is None else list(argv)))
+    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
+    return run_command(lambda: convert(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
 
 
 if __name__ == "__main__":  # dist-checkpoint saving spawns helper processes: keep this guard
