@@ -23,6 +23,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .tiny_run import REPO, warning_lines
 
 #: The smallest gain the README promises (its "at least +N points", checked below).
@@ -34,6 +36,8 @@ def test_readme_promises_the_tested_margin():
     assert promised and {int(p) for p in promised} == {round(100 * MARGIN)}, promised
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the whole main job: ~4 min on a quiet 2-core machine
 def test_main_job_learns_the_toy_task_with_a_quiet_log(tmp_path):
     run = tmp_path / "phf_tiny"
     env = {**os.environ, "PHF_SKIP_SETUP": "1", "RUN_DIR": str(run), "OMP_NUM_THREADS": "2",
