@@ -361,3 +361,17 @@ def parse_command_line(cls: type, argv: Sequence[str], description: str,
         return None, set()
     given = {a for a in argv if a in switches}
     return settings.build(settings.parse([a for a in argv if a not in switches])), given
+
+
+VERBOSE = {"--verbose": "show third-party warnings and vLLM's INFO/WARNING log (quiet by default)"}
+
+
+def tool_config(cls: type, argv: Sequence[str], description: str, quiet: bool):
+    """A tool's config from its command line, after a quiet start unless ``--verbose``
+    (``quiet``: the command is this process's own, not a test calling ``main(argv)``); None after
+    printing ``--help``. The start comes first: a config's checks may import torch."""
+    if quiet and not wants_help(argv):
+        from .startup import quiet_start
+
+        quiet_start("--verbose" in argv)
+    return parse_command_line(cls, argv, description, VERBOSE)[0]

@@ -24,18 +24,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from phf_megatron.cli import parse_command_line, run_command, wants_help  # noqa: E402
+from phf_megatron.cli import run_command, tool_config  # noqa: E402
 from phf_megatron.eval.config import EvalConfig  # noqa: E402
 
-SWITCHES = {"--verbose": "show third-party warnings and vLLM's INFO/WARNING log"}
-
-
 def evaluate(argv: list[str], quiet: bool) -> int:
-    if quiet and not wants_help(argv):  # before EvalConfig's checks import torch
-        from phf_megatron.startup import quiet_start
-
-        quiet_start("--verbose" in argv)
-    config, _ = parse_command_line(EvalConfig, argv, __doc__, SWITCHES)
+    config = tool_config(EvalConfig, argv, __doc__, quiet)
     if config is None:
         return 0
     from phf_megatron.eval.runner import run_eval

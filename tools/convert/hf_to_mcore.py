@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from phf_megatron.cli import parse_command_line, run_command, wants_help  # noqa: E402
+from phf_megatron.cli import run_command, tool_config  # noqa: E402
 from phf_megatron.config_errors import check_choice  # noqa: E402
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -45,11 +45,7 @@ class HfToMcore:
 
 
 def convert(argv: list[str], quiet: bool) -> int:
-    if quiet and not wants_help(argv):
-        from phf_megatron.startup import quiet_start
-
-        quiet_start("--verbose" in argv)
-    args, _ = parse_command_line(HfToMcore, argv, __doc__, {"--verbose": "show third-party warnings"})
+    args = tool_config(HfToMcore, argv, __doc__, quiet)
     if args is None:
         return 0
     from phf_megatron.convert.checkpoints import convert_hf_to_mcore
