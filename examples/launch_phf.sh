@@ -19,7 +19,7 @@ MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 
 if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
   mkdir -p "$(dirname "$MCORE_DIR")"
-  python tools/convert/hf_to_mcore.py --hf-dir "$HF_MODEL" --out-dir "$MCORE_DIR" --dtype bf16
+  python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16
 fi
 LAUNCH=(torchrun --nproc-per-node "$NGPU")
 if [ "${NNODES:-1}" -gt 1 ]; then

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from .errors import ConfigError
 
-def fail(where: str, message: str) -> ValueError:
+
+def fail(where: str, message: str) -> ConfigError:
     """A config error that names the field (``section.field``) and the flag that changes it."""
-    return ValueError(f"{where}: {message} (change it with --{where}=...)")
+    return ConfigError(where, message)
 
 
 def check_choice(where: str, value, choices) -> None:

@@ -3,10 +3,13 @@
     python -m phf_megatron.train --config configs/tiny_cpu.yaml --model.hf_dir DIR --data.path FILE
     torchrun --nproc-per-node 8 -m phf_megatron.train --config configs/phf_qwen3_8b.yaml \\
         --model.hf_dir /models/Qwen3-8B --data.path siyanzhao/Openthoughts_math_30k_opsd
+    python -m phf_megatron.train --help                                  # every setting
+    python -m phf_megatron.train --config configs/phf_qwen3_8b.yaml --lr 1e-5 --print-config
 
 Any config field can be overridden as ``--section.field=value`` (see ``training/config.py``);
 ``--ablation NAME`` selects one of the paper's ablations (opsd_only, local_only, direction_only,
-geometry_only, pointwise_mse, selected_layers).
+geometry_only, pointwise_mse, selected_layers). A wrong setting is one line, ``error: --flag: ...``,
+printed by rank 0, and exit code 2.
 """
 
 from __future__ import annotations
@@ -14,19 +17,46 @@ from __future__ import annotations
 import sys
 
 
-def main(argv: list[str] | None = None) -> None:
-    from .training.config_io import config_from_argv
+def main(argv: list[str] | None = None) -> int:
+    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
+    from .cli import run_command
+
+    return run_command(lambda: train(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
+
+
+def train(argv: list[str], quiet: bool = True) -> int:
+    """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
+    from .cli import process_rank, wants_help
+    from .training.config_io import help_text, load_config, split_argv, to_yaml
+
+    if wants_help(argv):
+        print(help_text(__doc__))
+        return 0
+    path, print_config, overrides = split_argv(argv)
+    cfg = load_config(path, overrides)
+    if print_config:
+        if process_rank() == 0:
+            print(to_yaml(cfg), end="")
+        return 0
+    cfg.require_inputs()
+
+    if quiet:
+        from .startup import quiet_start
+
+        quiet_start(cfg.logging.verbose)
     from .training.distributed import shutdown_distributed
     from .training.loop import Trainer
 
-    cfg = config_from_argv(sys.argv[1:] if argv is None else argv)
-    trainer = Trainer(cfg)
+    trainer = None
     try:
+        trainer = Trainer(cfg)
         trainer.run()
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
         shutdown_distributed()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

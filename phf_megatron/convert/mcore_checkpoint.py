@@ -23,6 +23,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..errors import InputFileError
+from ..input_files import load_dist_checkpoint, read_json, reading_dist_checkpoint
+
 METADATA_FILE = "phf_megatron.json"
 TOKENIZER_DIR = "hf_tokenizer"
 FORMAT = "phf-megatron-qwen3/1"
@@ -43,14 +46,14 @@ def write_metadata(ckpt_dir: str, *, hf_config: dict, dtype: str, saved_layout: 
         json.dump(meta, f, indent=2, sort_keys=True)
 
 
-def training_checkpoint_error(ckpt_dir: str) -> ValueError | None:
+def training_checkpoint_error(ckpt_dir: str) -> InputFileError | None:
     """An error naming the way out when ``ckpt_dir`` is a trainer checkpoint, not a model (else None)."""
     if os.path.isfile(os.path.join(ckpt_dir, METADATA_FILE)) or not os.path.isfile(os.path.join(ckpt_dir, "meta.json")):
         return None
     run = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir)))
-    return ValueError(f"{ckpt_dir!r} is a training checkpoint of phf_megatron.train (optimizer, EMA, adapters), "
-                      f"not a model: use the run's export, --model <base HF dir> --adapter "
-                      f"{os.path.join(run, 'export', 'peft_adapter')}")
+    return InputFileError(ckpt_dir, "is a training checkpoint of phf_megatron.train (optimizer, EMA, adapters), "
+                                    "not a model: use the run's export, --model <base HF dir> --adapter "
+                                    f"{os.path.join(run, 'export', 'peft_adapter')}")
 
 
 def read_metadata(ckpt_dir: str) -> dict:
@@ -60,10 +63,10 @@ def read_metadata(ckpt_dir: str) -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mcore-dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
                                 " pass --hf-config to export it)")
-    with open(path) as f:
-        meta = json.load(f)
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    meta = read_json(path)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise InputFileError(path, f"format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
+                                   f"expected {FORMAT!r}")
     return meta
 
 
@@ -98,18 +101,19 @@ def load_checkpoint(model, ckpt_dir: str) -> None:
 
     if not os.path.isdir(ckpt_dir):
         raise FileNotFoundError(f"mcore-dir: {ckpt_dir} is not a directory")
-    state = dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir)
+    state = load_dist_checkpoint(model.sharded_state_dict(), ckpt_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing:
-        raise ValueError(f"mcore-dir: checkpoint lacks {len(missing)} model tensor(s), e.g. {missing[:5]}")
+        raise InputFileError(ckpt_dir, f"the checkpoint lacks {len(missing)} model tensor(s), e.g. {missing[:5]}")
 
 
 def checkpoint_dtype(ckpt_dir: str) -> torch.dtype:
     """The dtype of the stored weights (from the tensor metadata of the dist checkpoint)."""
     from megatron.core import dist_checkpointing
 
-    meta = dist_checkpointing.load_tensors_metadata(ckpt_dir)
+    with reading_dist_checkpoint(ckpt_dir):
+        meta = dist_checkpointing.load_tensors_metadata(ckpt_dir)
     for key, value in meta.items():
         if "final_layernorm" in key:
             return value.dtype

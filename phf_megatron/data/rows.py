@@ -10,8 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UserError
 
-class BadRowError(ValueError):
+
+class BadRowError(UserError):
     """A row that fails validation; the message names its origin (``file:line`` or ``name row N``)."""
 
 

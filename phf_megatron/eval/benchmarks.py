@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from ..errors import ConfigError, InputFileError
+
 #: name -> (HF dataset, split, id column) — as in OPSD's eval/evaluate_math.py.
 KNOWN_BENCHMARKS = {
     "aime24": ("HuggingFaceH4/aime_2024", "train", "id"),
@@ -43,7 +45,8 @@ def load_benchmark(spec: str, data_dir: str | None = None) -> tuple[str, list[Pr
         name = os.path.splitext(os.path.basename(spec))[0]
         return name, read_problems_jsonl(spec, name)
     if spec not in KNOWN_BENCHMARKS:
-        raise ValueError(f"unknown benchmark {spec!r}: use one of {sorted(KNOWN_BENCHMARKS)} or a path to a .jsonl file")
+        raise ConfigError("benchmarks", f"unknown benchmark {spec!r}: use one of {sorted(KNOWN_BENCHMARKS)} or a "
+                                        "path to a .jsonl file")
     if data_dir is not None:
         path = os.path.join(data_dir, f"{spec}.jsonl")
         if os.path.isfile(path):
@@ -63,24 +66,24 @@ def read_problems_jsonl(path: str, benchmark: str) -> list[Problem]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: invalid JSON ({exc.msg})") from None
+                raise InputFileError(where, f"invalid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+                raise InputFileError(where, f"expected a JSON object, got {type(row).__name__}")
             problem = _field(row, _PROBLEM_KEYS)
             if not isinstance(problem, str) or not problem.strip():
-                raise ValueError(f"{where}: missing or empty field 'problem' (keys: {sorted(row)})")
+                raise InputFileError(where, f"missing or empty field 'problem' (keys: {sorted(row)})")
             answer = _field(row, _ANSWER_KEYS)
             if answer is None or (isinstance(answer, str) and not answer.strip()):
-                raise ValueError(f"{where}: row has no answer (field 'answer' missing, null or empty)")
+                raise InputFileError(where, f"row has no answer (field 'answer' missing, null or empty)")
             if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
-                raise ValueError(f"{where}: field 'answer' must be a string or a number, got {type(answer).__name__}")
+                raise InputFileError(where, f"field 'answer' must be a string or a number, got {type(answer).__name__}")
             pid = str(row.get("id", f"{benchmark}-{lineno}"))
             if pid in seen:
-                raise ValueError(f"{where}: duplicate id {pid!r} (first on line {seen[pid]})")
+                raise InputFileError(where, f"duplicate id {pid!r} (first on line {seen[pid]})")
             seen[pid] = lineno
             problems.append(Problem(benchmark, pid, problem, str(answer).strip()))
     if not problems:
-        raise ValueError(f"{path}: empty file (no rows)")
+        raise InputFileError(path, "empty file (no rows)")
     return problems
 
 
@@ -97,17 +100,17 @@ def _load_hf_dataset(name: str, data_dir: str | None) -> list[Problem]:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"benchmark {name!r}: {where}, and the `datasets` package is not installed "
-                         f"to fetch {repo} (pip install datasets, or pass --data-dir)") from None
+        raise ConfigError("data_dir", f"benchmark {name!r}: {where}, and the `datasets` package is not installed "
+                                      f"to fetch {repo} (pip install datasets, or pass --data-dir)") from None
     try:
         rows = datasets.load_dataset(repo, split=split)
     except Exception as exc:
-        raise ValueError(f"benchmark {name!r}: {where}, and {repo} could not be loaded "
-                         f"({type(exc).__name__}: {exc})") from exc
+        raise ConfigError("data_dir", f"benchmark {name!r}: {where}, and {repo} could not be loaded "
+                                      f"({type(exc).__name__}: {exc})") from exc
     out = []
     for i, row in enumerate(rows):
         answer = row.get("answer")
         if answer is None or not str(answer).strip():
-            raise ValueError(f"{repo}[{i}]: row has no answer")
+            raise InputFileError(f"{repo}[{i}]", "row has no answer")
         out.append(Problem(name, str(row.get(id_col, i)), row["problem"], str(answer).strip()))
     return out

@@ -6,10 +6,6 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from phf_megatron.rollout.factory import BACKENDS
-
-from .grading import GRADERS
-
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
 #: What official OPSD's eval/evaluate_math.py (7448751) picks when unset, by thinking mode:
 #: top-p (lines 653-654) and the engine's context length (lines 114-116).
@@ -74,6 +70,8 @@ class EvalConfig:
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
 
     def __post_init__(self) -> None:
+        from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
+
         self.benchmarks = tuple(self.benchmarks)
         if not self.benchmarks:
             raise ValueError("benchmarks: give at least one")
@@ -91,6 +89,7 @@ class EvalConfig:
             raise ValueError(f"limit: must be >= 1 or None, got {self.limit}")
         if self.model is None and self.megatron_checkpoint is None:
             raise ValueError("model: give a HF model directory, or megatron_checkpoint")
+        from .grading import GRADERS  # math-verify: not before the command line is parsed
         if self.grader not in GRADERS:
             raise ValueError(f"grader: {self.grader!r} is not one of {GRADERS}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:

@@ -34,7 +34,7 @@ no, tries in order:
 An output with no ``\\boxed`` is wrong under the official rule. With ``require_boxed=False``
 (the default, as in math-verify and lighteval) the extended steps 2-3 run on the whole output
 instead, which grades answer snippets such as ``$E$``; ``tools/eval_avg_at_k.py`` passes
-``require_boxed=True`` unless ``--grade-unboxed`` is given.
+``require_boxed=True`` unless ``--require_boxed=false`` is given.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ import os
 import shutil
 import tempfile
 
+from phf_megatron.errors import ConfigError
+from phf_megatron.input_files import check_hf_model_dir
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 
@@ -24,6 +26,7 @@ def check_hf_dir(path: str, what: str = "model") -> str:
         raise FileNotFoundError(f"{what} directory {path!r} does not exist")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: no config.json (not a HF {what} directory)")
+    check_hf_model_dir(path)  # a damaged config.json or safetensors file is named before an engine loads it
     return path
 
 
@@ -132,10 +135,10 @@ def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkp
     """The HF directory to evaluate (see the module docstring)."""
     if megatron_checkpoint is not None:
         if adapter is not None:
-            raise ValueError("adapter: not supported with megatron_checkpoint (merge LoRA before saving)")
+            raise ConfigError("adapter", "not supported with megatron_checkpoint (merge LoRA before saving)")
         return convert_megatron(megatron_checkpoint, run_dir, tokenizer_dir=model)
     if model is None:
-        raise ValueError("model: give a HF model directory (or megatron_checkpoint)")
+        raise ConfigError("model", "give a HF model directory (or megatron_checkpoint)")
     if adapter is not None:
         return merge_adapter(model, adapter, run_dir, dtype=dtype)
     return check_hf_dir(model)

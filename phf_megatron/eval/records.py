@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Iterable
 
+from ..errors import InputFileError
 from .grading import GRADERS, grade, official_boxed_answer
 
 SHARD_GLOB = "samples.rank*.jsonl"
@@ -117,7 +118,7 @@ def load_records(run_dir: str) -> tuple[dict[tuple[str, str, int], dict], int]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 if lineno == len(lines):             # torn tail: no newline after it
                     continue
-                raise ValueError(f"{path}:{lineno}: corrupt sample record ({exc})") from None
+                raise InputFileError(f"{path}:{lineno}", f"corrupt sample record ({exc})") from None
             if key in records:
                 duplicates += 1
                 continue

@@ -21,6 +21,7 @@ import time
 from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, resolve_backend
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
+from ..errors import ConfigError, InputFileError
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -44,7 +45,7 @@ def load_problems(config: EvalConfig) -> dict[str, list[Problem]]:
     for spec in config.benchmarks:
         name, problems = load_benchmark(spec, config.data_dir)
         if name in out:
-            raise ValueError(f"benchmarks: {name!r} given twice")
+            raise ConfigError("benchmarks", f"{name!r} given twice")
         out[name] = problems[:config.limit] if config.limit else problems
     return out
 
@@ -64,8 +65,8 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
             old["max_model_len"] = model_limit
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
         if diff:
-            raise ValueError(f"{out_dir}: holds samples generated with other settings {diff} "
-                             "(old, new); use another --out-dir")
+            raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
+                                          "(old, new); use another --out-dir")
         return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -134,8 +135,8 @@ def _replica_gpus(config: EvalConfig) -> list[list[int]] | None:
     if not gpus:
         return None if size == 1 else [None] * size
     if size * per > gpus:
-        raise ValueError(f"data_parallel: {size} replicas x tensor_parallel_size {per} needs {size * per} GPUs, "
-                         f"{gpus} are visible")
+        raise ConfigError("data_parallel", f"{size} replicas x tensor_parallel_size {per} needs {size * per} GPUs, "
+                                           f"{gpus} are visible")
     return [list(range(r * per, (r + 1) * per)) for r in range(size)]
 
 

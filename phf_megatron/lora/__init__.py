@@ -1,9 +1,13 @@
-"""Tensor-parallel LoRA for Megatron Qwen3 (PEFT-compatible adapters), and the EMA teacher."""
+"""Tensor-parallel LoRA for Megatron Qwen3 (PEFT-compatible adapters), and the EMA teacher.
 
-from .config import LORA_TARGETS, LoraConfig
-from .inject import adapter_parameters, apply_lora, lora_modules, set_adapters_enabled
-from .layers import LoRAColumnParallelLinear, LoRARowParallelLinear
-from .merge import merged_weight_selector
+Submodules load on first use (``lazy_exports``): ``lora.config`` imports without Megatron.
+"""
 
-__all__ = ["LORA_TARGETS", "LoraConfig", "LoRAColumnParallelLinear", "LoRARowParallelLinear", "adapter_parameters",
-           "apply_lora", "lora_modules", "merged_weight_selector", "set_adapters_enabled"]
+from ..lazy_exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "config": ("LORA_TARGETS", "LoraConfig"),
+    "inject": ("adapter_parameters", "apply_lora", "lora_modules", "set_adapters_enabled"),
+    "layers": ("LoRAColumnParallelLinear", "LoRARowParallelLinear"),
+    "merge": ("merged_weight_selector",),
+})

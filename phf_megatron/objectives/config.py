@@ -1,14 +1,23 @@
-"""Objective hyperparameters with the paper's defaults (Appendix C, Table "Hyperparameters")."""
+"""Objective hyperparameters with the paper's defaults (Appendix C, Table "Hyperparameters").
+
+Imports no torch: the command line builds (and ``--help`` describes) this config before any
+heavy import. The loss modules take their defaults and choices from here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ema import DEFAULT_EMA_DECAY, DEFAULT_FLOW_ALPHA
-from .flow import FLOW_VARIANTS
-from .opsd import CLIP_MODES
-from .window import DEFAULT_WINDOW_BUDGET
-
+DEFAULT_EMA_DECAY = 0.999
+"""rho of the EMA teacher (paper: 0.999)."""
+DEFAULT_FLOW_ALPHA = 0.05
+"""alpha, the flow coefficient (paper: 0.05 at every scale)."""
+DEFAULT_WINDOW_BUDGET = 128
+"""|W|, the most rollout positions the flow sees per sample (paper: 128)."""
+#: The flow variants of ``hidden_flow_loss`` (``flow.py``).
+FLOW_VARIANTS = ("phf", "local", "direction", "geometry", "pointwise_mse")
+#: How the JSD clip applies (``opsd.py``): per vocabulary summand (official) or per token.
+CLIP_MODES = ("element", "token")
 #: ``flow_variant`` values: the paper's variants plus ``"none"`` (the OPSD-only ablation).
 FLOW_CHOICES = FLOW_VARIANTS + ("none",)
 

@@ -6,8 +6,7 @@ from typing import Iterable
 
 import torch
 
-DEFAULT_EMA_DECAY = 0.999
-DEFAULT_FLOW_ALPHA = 0.05
+from .config import DEFAULT_EMA_DECAY, DEFAULT_FLOW_ALPHA
 
 
 @torch.no_grad()

@@ -19,8 +19,7 @@ import torch
 
 from ..kernels.dispatch import use_kernels
 from .checks import check_finite, check_ndim, check_prefix_mask, check_same_shape
-
-FLOW_VARIANTS = ("phf", "local", "direction", "geometry", "pointwise_mse")
+from .config import FLOW_VARIANTS
 
 
 # ----------------------------------------------------------------------------- equations

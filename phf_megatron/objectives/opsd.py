@@ -22,8 +22,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_finite, check_ndim, check_same_shape
-
-CLIP_MODES = ("element", "token")
+from .config import CLIP_MODES
 
 
 def log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

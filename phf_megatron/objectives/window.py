@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_ndim
-
-DEFAULT_WINDOW_BUDGET = 128
+from .config import DEFAULT_WINDOW_BUDGET
 
 
 def evenly_spaced_indices(n: int, budget: int) -> list[int]:

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import InputFileError
+from ..input_files import load_dist_checkpoint, load_torch_file, read_json
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
 from .config_io import fingerprint_diff, fingerprint_hash
 
@@ -111,10 +113,10 @@ def read_latest(save_dir: str) -> int | None:
         return None
     text = open(path).read().strip()
     if text == "release":
-        raise ValueError(f"{path}: a 'release' checkpoint is a base model, not a run to resume; "
-                         "pass it as --model.pretrained_checkpoint")
+        raise InputFileError(path, "a 'release' checkpoint is a base model, not a run to resume; "
+                                   "pass it as --model.pretrained_checkpoint")
     if not text.isdigit():
-        raise ValueError(f"{path}: expected an iteration number, found {text!r}")
+        raise InputFileError(path, f"expected an iteration number, found {text!r}")
     return int(text)
 
 
@@ -293,15 +295,15 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
     saved_parts = meta["parts"]
     for name, part in parts.items():
         if name not in saved_parts:
-            raise ValueError(f"{path}: has no part {name!r} (it holds {sorted(saved_parts)})")
+            raise InputFileError(path, f"has no part {name!r} (it holds {sorted(saved_parts)})")
         if saved_parts[name] != part.scope.value:
-            raise ValueError(f"{path}: part {name!r} was saved with scope {saved_parts[name]!r}, "
-                             f"the run asks for {part.scope.value!r} (checkpoint.model_format changed?)")
+            raise InputFileError(path, f"part {name!r} was saved with scope {saved_parts[name]!r}, "
+                                       f"the run asks for {part.scope.value!r} (checkpoint.model_format changed?)")
         saved, now = meta["layout"], layout.sizes()
         diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
         if diffs:
-            raise ValueError(
-                f"{path}: part {name!r} is stored per {part.scope.value} rank and cannot be resharded "
+            raise InputFileError(
+                path, f"part {name!r} is stored per {part.scope.value} rank and cannot be resharded "
                 f"({', '.join(diffs)}). Resume with the checkpoint's layout (--model.tensor_model_parallel_size="
                 f"{saved['tp_size']} --model.pipeline_model_parallel_size={saved['pp_size']}, "
                 f"{saved['world_size']} ranks), save with --checkpoint.model_format=torch_dist, or skip the part "
@@ -314,8 +316,8 @@ def _check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str
         return
     diffs = fingerprint_diff(saved, json.loads(json.dumps(fingerprint, default=str)))  # tuples -> lists, as saved
     if diffs:
-        raise ValueError(f"{path}: the run's settings differ from the checkpoint's: {'; '.join(diffs)}. "
-                         "Use a new --checkpoint.save directory, or --checkpoint.strict_config=false to resume anyway")
+        raise InputFileError(path, f"the run's settings differ from the checkpoint's: {'; '.join(diffs)}. Use a new "
+                                   "--checkpoint.save directory, or --checkpoint.strict_config=false to resume anyway")
 
 
 def load_checkpoint(
@@ -340,10 +342,10 @@ def load_checkpoint(
     meta_path = os.path.join(path, META_FILE)
     if not os.path.isfile(meta_path):
         raise FileNotFoundError(f"{path}: no complete checkpoint here ({META_FILE} missing)")
-    with open(meta_path) as f:
-        meta = json.load(f)
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{meta_path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+    meta = read_json(meta_path)
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        raise InputFileError(meta_path, f"format_version {meta.get('format_version') if isinstance(meta, dict) else meta!r}, "
+                                        f"expected {FORMAT_VERSION}")
     _check_compatible(meta, parts, layout, path)
     if strict_config:
         _check_fingerprint(meta, fingerprint, path)
@@ -358,16 +360,14 @@ def load_checkpoint(
             file_path = os.path.join(path, file_name)
             if not os.path.isfile(file_path):
                 raise FileNotFoundError(f"{file_path}: missing (part {name!r}, scope {part.scope.value})")
-            files[file_name] = torch.load(file_path, map_location="cpu", weights_only=True)
+            files[file_name] = load_torch_file(file_path, map_location="cpu", weights_only=True)
         if name not in files[file_name]:
-            raise ValueError(f"{os.path.join(path, file_name)}: has no entry for part {name!r}")
+            raise InputFileError(os.path.join(path, file_name), f"has no entry for part {name!r}")
         states[name] = files[file_name][name]
     dist_parts = {k: p for k, p in parts.items() if p.scope is Scope.DIST}
     if dist_parts:
-        from megatron.core import dist_checkpointing
-
         templates = {k: (p.template or p.state)() for k, p in dist_parts.items()}
-        states.update(dist_checkpointing.load(templates, os.path.join(path, DIST_DIR)))
+        states.update(load_dist_checkpoint(templates, os.path.join(path, DIST_DIR)))
     for name, part in parts.items():
         part.load(states[name])
     return CheckpointInfo(iteration, path, meta)

@@ -2,9 +2,10 @@
 
 Precedence, lowest first: dataclass defaults < YAML < ``--ablation`` < explicit overrides.
 Overrides are ``--section.field=value`` / ``--section.field value``, or the bare field name when
-it is unique across sections (``--lr 1e-5``, ``--tensor_model_parallel_size 2``). A bool field
-given without a value is set to true. Unknown keys raise a ``ValueError`` listing close matches.
-Values are converted to the field's type (so YAML's ``5e-6``, a string to PyYAML, is a float).
+it is unique across sections (``--lr 1e-5``, ``--tensor_model_parallel_size 2``); the flags, their
+conversion to the field types and ``--help`` are ``phf_megatron.cli``'s, generated from the
+dataclasses. Unknown keys raise a ``UsageError`` listing close matches, bad values a
+``ConfigError`` naming the field (YAML's ``5e-6``, a string to PyYAML, is a float).
 
     cfg = load_config("configs/phf_qwen3_8b.yaml", ["--model.hf_dir=/ckpt/Qwen3-8B", "--lr", "1e-5"])
 """
@@ -12,17 +13,16 @@ Values are converted to the field's type (so YAML's ``5e-6``, a string to PyYAML
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
 import tempfile
-import types
-import typing
 from typing import Any, Sequence
 
 import yaml
 
+from ..cli import Settings, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
+from ..errors import ConfigError, InputFileError, UsageError
 from .config import ABLATIONS, TrainConfig
 
 #: Settings that may differ between a checkpoint and the run resuming from it: budgets, paths,
@@ -59,87 +59,22 @@ RESUME_MUTABLE = (
     "logging.",
 )
 
+#: The trainer's flags, generated from ``TrainConfig``.
+SETTINGS = Settings(TrainConfig)
 
-# ----------------------------------------------------------------------------- schema
-
-
-def _sections() -> dict[str, type]:
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(TrainConfig) if dataclasses.is_dataclass(hints[f.name])}
+#: The trainer's own options besides the settings (``--help`` lists them first).
+OPTIONS = (("--config FILE", "a YAML preset (configs/*.yaml); the flags override it"),
+           ("--print-config", "print the resolved config as YAML and exit"))
 
 
 def field_types() -> dict[str, Any]:
     """Every settable key (``run_dir``, ``section.field``) and its type annotation."""
-    top = typing.get_type_hints(TrainConfig)
-    sections = _sections()
-    out: dict[str, Any] = {name: tp for name, tp in top.items() if name not in sections}
-    for section, cls in sections.items():
-        for name, tp in typing.get_type_hints(cls).items():
-            out[f"{section}.{name}"] = tp
-    return out
+    return dict(SETTINGS.types)
 
 
-def _close(key: str, known: Sequence[str]) -> str:
-    leaf_names = sorted({k.rsplit(".", 1)[-1] for k in known})
-    matches = difflib.get_close_matches(key, known, n=4, cutoff=0.6)
-    matches += [m for m in difflib.get_close_matches(key.rsplit(".", 1)[-1], leaf_names, n=4, cutoff=0.6)
-                if m not in matches]
-    return f"; did you mean {', '.join(matches)}?" if matches else ""
-
-
-def resolve_key(key: str, types_: dict[str, Any] | None = None) -> str:
-    """The full ``section.field`` for a dotted or unique bare key; ``ValueError`` otherwise."""
-    types_ = types_ or field_types()
-    if key in types_:
-        return key
-    owners = [k for k in types_ if k.rsplit(".", 1)[-1] == key]
-    if len(owners) == 1:
-        return owners[0]
-    if len(owners) > 1:
-        raise ValueError(f"--{key}: ambiguous, it names {', '.join(owners)}; use the dotted form")
-    raise ValueError(f"--{key}: unknown setting{_close(key, list(types_))}")
-
-
-# ----------------------------------------------------------------------------- values
-
-
-def _parse_scalar(text: str, tp: type, key: str):
-    if tp is bool:
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"{key}: expected true/false, got {text!r}")
-    try:
-        return tp(text)
-    except ValueError:
-        raise ValueError(f"{key}: expected {tp.__name__}, got {text!r}") from None
-
-
-def coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a YAML or command-line value to the annotated type (``X | None``, ``tuple[T, ...]``)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
-            return None
-        return coerce(value, inner[0], key)
-    if origin is tuple:
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        return tuple(coerce(v.strip() if isinstance(v, str) else v, args[0], key) for v in value)
-    if isinstance(value, str):
-        return _parse_scalar(value, tp, key)
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ValueError(f"{key}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
-    return value
+def help_text(description: str) -> str:
+    """``--help``: ``description``, the options, then every setting by section (type, default, docstring)."""
+    return SETTINGS.help(description, OPTIONS)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -162,68 +97,27 @@ def read_yaml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     with open(path) as f:
-        tree = yaml.safe_load(f) or {}
+        try:
+            tree = yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            raise InputFileError(path, f"not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(tree, dict):
-        raise ValueError(f"{path}: expected a mapping of sections, got {type(tree).__name__}")
-    types_ = field_types()
+        raise InputFileError(path, f"expected a mapping of sections, got {type(tree).__name__}")
     flat = flatten(tree)
     for key in flat:
-        if key not in types_:
-            raise ValueError(f"{path}: unknown key {key!r}{_close(key, list(types_))}")
+        if key not in SETTINGS.types:
+            raise InputFileError(path, f"unknown key {key!r}{did_you_mean(key, list(SETTINGS.types))}")
     return flat
 
 
-def parse_overrides(argv: Sequence[str]) -> dict[str, str | bool]:
+def parse_overrides(argv: Sequence[str]) -> dict[str, Any]:
     """``["--lr", "1e-5", "--objective.flow_variant=local", "--lora.enabled"]`` -> full keys."""
-    types_ = field_types()
-    out: dict[str, str | bool] = {}
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}: overrides look like --section.field=value")
-        body = arg[2:]
-        if "=" in body:
-            key, value = body.split("=", 1)
-        else:
-            key, value = body, None
-        full = resolve_key(key, types_)
-        if value is None:
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            if types_.get(full) is bool and (nxt is None or nxt.startswith("--")):
-                value = True
-            elif nxt is None:
-                raise ValueError(f"--{key}: missing a value")
-            else:
-                value, i = nxt, i + 1
-        out[full] = value
-        i += 1
-    return out
+    return SETTINGS.parse(argv)
 
 
 def build_config(values: dict[str, Any]) -> TrainConfig:
     """A ``TrainConfig`` from flat ``section.field`` values; errors name the field and flag."""
-    types_ = field_types()
-    sections = _sections()
-    grouped: dict[str, dict[str, Any]] = {name: {} for name in sections}
-    top: dict[str, Any] = {}
-    for key, raw in values.items():
-        full = resolve_key(key, types_)
-        value = coerce(raw, types_[full], full)
-        section, _, name = full.rpartition(".")
-        (grouped[section] if section else top)[name] = value
-    built = {}
-    for section, cls in sections.items():
-        try:
-            built[section] = cls(**grouped[section])
-        except ValueError as err:
-            msg = str(err)
-            if not msg.startswith(f"{section}."):  # a section that does not name itself (ObjectiveConfig)
-                field_name = msg.split(":", 1)[0]
-                msg = f"{section}.{msg} (change it with --{section}.{field_name}=...)"
-            raise ValueError(msg) from None
-    return TrainConfig(**top, **built)
+    return SETTINGS.build(values)
 
 
 def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfig:
@@ -232,28 +126,37 @@ def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfi
     overrides = parse_overrides(argv)
     ablation = overrides.get("ablation", values.get("ablation"))
     if ablation not in (None, "none", "null") and ablation not in ABLATIONS:
-        raise ValueError(f"ablation: {ablation!r} is not one of {tuple(ABLATIONS)} (change it with --ablation=...)")
+        raise ConfigError("ablation", f"{ablation!r} is not one of {tuple(ABLATIONS)}")
     if ablation in ABLATIONS:
         values.update({f"objective.{k}": v for k, v in ABLATIONS[ablation].items()})
     values.update(overrides)
     return build_config(values)
 
 
-def config_from_argv(argv: Sequence[str]) -> TrainConfig:
-    """``[--config FILE] [overrides...]`` -> ``TrainConfig`` (what a trainer's ``main()`` calls)."""
+def split_argv(argv: Sequence[str]) -> tuple[str | None, bool, list[str]]:
+    """``[--config FILE] [--print-config] overrides...`` -> (config file, print-config?, overrides)."""
     args = list(argv)
-    path = None
+    path, print_config = None, False
+    if "--print-config" in args:
+        args.remove("--print-config")
+        print_config = True
     for i, arg in enumerate(args):
         if arg == "--config" or arg.startswith("--config="):
             if arg == "--config":
                 if i + 1 >= len(args):
-                    raise ValueError("--config: missing a file name")
+                    raise UsageError("--config: missing a file name")
                 path = args[i + 1]
                 del args[i:i + 2]
             else:
                 path = arg.split("=", 1)[1]
                 del args[i]
             break
+    return path, print_config, args
+
+
+def config_from_argv(argv: Sequence[str]) -> TrainConfig:
+    """``[--config FILE] [overrides...]`` -> ``TrainConfig`` (what a trainer's ``main()`` calls)."""
+    path, _, args = split_argv(argv)
     return load_config(path, args)
 
 
@@ -289,9 +192,14 @@ def _atomic_write_text(path: str, text: str) -> None:
         raise
 
 
+def to_yaml(cfg: TrainConfig) -> str:
+    """The resolved config as YAML (what ``--print-config`` prints and ``config.yaml`` holds)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def dump_config(cfg: TrainConfig, path: str) -> None:
     """Write the resolved config as YAML (atomic). ``load_config(path)`` rebuilds it exactly."""
-    _atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    _atomic_write_text(path, to_yaml(cfg))
 
 
 def save_run_config(cfg: TrainConfig) -> str | None:

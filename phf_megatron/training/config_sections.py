@@ -358,7 +358,27 @@ class LoggingConfig:
     """Every this many steps, write the 20 rollout tokens with the largest share of the step's
     OPSD loss to <run_dir>/loss_tokens.jsonl (style tokens such as "wait": OPSD issues #3, #20);
     0: never."""
+    verbose: bool = False
+    """Show third-party warnings (Megatron's Transformer Engine / Apex fallbacks, deprecations) and
+    vLLM's INFO and WARNING log. Off: one line says which implementations run; progress bars stay."""
+    wandb: bool = False
+    """Also log to Weights & Biases (pip install wandb): the scalars TensorBoard gets, same names and
+    steps, and the resolved config. One W&B run per launch (a resumed run starts a new one)."""
+    wandb_project: str = "phf-megatron"
+    """W&B project (Megatron's --wandb-project)."""
+    wandb_exp_name: str | None = None
+    """W&B run name (Megatron's --wandb-exp-name); None: the run directory's name."""
+    wandb_entity: str | None = None
+    """W&B entity (team or user); None: the logged-in user's default."""
+    wandb_offline: bool = False
+    """Write the W&B run to disk only (no network); upload it later with ``wandb sync DIR``."""
+    wandb_save_dir: str | None = None
+    """Where W&B writes its files (Megatron's --wandb-save-dir); None: <run_dir> (files under
+    <run_dir>/wandb)."""
+
 
     def __post_init__(self) -> None:
         _check_positive("logging.log_interval", self.log_interval)
         _check_positive("logging.loss_tokens_interval", self.loss_tokens_interval, allow_zero=True)
+        if self.wandb and not self.wandb_project:
+            raise fail("logging.wandb_project", "is empty (W&B needs a project name)")

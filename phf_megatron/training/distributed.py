@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.process_group import join_default_group
+from ..config_errors import fail
 from .config import TrainConfig
 
 
@@ -55,9 +56,9 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     m = cfg.model
     model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
     if world % model_parallel:
-        raise ValueError(
-            f"model.tensor_model_parallel_size x model.pipeline_model_parallel_size = {model_parallel} does not "
-            f"divide the world size {world} (launch with a multiple of {model_parallel} processes)")
+        raise fail("model.tensor_model_parallel_size",
+                   f"tensor_model_parallel_size x pipeline_model_parallel_size = {model_parallel} does not divide "
+                   f"the world size {world} (launch with a multiple of {model_parallel} processes)")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=m.tensor_model_parallel_size,

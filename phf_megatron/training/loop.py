@@ -27,15 +27,17 @@ from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..parallel.capture import WindowCapture
 from ..tokenizer import load_qwen3_tokenizer
+from ..config_errors import fail
+from ..errors import UserError
 from .batches import build_microbatches
 from .checkpoint import load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import RankLayout, Scope, dist_model_part, rng_part, stateful_part, tensors_part
 from .config import TrainConfig
-from .config_io import resume_fingerprint, save_run_config
+from .config_io import resume_fingerprint, save_run_config, to_dict
 from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
-from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger
-from .model_setup import StudentModel, build_student
+from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
+from .model_setup import StudentModel, build_student, implementations
 from .policy_mix import on_policy_samples, solution_completion
 from .rollouts import RolloutDriver, RolloutFailure
 from .teacher import PrivilegedTeacher
@@ -52,6 +54,26 @@ def _eos_token_ids(tokenizer) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
+def _wandb_run(cfg: TrainConfig) -> WandbRun | None:
+    """Where the run's W&B mirror goes (``logging.wandb``), or None."""
+    lg = cfg.logging
+    if not lg.wandb:
+        return None
+    return WandbRun(project=lg.wandb_project, name=lg.wandb_exp_name or os.path.basename(os.path.abspath(cfg.run_dir)),
+                    entity=lg.wandb_entity, offline=lg.wandb_offline, save_dir=lg.wandb_save_dir or cfg.run_dir,
+                    config=to_dict(cfg))
+
+
+def _load_dataset(cfg: TrainConfig):
+    """The training set; a source that cannot be read is an error naming ``--data.path``."""
+    try:
+        return load_math_dataset(cfg.data.path, split=cfg.data.split, skip_bad_rows=cfg.data.skip_bad_rows)
+    except UserError:  # a bad row, named by file and line
+        raise
+    except ValueError as err:  # "source: ..." (missing file, unknown format, unloadable dataset)
+        raise fail("data.path", str(err).removeprefix("source: ")) from err
+
+
 class Trainer:
     """Builds every piece of a run on this rank; ``run()`` trains to ``training.train_iters``."""
 
@@ -61,7 +83,7 @@ class Trainer:
         self.ctx: DistributedContext = init_distributed(cfg)
         save_run_config(cfg)
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
-        self.dataset = load_math_dataset(cfg.data.path, split=cfg.data.split, skip_bad_rows=cfg.data.skip_bad_rows)
+        self.dataset = _load_dataset(cfg)
         if cfg.data.max_rows:
             self.dataset.rows = self.dataset.rows[: cfg.data.max_rows]
         self.sampler = EpochSampler(len(self.dataset), seed=cfg.data.shuffle_seed, shuffle=cfg.data.shuffle)
@@ -79,10 +101,12 @@ class Trainer:
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
         self.resumed_from = self._maybe_resume()
         self.rollouts.sync()  # the engine starts from the HF files; push the (resumed) student and verify
+        if self.ctx.is_rank0:
+            print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}", flush=True)
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
-                                     progress_bar=cfg.logging.progress_bar)
+                                     progress_bar=cfg.logging.progress_bar, wandb=_wandb_run(cfg))
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -136,8 +160,8 @@ class Trainer:
     def _check_prompt_lengths(self, rows, prompts) -> None:
         too_long = [i for i, p in enumerate(prompts) if len(p) > self.cfg.data.max_prompt_length]
         if too_long:
-            raise ValueError(f"data.max_prompt_length: {len(too_long)} prompt(s) of step {self.step} exceed "
-                             f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
+            raise fail("data.max_prompt_length", f"{len(too_long)} prompt(s) of step {self.step} exceed "
+                       f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
 
     def _reason_first_pairs(self, rows) -> list[PromptPair]:
         """The teacher's analysis of each row's reference (engine: the current student), then the teacher

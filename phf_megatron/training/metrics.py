@@ -1,11 +1,13 @@
-"""Per-step metrics on rank 0: a JSONL file, optional TensorBoard events and a tqdm progress bar.
+"""Per-step metrics on rank 0: a JSONL file, optional TensorBoard events and Weights & Biases
+run, and a tqdm progress bar.
 
 ``metrics.jsonl`` holds one JSON object per logged step, ``{"step": 7, "loss": ..., ...}``,
 flushed as it is written. Steps count optimizer updates from 1. Values may be numbers, None
 (NaN and infinities are written as null, which strict JSON readers accept) or lists of numbers
 (e.g. the per-layer flow energy). On resume from step ``s`` the file keeps only lines with
 ``step <= s`` (and drops a half-written last line), so the file always describes one run;
-TensorBoard gets ``purge_step = s + 1`` for the same effect.
+TensorBoard gets ``purge_step = s + 1`` for the same effect. TensorBoard and W&B get the same
+scalars (``scalars``): every number, and each element of a list as ``key/NN`` (``flow_energy/03``).
 
     with MetricsLogger(run_dir, total_steps=100, start_step=resumed_step, tensorboard=True) as m:
         m.log(step, {"loss": 0.41, "lr": 5e-6, "step_time": 3.2})
@@ -21,11 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
+from ..config_errors import fail
 from ..parallel import loss as _loss
 
 METRICS_FILE = "metrics.jsonl"
@@ -97,13 +101,54 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     return len(kept)
 
 
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The scalar series of a JSON record, as TensorBoard and W&B get them: each number under its
+    key, each number of a list under ``key/NN``; ``step``, None, bools and text are left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[f"{key}/{i:02d}"] = v
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = value
+    return out
+
+
 def _open_tensorboard(log_dir: str, purge_step: int | None):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as err:
-        raise ValueError("logging.tensorboard: the tensorboard package is not installed (pip install tensorboard) "
-                         "(change it with --logging.tensorboard=false)") from err
+        raise fail("logging.tensorboard", "the tensorboard package is not installed (pip install tensorboard), "
+                   "or set it to false") from err
     return SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+
+
+@dataclass(frozen=True)
+class WandbRun:
+    """Where a W&B run goes (``logging.wandb_*``); ``config`` is logged as the run's config."""
+
+    project: str
+    name: str
+    entity: str | None = None
+    offline: bool = False
+    save_dir: str = "."
+    config: dict | None = None
+
+
+def _open_wandb(run: WandbRun):
+    try:
+        import wandb
+    except ImportError as err:
+        raise fail("logging.wandb", "the wandb package is not installed (pip install wandb), or set it to "
+                   "false") from err
+    os.makedirs(run.save_dir, exist_ok=True)
+    # console off: W&B does not wrap this process's stdout/stderr (the progress bar stays ours).
+    settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
+    return wandb.init(project=run.project, name=run.name, entity=run.entity, dir=run.save_dir,
+                      mode="offline" if run.offline else "online", config=run.config, settings=settings)
 
 
 class MetricsLogger:
@@ -119,12 +164,14 @@ class MetricsLogger:
         tensorboard_dir: str | None = None,
         progress_bar: bool = True,
         enabled: bool | None = None,
+        wandb: WandbRun | None = None,
     ) -> None:
         self.enabled = _is_rank0() if enabled is None else enabled
         self.path = os.path.join(run_dir, METRICS_FILE)
         self.loss_tokens_path = os.path.join(run_dir, LOSS_TOKENS_FILE)
         self._file = None
         self._tb = None
+        self._wandb = None
         self._bar = None
         if not self.enabled:
             return
@@ -136,6 +183,8 @@ class MetricsLogger:
         if tensorboard:
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
                                          purge_step=start_step + 1 if start_step > 0 else None)
+        if wandb is not None:
+            self._wandb = _open_wandb(wandb)
         if progress_bar:
             from tqdm.auto import tqdm
 
@@ -160,16 +209,11 @@ class MetricsLogger:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
-                if key == "step":
-                    continue
-                if isinstance(value, list):
-                    for i, v in enumerate(value):
-                        if isinstance(v, (int, float)) and v is not None:
-                            self._tb.add_scalar(f"{key}/{i:02d}", v, step)
-                elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+            for key, value in scalars(record).items():
+                self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars(record), step=int(step))
         self.progress(step, loss=record.get("loss"), step_time=record.get("step_time"))
 
     def log_loss_tokens(self, step: int, tokens: list[dict[str, Any]]) -> None:
@@ -186,6 +230,9 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -14,6 +14,8 @@ import torch
 
 from ..convert.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
+from ..config_errors import fail
+from ..input_files import check_hf_model_dir
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
 
@@ -42,16 +44,17 @@ def read_hf_config(cfg: TrainConfig):
 
     if cfg.model.hf_dir:
         if not os.path.isfile(os.path.join(cfg.model.hf_dir, "config.json")):
-            raise FileNotFoundError(f"model.hf_dir: no config.json in {cfg.model.hf_dir}")
+            raise fail("model.hf_dir", f"no config.json in {cfg.model.hf_dir}")
+        check_hf_model_dir(cfg.model.hf_dir)  # a damaged config.json or safetensors file is named here
         hf_config = AutoConfig.from_pretrained(cfg.model.hf_dir)
     elif cfg.model.pretrained_checkpoint:
         from ..convert.mcore_checkpoint import read_metadata
 
         hf_config = Qwen3Config(**read_metadata(cfg.model.pretrained_checkpoint)["hf_config"])
     else:
-        raise ValueError("model.hf_dir: set it (or model.pretrained_checkpoint) to the base model to train")
+        raise fail("model.hf_dir", "set it (or model.pretrained_checkpoint) to the base model to train")
     if getattr(hf_config, "model_type", None) != "qwen3":
-        raise ValueError(f"model.hf_dir: model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
+        raise fail("model.hf_dir", f"model_type {getattr(hf_config, 'model_type', None)!r} is not 'qwen3'")
     return hf_config
 
 
@@ -64,19 +67,20 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
         try:
             LayerPlan.build(hf_config.num_hidden_layers, cfg.objective.flow_variant, cfg.objective.flow_layers)
         except ValueError as exc:
-            raise ValueError(f"objective.flow_layers: {exc}") from exc
+            raise fail("objective.flow_layers", str(exc)) from exc
     longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
     if longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
-        raise ValueError(f"data.max_prompt_length + rollout.max_tokens = {cfg.data.max_prompt_length} + "
-                         f"{cfg.rollout.max_tokens} = {longest} exceeds the model's max_position_embeddings "
-                         f"({hf_config.max_position_embeddings}); lower data.max_prompt_length")
+        raise fail("data.max_prompt_length", f"data.max_prompt_length + rollout.max_tokens = "
+                   f"{cfg.data.max_prompt_length} + {cfg.rollout.max_tokens} = {longest} exceeds the model's "
+                   f"max_position_embeddings ({hf_config.max_position_embeddings}); lower data.max_prompt_length")
     if cfg.data.reason_first and longest + cfg.data.reason_first_max_tokens > hf_config.max_position_embeddings:
-        raise ValueError(f"data.reason_first_max_tokens: the reason-first teacher sequence (prompt {cfg.data.max_prompt_length} "
-                         f"+ analysis {cfg.data.reason_first_max_tokens} + rollout {cfg.rollout.max_tokens}) exceeds the "
-                         f"model's max_position_embeddings ({hf_config.max_position_embeddings})")
+        raise fail("data.reason_first_max_tokens", f"the reason-first teacher sequence (prompt "
+                   f"{cfg.data.max_prompt_length} + analysis {cfg.data.reason_first_max_tokens} + rollout "
+                   f"{cfg.rollout.max_tokens}) exceeds the model's max_position_embeddings "
+                   f"({hf_config.max_position_embeddings})")
     if cfg.objective.top_k_loss is not None and cfg.objective.top_k_loss > hf_config.vocab_size:
-        raise ValueError(f"objective.top_k_loss: {cfg.objective.top_k_loss} exceeds the model's vocabulary "
-                         f"({hf_config.vocab_size})")
+        raise fail("objective.top_k_loss", f"{cfg.objective.top_k_loss} exceeds the model's vocabulary "
+                   f"({hf_config.vocab_size})")
 
 
 def _config_overrides(cfg: TrainConfig) -> dict:
@@ -165,10 +169,54 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
                                                    use_distributed_optimizer=cfg.optimizer.use_distributed_optimizer)
         chunks.append(DistributedDataParallel(model.config, ddp_config, model))
     if not any(p.requires_grad for c in chunks for p in c.parameters()):
-        raise ValueError("lora.target_modules: nothing to train on this rank (no adapter and no trainable weight)")
+        raise fail("lora.target_modules", "nothing to train on this rank (no adapter and no trainable weight)")
     optimizer = get_megatron_optimizer(megatron_optimizer_config(cfg), chunks)
     config = chunks[0].config
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     config.grad_scale_func = optimizer.scale_loss
     scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.training, num_rows)
     return StudentModel(chunks, arch, hf_config, optimizer, scheduler)
+
+
+def implementations(cfg: TrainConfig, student: StudentModel, engine) -> str:
+    """One line saying which implementation runs each piece (what Megatron's Transformer Engine /
+    Apex fallback warnings would say, shown instead of them): attention, norm, fused kernels, the
+    flow and JSD kernels, the optimizer and the rollout engine (``engine``: rank 0's, or None)."""
+    from ..models.spec import have_transformer_engine, resolve_backend
+
+    cuda = torch.cuda.is_available()
+    te = resolve_backend(BACKENDS[cfg.model.transformer_impl]) == "te"
+    no_te = "" if te else (" (Transformer Engine not installed)" if not have_transformer_engine() else "")
+    parts = [f"attention {'Transformer Engine' if te else 'SDPA (Megatron local spec)'}{no_te}",
+             f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]
+    fused = cfg.model.fused_kernels and cuda
+    parts.append("fused RMSNorm/RoPE/SwiGLU " + ("on" if fused else "off" + ("" if cuda else " (no CUDA)")))
+    if cfg.objective.uses_flow:
+        from ..kernels import loader
+
+        flow_kernel = cuda and loader.available()
+        parts.append("flow loss " + ("fused CUDA kernel" if flow_kernel else
+                                     "PyTorch" + ("" if cuda else " (no CUDA)")))
+    from ..parallel import jsd_triton
+
+    parts.append("JSD " + ("Triton" if cuda and jsd_triton.triton is not None else "PyTorch"))
+    inner = getattr(student.optimizer, "optimizer", student.optimizer)
+    parts.append(f"optimizer {type(inner).__module__.split('.')[0]}.{type(inner).__name__}")
+    parts.append(f"rollout {describe_engine(engine)}")
+    return "; ".join(parts)
+
+
+def describe_engine(engine) -> str:
+    """The rollout engine in a few words (``VLLMEngine`` -> ``vLLM 0.32.0 (in process)``)."""
+    if engine is None:
+        return "on rank 0"
+    name = type(engine).__name__
+    if name == "VLLMEngine":
+        import vllm
+
+        return f"vLLM {vllm.__version__} ({'in process' if engine.in_process else 'own process'})"
+    if name == "VLLMServerEngine":
+        return f"vLLM server at {engine.base_url}"
+    if name == "HFEngine":
+        return "transformers generate"
+    return name

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 
-from .tiny_run import REPO, make_tiny_hf, make_toy_jsonl
+from .tiny_run import REPO, make_tiny_hf, make_toy_jsonl, warning_lines
 
 
 def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
@@ -25,7 +25,9 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
     except ImportError:
         backend = "transformers"
     env = {**os.environ, "HF_MODEL": hf, "DATA": data, "RUN_DIR": str(run), "NGPU": "2", "OMP_NUM_THREADS": "1",
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], "VLLM_LOGGING_LEVEL": "WARNING"}
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    for name in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL"):
+        env.pop(name, None)   # the defaults a user gets
     proc = subprocess.run(
         ["bash", "examples/train_phf_qwen3_8b.sh", "--training.train_iters=2", "--training.global_batch_size=4",
          "--training.micro_batch_size=2", "--rollout.max_tokens=16", "--data.max_prompt_length=512",
@@ -42,3 +44,7 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
     assert (run / "export" / "peft_adapter" / "adapter_config.json").is_file()
     config = (run / "config.yaml").read_text()
     assert "jsd_clip: 0.06" in config and "sequence_parallel: true" in config
+    # a quiet log under torchrun too: the vLLM engine's own process and both ranks
+    log = proc.stdout + proc.stderr
+    assert warning_lines(log) == [], "\n".join(warning_lines(log)[:20])
+    assert log.count("phf_megatron.train: attention SDPA (Megatron local spec)") == 1   # rank 0 says it once

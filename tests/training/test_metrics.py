@@ -77,3 +77,42 @@ def test_progress_bar_tracks_step_and_loss(tmp_path, capsys):
         m.log(3, {"loss": 0.125, "step_time": 2.5})
         assert m._bar.n == 3
         assert m._bar.postfix == "loss=0.125, step_time=2.5"
+
+
+def test_wandb_offline_gets_the_scalars_tensorboard_gets(tmp_path, monkeypatch):
+    """W&B (offline: no network, nothing leaves the machine) mirrors TensorBoard: same keys, steps, values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from phf_megatron.training.metrics import WandbRun
+
+    from .wandb_files import wandb_config, wandb_history, wandb_runs
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # were it to try the network, it would fail
+    run = WandbRun(project="phf-test", name="mirror", offline=True, save_dir=str(tmp_path / "wb"),
+                   config={"optimizer": {"lr": 5e-6}})
+    _log_steps(tmp_path, range(1, 4), tensorboard=True, tensorboard_dir=str(tmp_path / "tb"), wandb=run)
+    [path] = wandb_runs(str(tmp_path / "wb"))
+    history = wandb_history(path)
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tensorboard = {}
+    for tag in acc.Tags()["scalars"]:
+        for event in acc.Scalars(tag):
+            tensorboard.setdefault(event.step, {})[tag] = event.value
+    assert sorted(history) == sorted(tensorboard) == [1, 2, 3]
+    for step, row in tensorboard.items():
+        assert history[step].keys() == row.keys()
+        assert history[step] == pytest.approx(row, rel=1e-6)   # TensorBoard stores float32
+    assert history[2] == {"loss": 0.5, "lr": 5e-6, "flow_energy/00": 0.5, "flow_energy/01": 0.25}
+    assert wandb_config(path)["optimizer"] == {"lr": 5e-6}
+
+
+def test_wandb_missing_package_names_the_setting(monkeypatch, tmp_path):
+    import sys
+
+    from phf_megatron.errors import ConfigError
+    from phf_megatron.training.metrics import WandbRun
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ConfigError, match=r"logging.wandb: the wandb package is not installed"):
+        MetricsLogger(str(tmp_path), total_steps=1, progress_bar=False, wandb=WandbRun("p", "n", offline=True))

@@ -94,3 +94,20 @@ def test_missing_or_empty_metrics_is_a_clear_error(tmp_path, capsys, content):
     expected = "no metrics file" if content is None else "has no records"
     assert "metrics.jsonl" in stderr and expected in stderr
     assert not (run / "plots").exists()
+
+
+@pytest.mark.parametrize("layers, ticks", [(2, ["0", "1"]), (3, ["0", "1", "2"]), (28, [str(i) for i in range(0, 28, 2)])])
+def test_layer_heatmap_ticks_are_whole_layers(tmp_path, layers, ticks):
+    """A 2-layer model's heatmap once showed ticks at -0.5, 0.0, 0.5, ...: every tick is a layer."""
+    import matplotlib.pyplot as plt
+
+    plot_run = _import_tool()
+    run = tmp_path / "run"
+    write_run(str(run), steps=5, layers=layers)
+    fig = plot_run.layer_energy_figure(plot_run.load_run(str(run)), "run")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ticks
+    steps = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert all(s.lstrip("−-").isdigit() for s in steps), steps   # whole steps on the x axis too
+    plt.close(fig)

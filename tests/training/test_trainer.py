@@ -2,6 +2,7 @@
 and a failing rollout engine leaves a checkpoint behind."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 
 from .tiny_run import assert_ok as _ok
 from .tiny_run import read_metrics, train
+from .wandb_files import wandb_config, wandb_history, wandb_runs
 
 LR = "--lr=1e-3"  # large enough that one step visibly moves the adapters
 
@@ -59,7 +61,7 @@ def test_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     hf, data = tiny_inputs
     common = ("--training.train_iters=4", "--checkpoint.save_interval=2", LR)
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    _ok(train(hf, data, straight, *common))
+    _ok(train(hf, data, straight, *common, "--logging.wandb", "--logging.wandb_offline"))
     _ok(train(hf, data, resumed, "--training.train_iters=2", "--checkpoint.save_interval=2", LR))
     _ok(train(hf, data, resumed, *common))  # resumes from iter 2 of the same run dir
     s, r = read_metrics(straight), read_metrics(resumed)
@@ -69,6 +71,12 @@ def test_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), (a["step"], key)
     for k, v in _adapters(straight).items():
         torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
+    [wandb_run] = wandb_runs(straight)  # logging.wandb: the run's metrics, offline, under run_dir/wandb
+    history = wandb_history(wandb_run)
+    assert sorted(history) == [1, 2, 3, 4]
+    for m in s:
+        assert history[m["step"]]["loss"] == pytest.approx(m["loss"], rel=1e-12)
+    assert wandb_config(wandb_run)["optimizer"]["lr"] == 1e-3
 
 
 def test_rollout_failure_saves_a_checkpoint_first(tiny_inputs, tmp_path):
@@ -90,9 +98,12 @@ def test_tp2_run_under_torchrun_with_vllm_on_rank0(tiny_inputs, tmp_path):
     pytest.importorskip("vllm")
     hf, data = tiny_inputs
     run = str(tmp_path / "tp2_vllm")
-    _ok(train(hf, data, run, "--training.train_iters=2", "--checkpoint.save_interval=0",
-              "--model.tensor_model_parallel_size=2", "--model.sequence_parallel=true", "--rollout.backend=vllm",
-              nproc=2))
+    proc = train(hf, data, run, "--training.train_iters=2", "--checkpoint.save_interval=0",
+                 "--model.tensor_model_parallel_size=2", "--model.sequence_parallel=true", "--rollout.backend=vllm",
+                 "--logging.verbose", nproc=2)
+    _ok(proc)
+    log = proc.stdout + proc.stderr   # --logging.verbose: the third-party warnings the default hides
+    assert "Transformer Engine and Apex are not installed" in log and re.search(r"\bWARNING\b", log), log[-3000:]
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:   # fp32 engine and trainer: the probe's logprobs agree after every sync

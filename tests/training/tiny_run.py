@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,15 @@ import sys
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: Lines that are warnings: Python's (``...: UserWarning: ...``), vLLM's (``(EngineCore pid=1) WARNING
+#: 11-24 ...``) and torch's own log (``[rank0]:W1124 04:19:02.41 ...``, ``[W1124 ... utils.cpp:68] Warning:``).
+WARNING_LINE = re.compile(r"\b\w*Warning: |\bWARNING\b|(^|\]:)\[?W\d{4} \d\d:\d\d")
+
+
+def warning_lines(log: str) -> list[str]:
+    """The lines of a job's log that are warnings (none at the default verbosity)."""
+    return [line for line in log.splitlines() if WARNING_LINE.search(line)]
 
 
 def make_tiny_hf(out_dir: str, seed: int = 0) -> str:

@@ -1,6 +1,6 @@
 """Convert a Hugging Face Qwen3 checkpoint to a Megatron-Core dist checkpoint.
 
-    python tools/convert/hf_to_mcore.py --hf-dir Qwen3-1.7B --out-dir ckpt/qwen3-1.7b-mcore \
+    python tools/convert/hf_to_mcore.py --hf_dir Qwen3-1.7B --out_dir ckpt/qwen3-1.7b-mcore \\
         [--tp 2] [--pp 2] [--dtype bf16|fp32]
 
 One process is enough: the checkpoint is saved unsharded with Megatron's ShardedTensor metadata
@@ -12,29 +12,55 @@ Writes ``OUT.tmp`` and renames it to ``OUT`` when complete. Also stores the HF c
 tokenizer files (for ``mcore_to_hf.py``).
 """
 
-import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-from phf_megatron.convert.checkpoints import convert_hf_to_mcore  # noqa: E402
-from phf_megatron.models.config import as_dtype  # noqa: E402
+from phf_megatron.cli import run_command, tool_config  # noqa: E402
+from phf_megatron.config_errors import check_choice  # noqa: E402
+
+DTYPES = ("bf16", "fp16", "fp32")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--hf-dir", required=True, help="HF checkpoint directory (config.json + safetensors)")
-    p.add_argument("--out-dir", required=True, help="new directory for the Megatron dist checkpoint")
-    p.add_argument("--tp", type=int, default=1, help="intended tensor-parallel size (checked)")
-    p.add_argument("--pp", type=int, default=1, help="intended pipeline-parallel size (checked)")
-    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default=None,
-                   help="stored dtype (default: the HF checkpoint's)")
-    args = p.parse_args(argv)
+@dataclass
+class HfToMcore:
+    """What to convert, and how."""
+
+    hf_dir: str
+    """HF checkpoint directory (config.json + safetensors)."""
+    out_dir: str
+    """New directory for the Megatron dist checkpoint."""
+    tp: int = 1
+    """Intended tensor-parallel size (checked against the heads, query groups, FFN and vocabulary)."""
+    pp: int = 1
+    """Intended pipeline-parallel size (checked against the number of layers)."""
+    dtype: str | None = None
+    """Stored dtype: bf16 | fp16 | fp32; None: the HF checkpoint's."""
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None:
+            check_choice("dtype", self.dtype, DTYPES)
+
+
+def convert(argv: list[str], quiet: bool) -> int:
+    args = tool_config(HfToMcore, argv, __doc__, quiet)
+    if args is None:
+        return 0
+    from phf_megatron.convert.checkpoints import convert_hf_to_mcore
+    from phf_megatron.models.config import as_dtype
+
     convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
                         dtype=as_dtype(args.dtype) if args.dtype else None)
     print(f"wrote {os.path.abspath(args.out_dir)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
+    return run_command(lambda: convert(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
 
 
 if __name__ == "__main__":  # dist-checkpoint saving spawns helper processes: keep this guard
-    main()
+    sys.exit(main())

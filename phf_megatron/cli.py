@@ -1,0 +1,377 @@
+"""The command lines' shared parser: flags generated from a config dataclass, ``--help`` from its
+field docstrings, and the errors a user can fix printed as one line with exit code 2.
+
+A config is a dataclass whose fields are settings or nested dataclasses (sections): the trainer's
+``TrainConfig`` (``--section.field=value``), the eval tool's ``EvalConfig`` and the converters'
+argument classes (``--field=value``). Also accepted: ``--key value``; ``-`` for ``_``
+(``--out-dir``); a bare field name that is unique across sections (``--lr``); a bool flag alone
+(true) or as ``--no-field`` (false); several values after a tuple flag (``--benchmarks a b``).
+Imports nothing heavy, so ``--help`` and a bad flag are answered before torch loads.
+
+    settings = Settings(EvalConfig)
+    if wants_help(argv):
+        print(settings.help(__doc__))
+    config = settings.build(settings.parse(argv))
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import sys
+import textwrap
+import types
+import typing
+from typing import Any, Callable, Sequence
+
+from .errors import ConfigError, UsageError, UserError, as_config_error
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    return any(a in HELP_FLAGS for a in argv)
+
+
+# ----------------------------------------------------------------------------- the schema
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass (``x: int = 1`` then ``\"\"\"...\"\"\"``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):  # no source (a frozen app): no docs
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(inspect.cleandoc(following.value.value).split())
+    return docs
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One flag: ``key`` (``field`` or ``section.field``), its type, default and docstring."""
+
+    key: str
+    type: Any
+    default: Any
+    doc: str
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """``"; did you mean a, b?"`` listing the known keys close to ``key`` (or ``""``)."""
+    leaf_names = sorted({k.rsplit(".", 1)[-1] for k in known})
+    matches = difflib.get_close_matches(key, known, n=4, cutoff=0.6)
+    matches += [m for m in difflib.get_close_matches(key.rsplit(".", 1)[-1], leaf_names, n=4, cutoff=0.6)
+                if m not in matches]
+    return f"; did you mean {', '.join(matches)}?" if matches else ""
+
+
+def resolve_key(key: str, types_: dict[str, Any]) -> str:
+    """The full key for a dotted or unique bare key; ``UsageError`` naming the flag otherwise."""
+    if key in types_:
+        return key
+    owners = [k for k in types_ if k.rsplit(".", 1)[-1] == key]
+    if len(owners) == 1:
+        return owners[0]
+    if len(owners) > 1:
+        raise UsageError(f"--{key}: ambiguous, it names {', '.join(owners)}; use the dotted form")
+    raise UsageError(f"--{key}: unknown setting{did_you_mean(key, list(types_))}")
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _parse_scalar(text: str, tp: type, key: str):
+    if tp is bool:
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(key, f"expected true/false, got {text!r}")
+    if tp is dict:
+        import yaml
+
+        value = yaml.safe_load(text) if text.strip() else {}
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping like {{name: value}}, got {text!r}")
+        return value
+    try:
+        return tp(text)
+    except ValueError:
+        raise ConfigError(key, f"expected {tp.__name__}, got {text!r}") from None
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert a YAML or command-line value to the annotated type (``X | None``, ``tuple[T, ...]``)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
+            return None
+        return coerce(value, inner[0], key)
+    if origin is tuple:
+        if isinstance(value, str):
+            if value.strip().startswith("["):
+                import yaml
+
+                value = yaml.safe_load(value)
+            else:
+                value = value.split(",")
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(coerce(v.strip() if isinstance(v, str) else v, args[0], key) for v in value)
+    if origin is dict:
+        tp = dict
+    if isinstance(value, str):
+        return _parse_scalar(value, tp, key)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ConfigError(key, f"expected {getattr(tp, '__name__', tp)}, got {value!r}")
+    return value
+
+
+def _takes_several(tp: Any) -> bool:
+    """A tuple setting (``tuple[T, ...]`` or ``tuple[T, ...] | None``): several values may follow its flag."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_takes_several(a) for a in typing.get_args(tp))
+    return typing.get_origin(tp) is tuple
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin is tuple:
+        return f"{_type_name(args[0])},..."
+    if tp is type(None):
+        return "None"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _show(value: Any) -> str:
+    """A value as the command line spells it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return ",".join(_show(v) for v in value)
+    return str(value)
+
+
+# ----------------------------------------------------------------------------- one config class
+
+
+class Settings:
+    """The flags of one config dataclass: parse a command line, build the config, describe it."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        hints = typing.get_type_hints(cls)
+        docs = field_docs(cls)
+        #: ``(section name or None, section docstring, settings)``; top-level settings first.
+        self.sections: list[tuple[str | None, str, list[Setting]]] = [(None, "", [])]
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                sub_hints, sub_docs = typing.get_type_hints(tp), field_docs(tp)
+                doc = inspect.cleandoc(tp.__doc__ or "").split("\n\n")[0].replace("\n", " ")
+                self.sections.append((f.name, doc, [
+                    Setting(f"{f.name}.{g.name}", sub_hints[g.name], _default(g), sub_docs.get(g.name, ""))
+                    for g in dataclasses.fields(tp)]))
+            else:
+                self.sections[0][2].append(Setting(f.name, tp, _default(f), docs.get(f.name, "")))
+        self.settings = {s.key: s for _, _, group in self.sections for s in group}
+        self.types = {key: s.type for key, s in self.settings.items()}
+        self.nested = len(self.sections) > 1
+
+    @property
+    def flag_form(self) -> str:
+        return "--section.field=value" if self.nested else "--field=value"
+
+    def resolve(self, key: str) -> str:
+        return resolve_key(key.replace("-", "_"), self.types)
+
+    def parse(self, argv: Sequence[str]) -> dict[str, str | bool | list[str]]:
+        """Command-line flags -> ``{full key: raw value}`` (converted to the field types by ``build``)."""
+        out: dict[str, Any] = {}
+        args = list(argv)
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if not arg.startswith("--") or arg == "--":
+                raise UsageError(f"unexpected argument {arg!r}: flags look like {self.flag_form}")
+            key, eq, value = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            negated = self._negated_bool(key) if not eq else None
+            if negated:
+                out[negated] = False
+                i += 1
+                continue
+            full = self.resolve(key)
+            if not eq:
+                following = []
+                while i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    following.append(args[i + 1])
+                    i += 1
+                    if not _takes_several(self.types[full]):
+                        break
+                if following:
+                    value = following if len(following) > 1 else following[0]
+                elif self.types[full] is bool:
+                    value = True
+                else:
+                    raise UsageError(f"--{key}: missing a value")
+            out[full] = value
+            i += 1
+        return out
+
+    def _negated_bool(self, key: str) -> str | None:
+        """The bool setting ``--no-<key>`` (or ``--section.no-<field>``) turns off, if ``key`` is one."""
+        if key in self.types:
+            return None
+        section, dot, name = key.rpartition(".")
+        candidates = [key[3:]] if key.startswith("no_") else []
+        candidates += [f"{section}{dot}{name[3:]}"] if name.startswith("no_") and section else []
+        for candidate in candidates:
+            try:
+                full = self.resolve(candidate)
+            except UsageError:
+                continue
+            if self.types[full] is bool:
+                return full
+        return None
+
+    def build(self, values: dict[str, Any]):
+        """The config from flat ``{key: raw value}``; every error names the setting (``ConfigError``)."""
+        grouped: dict[str | None, dict[str, Any]] = {name: {} for name, _, _ in self.sections}
+        for key, raw in values.items():
+            full = self.resolve(key)
+            section, _, name = full.rpartition(".")
+            grouped[section or None][name] = coerce(raw, self.types[full], full)
+        for name, _, group in self.sections:
+            for s in group:
+                if s.required and s.key.rpartition(".")[2] not in grouped[name]:
+                    raise ConfigError(s.key, "is required")
+        hints = typing.get_type_hints(self.cls)
+        built = {name: _construct(hints[name], grouped[name], name) for name, _, _ in self.sections[1:]}
+        return _construct(self.cls, {**grouped[None], **built}, None)
+
+    def help(self, description: str, options: Sequence[tuple[str, str]] = ()) -> str:
+        """``--help``: the description, the extra options, then every setting grouped by section
+        with its type, default and docstring."""
+        width = 100
+        lines = [description.strip(), ""]
+        if options:
+            lines.append("options:")
+            lines += [f"  {flag:<22}{text}" for flag, text in [*options, ("-h, --help", "show this text and exit")]]
+            lines.append("")
+        lines.append(textwrap.fill(f"settings ({self.flag_form} or {self.flag_form.split('=')[0]} value; - may "
+                                   "stand for _; a bool flag alone means true, --no-<field> false):", width))
+        for name, doc, group in self.sections:
+            if not group:
+                continue
+            lines.append("")
+            if name is not None:
+                lines.append(f"{name}: {doc}" if doc else f"{name}:")
+            elif self.nested:
+                lines.append("top level:")
+            for s in group:
+                default = "required" if s.required else f"default: {_show(s.default)}"
+                lines.append(f"  --{s.key}=<{_type_name(s.type)}>  ({default})")
+                if s.doc:
+                    lines.append(textwrap.fill(s.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6))
+        return "\n".join(lines) + "\n"
+
+
+def _construct(cls: type, kwargs: dict[str, Any], section: str | None):
+    """``cls(**kwargs)``; a plain ``ValueError("field: ...")`` from its checks becomes a ``ConfigError``."""
+    try:
+        return cls(**kwargs)
+    except UserError:
+        raise
+    except ValueError as err:
+        named = as_config_error(err, {f.name for f in dataclasses.fields(cls)}, section)
+        if named is None:
+            raise
+        raise named from None
+
+
+# ----------------------------------------------------------------------------- running a command
+
+
+def process_rank() -> int:
+    """This process's global rank: torch.distributed's once joined, else torchrun's ``RANK``, else 0."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def report_error(err: BaseException) -> None:
+    """Print a user error as one line on stderr. Settings and flags are the same on every rank,
+    so only rank 0 reports them; a file error may be one rank's own, so every rank reports it."""
+    rank = process_rank()
+    if rank != 0 and isinstance(err, (ConfigError, UsageError)):
+        return
+    line = err.line if isinstance(err, UserError) else str(err)
+    print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
+
+
+def run_command(main: Callable[[], int | None]) -> int:
+    """Run a command's body: a user error (``UserError``, a missing or already existing file)
+    prints one line and returns exit code 2; any other exception keeps its traceback."""
+    try:
+        return int(main() or 0)
+    except (UserError, FileNotFoundError, FileExistsError) as err:
+        report_error(err)
+        return 2
+
+
+def parse_command_line(cls: type, argv: Sequence[str], description: str,
+                       switches: dict[str, str] | None = None):
+    """A tool's command line: ``(config, switches given)``, or ``(None, set())`` after printing
+    ``--help``. ``switches``: the tool's own on/off flags besides the config's (``--verbose``)."""
+    settings = Settings(cls)
+    switches = switches or {}
+    if wants_help(argv):
+        print(settings.help(description, list(switches.items())))
+        return None, set()
+    given = {a for a in argv if a in switches}
+    return settings.build(settings.parse([a for a in argv if a not in switches])), given
+
+
+VERBOSE = {"--verbose": "show third-party warnings and vLLM's INFO/WARNING log (quiet by default)"}
+
+
+def tool_config(cls: type, argv: Sequence[str], description: str, quiet: bool):
+    """A tool's config from its command line, after a quiet start unless ``--verbose``
+    (``quiet``: the command is this process's own, not a test calling ``main(argv)``); None after
+    printing ``--help``. The start comes first: a config's checks may import torch."""
+    if quiet and not wants_help(argv):
+        from .startup import quiet_start
+
+        quiet_start("--verbose" in argv)
+    return parse_command_line(cls, argv, description, VERBOSE)[0]

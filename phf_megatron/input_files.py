@@ -1,0 +1,139 @@
+"""Read the files a run is given; a damaged one is an ``InputFileError`` that names it.
+
+Truncated or corrupt safetensors, a ``config.json`` that is not JSON, a torch file cut short by a
+full disk: the libraries' own errors ("invalid header length", "PytorchStreamReader failed") do
+not say which file. These readers add the path and say what the file should have been, and the
+command lines print the result as one line (``phf_megatron.cli.run_command``).
+
+    config = read_json(os.path.join(hf_dir, "config.json"))
+    with open_safetensors(path) as f: ...
+    check_hf_model_dir(hf_dir)   # config.json and every safetensors header, before an engine loads it
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from contextlib import contextmanager
+from typing import Any
+
+from .errors import InputFileError
+
+
+def read_json(path: str, what: str = "JSON") -> Any:
+    """``json.load`` of ``path``; a file that is not valid JSON raises ``InputFileError``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as err:
+        raise InputFileError(path, f"not valid {what} (not UTF-8 text at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        empty = " (the file is empty)" if not data.strip() else ""
+        raise InputFileError(path, f"not valid {what}{empty}: {err.msg} at line {err.lineno} column "
+                                   f"{err.colno}") from None
+
+
+def open_safetensors(path: str, framework: str = "pt"):
+    """``safetensors.safe_open(path)``; a truncated or corrupt file raises ``InputFileError``."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(path, framework)
+    except SafetensorError as err:
+        raise InputFileError(path, f"not a readable safetensors file, truncated or corrupt ({err}); "
+                                   f"size {os.path.getsize(path)} bytes") from None
+
+
+def load_torch_file(path: str, **kwargs) -> Any:
+    """``torch.load(path)``; a truncated or corrupt file raises ``InputFileError``."""
+    import torch
+
+    try:
+        return torch.load(path, **kwargs)
+    except (FileNotFoundError, PermissionError):
+        raise
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError) as err:  # OSError: a cut zip
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputFileError(path, f"not a readable torch file, truncated or corrupt ({first}); "
+                                   f"size {os.path.getsize(path)} bytes") from None
+
+
+def check_hf_model_dir(path: str) -> None:
+    """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
+    (cheap: no tensor data), so a damaged file is named before an engine or model loads it."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: not a directory (expected a HF model directory)")
+    if not os.path.isfile(config):
+        raise FileNotFoundError(f"{path}: no config.json (expected a HF model directory)")
+    if not isinstance(read_json(config), dict):
+        raise InputFileError(config, "expected a JSON object")
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            with open_safetensors(os.path.join(path, name)):
+                pass
+        elif name.endswith(".safetensors.index.json"):
+            read_json(os.path.join(path, name))
+
+
+#: What a Megatron dist checkpoint's reader raises on a damaged file.
+_DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+
+
+def _damaged_dist_file(ckpt_dir: str) -> tuple[str, str] | None:
+    """The first damaged file of a torch_dist checkpoint and what is wrong with it (None: all look fine):
+    ``.metadata`` and ``common.pt`` must load, ``metadata.json`` parse, and every ``*.distcp`` hold
+    the bytes ``.metadata`` says it holds."""
+    metadata_path = os.path.join(ckpt_dir, ".metadata")
+    try:
+        with open(metadata_path, "rb") as f:
+            metadata = pickle.load(f)
+    except FileNotFoundError:
+        return metadata_path, "missing (not a complete torch_dist checkpoint)"
+    except (EOFError, pickle.UnpicklingError, ValueError, AttributeError) as err:
+        return metadata_path, f"unreadable, truncated or corrupt ({type(err).__name__}: {err})"
+    for name, reader in (("metadata.json", read_json), ("common.pt", lambda p: load_torch_file(p, weights_only=False))):
+        path = os.path.join(ckpt_dir, name)
+        if os.path.isfile(path):
+            try:
+                reader(path)
+            except InputFileError as err:
+                return path, err.detail
+    needed: dict[str, int] = {}
+    for info in getattr(metadata, "storage_data", {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        path = os.path.join(ckpt_dir, name)
+        if not os.path.isfile(path):
+            return path, "missing (listed in .metadata)"
+        if os.path.getsize(path) < size:
+            return path, f"truncated: {os.path.getsize(path)} bytes, .metadata says at least {size}"
+    return None
+
+
+@contextmanager
+def reading_dist_checkpoint(ckpt_dir: str):
+    """Around a read of a Megatron dist checkpoint: a failure caused by a damaged file becomes an
+    ``InputFileError`` naming that file (or the directory, when no single file is to blame)."""
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: wraps each rank's error
+
+    try:
+        yield
+    except (*_DAMAGED, CheckpointException) as err:
+        damaged = _damaged_dist_file(ckpt_dir)
+        if damaged is not None:
+            raise InputFileError(*damaged) from err
+        if isinstance(err, (EOFError, json.JSONDecodeError, pickle.UnpicklingError, CheckpointException)):
+            raise InputFileError(ckpt_dir, f"a file of this dist checkpoint is truncated or corrupt "
+                                           f"({type(err).__name__}: {err})") from err
+        raise
+
+
+def load_dist_checkpoint(sharded_state_dict: dict, ckpt_dir: str) -> dict:
+    """``megatron.core.dist_checkpointing.load``, damaged files named (``reading_dist_checkpoint``)."""
+    from megatron.core import dist_checkpointing
+
+    with reading_dist_checkpoint(ckpt_dir):
+        return dist_checkpointing.load(sharded_state_dict, ckpt_dir)

@@ -1,0 +1,39 @@
+"""A quiet start for every command line: third-party noise off unless asked for.
+
+At the default verbosity these are hidden: Python warnings raised by other packages (Megatron's
+"Transformer Engine and Apex are not installed" fallbacks, deprecation notices of torch, Megatron
+and vLLM), vLLM's INFO and WARNING log (thread binding, LD_PRELOAD, Triton), and torch's own
+warning log (Python and C++). The trainer prints one line saying which implementations run
+instead (``training.model_setup.implementations``); progress bars stay, and so do errors and the
+warnings of phf_megatron itself. ``verbose`` (``--logging.verbose``) leaves everything as the
+libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is never overridden.
+
+Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by
+this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore`` too).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+#: Module names whose warnings are kept at the default verbosity (a regex ``warnings`` matches).
+OWN_MODULES = r"(phf_megatron|__main__)\b"
+
+#: Warnings other packages raise on behalf of (attributed to) a line of ours.
+FOREIGN_MESSAGES = (
+    r"Please use DTensor instead",   # torch's ShardedTensor deprecation, through our CPU shim of Megatron
+)
+
+
+def quiet_start(verbose: bool = False) -> None:
+    """Silence third-party warnings and logs unless ``verbose`` (see the module docstring)."""
+    if verbose:
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # C++ warnings ("[W ... utils.cpp:68] Warning: ...")
+    os.environ.setdefault("TORCH_LOGS", "-all")             # torch's Python log ("Triton not available")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # inherited by the processes vLLM spawns
+    warnings.filterwarnings("ignore", module=f"(?!{OWN_MODULES})")
+    for message in FOREIGN_MESSAGES:
+        warnings.filterwarnings("ignore", message=message)

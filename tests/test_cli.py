@@ -1,0 +1,224 @@
+"""The command lines (phf_megatron/cli.py): flags and --help generated from the config dataclasses,
+user errors as one line with exit code 2 (once, by rank 0, under torchrun too), other exceptions
+with their traceback, and no heavy import before the command line is parsed."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import typing
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+
+from phf_megatron.cli import Settings, parse_command_line, run_command
+from phf_megatron.errors import ConfigError, InputFileError, UsageError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(REPO, "tools")
+
+
+@dataclass
+class Inner:
+    """An inner section."""
+
+    rate: float = 0.5
+    """How fast (paper: 0.5)."""
+    on: bool = False
+    """A switch."""
+
+
+@dataclass
+class Outer:
+    """A config with a top-level field and a section."""
+
+    name: str = "x"
+    """The name."""
+    layers: tuple[int, ...] | None = None
+    """Some layers; None: all."""
+    extra: dict = field(default_factory=dict)
+    """Extra fields."""
+    inner: Inner = field(default_factory=Inner)
+
+    def __post_init__(self):
+        if self.name == "bad":
+            raise ValueError("name: must not be 'bad'")
+
+
+@dataclass
+class Flat:
+    out_dir: str
+    """Where to write."""
+    n: int = 2
+
+
+def test_flags_in_every_spelling():
+    s = Settings(Outer)
+    cfg = s.build(s.parse(["--name", "y", "--inner.rate=0.25", "--on", "--layers", "1", "2", "3",
+                           "--extra={a: 1}"]))
+    assert cfg == Outer(name="y", layers=(1, 2, 3), extra={"a": 1}, inner=Inner(rate=0.25, on=True))
+    assert s.build(s.parse(["--inner.on=true", "--no-inner.on", "--layers=[4, 5]"])) == Outer(layers=(4, 5))
+    assert s.build(s.parse(["--inner.no-on", "--layers=none"])).inner.on is False
+    flat = Settings(Flat)
+    assert flat.build(flat.parse(["--out-dir", "o", "--n=-3"])) == Flat(out_dir="o", n=-3)
+
+
+@pytest.mark.parametrize("argv, error, line", [
+    (["--nmae=y"], UsageError, "--nmae: unknown setting; did you mean name?"),
+    (["--inner.rate"], UsageError, "--inner.rate: missing a value"),
+    (["y"], UsageError, "unexpected argument 'y': flags look like --section.field=value"),
+    (["--inner.rate=fast"], ConfigError, "--inner.rate: expected float, got 'fast'"),
+    (["--inner.on=maybe"], ConfigError, "--inner.on: expected true/false, got 'maybe'"),
+    (["--name=bad"], ConfigError, "--name: must not be 'bad'"),
+    (["--extra=[1]"], ConfigError, "--extra: expected a mapping like {name: value}, got '[1]'"),
+])
+def test_bad_flags_are_one_line_naming_the_flag(argv, error, line):
+    s = Settings(Outer)
+    with pytest.raises(error) as err:
+        s.build(s.parse(argv))
+    assert err.value.line == line
+
+
+def test_required_field_and_flat_form():
+    s = Settings(Flat)
+    with pytest.raises(ConfigError) as err:
+        s.build(s.parse(["--n=3"]))
+    assert err.value.line == "--out_dir: is required"
+    with pytest.raises(UsageError, match="flags look like --field=value"):
+        s.parse(["o"])
+
+
+def test_help_lists_every_field_with_type_default_and_docstring():
+    text = Settings(Outer).help("Describe me.", [("--print-config", "print it")])
+    assert text.startswith("Describe me.") and "--print-config" in text
+    for line in ("  --name=<str>  (default: x)", "      The name.", "  --layers=<int,... | None>  (default: None)",
+                 "inner: An inner section.", "  --inner.rate=<float>  (default: 0.5)", "      How fast (paper: 0.5).",
+                 "  --inner.on=<bool>  (default: false)"):
+        assert line in text.splitlines(), line
+    assert "  --out_dir=<str>  (required)" in Settings(Flat).help("").splitlines()
+
+
+def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(capsys, monkeypatch):
+    def fail(err):
+        def body():
+            raise err
+        return body
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert run_command(fail(ConfigError("a.b", "too big"))) == 2
+    assert run_command(fail(InputFileError("x.jsonl:3", "invalid JSON"))) == 2
+    assert run_command(fail(FileNotFoundError("config file 'c.yaml' does not exist"))) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --a.b: too big", "error: x.jsonl:3: invalid JSON", "error: config file 'c.yaml' does not exist"]
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_command(fail(RuntimeError("a bug")))
+    with pytest.raises(ValueError, match="plain"):  # a ValueError that names no setting is not a user error
+        run_command(fail(ValueError("plain")))
+    monkeypatch.setenv("RANK", "1")  # settings are the same on every rank: only rank 0 reports them
+    assert run_command(fail(ConfigError("a.b", "too big"))) == 2
+    assert run_command(fail(InputFileError("shard.pt", "truncated"))) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: [rank 1] shard.pt: truncated"]
+
+
+def test_tool_switches_and_help(capsys):
+    assert parse_command_line(Flat, ["--help"], "Flat tool.", {"--verbose": "louder"}) == (None, set())
+    assert "--verbose             louder" in capsys.readouterr().out
+    assert parse_command_line(Flat, ["--out_dir=o", "--verbose"], "", {"--verbose": ""}) == (Flat("o"), {"--verbose"})
+
+
+# ----------------------------------------------------------------------------- the real command lines
+
+
+def _run(args, timeout=120, **env):
+    environ = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _leaf_fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from (f"{f.name}.{g}" for g in _leaf_fields(hints[f.name]))
+        else:
+            yield f.name
+
+
+def test_trainer_help_lists_every_setting_without_importing_torch():
+    from phf_megatron.training.config import TrainConfig
+
+    proc = _run(["-c", "import sys; from phf_megatron.train import main; rc = main(['--help']); "
+                       "heavy = [m for m in ('torch', 'megatron', 'vllm', 'transformers') if m in sys.modules]; "
+                       "print('HEAVY', heavy); sys.exit(rc)"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+    lines = proc.stdout.splitlines()
+    for key in _leaf_fields(TrainConfig):
+        assert any(line.startswith(f"  --{key}=<") for line in lines), key
+    for heading in ("model: The policy model", "objective: What one PHF update optimizes", "logging: "):
+        assert any(line.startswith(heading) for line in lines), heading
+    assert "  --optimizer.lr=<float>  (default: 5e-06)" in lines
+    assert "      Peak learning rate (paper: 5e-6)." in lines
+    assert "--print-config" in proc.stdout and "--config FILE" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--optimizer.lr=abc"], "error: --optimizer.lr: expected float, got 'abc'"),
+    (["--lrr", "1e-5"], "error: --lrr: unknown setting; did you mean lora.r, lr?"),
+    (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
+    (["--config", "configs/nope.yaml"], "error: config file 'configs/nope.yaml' does not exist"),
+    ([], "error: --model.hf_dir: is required: the HF Qwen3 checkpoint directory"),
+])
+def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
+    proc = _run(["-m", "phf_megatron.train", *argv])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [line] and proc.stdout == ""
+
+
+def test_print_config_prints_the_resolved_yaml(tmp_path):
+    from phf_megatron.training.config_io import load_config, to_dict
+
+    proc = _run(["-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", "--lr", "1e-5",
+                 "--no-lora.enabled", "--teacher.mode=dynamic", "--print-config"])
+    assert proc.returncode == 0, proc.stderr
+    expected = load_config("configs/phf_qwen3_8b.yaml", ["--lr=1e-5", "--lora.enabled=false", "--teacher.mode=dynamic"])
+    assert yaml.safe_load(proc.stdout) == to_dict(expected)
+
+
+def test_setting_error_under_torchrun_is_printed_once_by_rank0():
+    proc = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "phf_megatron.train",
+                 "--rollout.n=3"], timeout=300, OMP_NUM_THREADS="1")
+    out = proc.stdout + proc.stderr
+    line = "error: --training.global_batch_size: 32 rollouts do not split into prompts of rollout.n = 3 completions"
+    assert proc.returncode != 0 and out.count(line) == 1, out[-4000:]
+    assert "[rank0]" not in out and "[rank1]" not in out and "config_io.py" not in out  # no traceback of ours
+
+
+def test_eval_cli_flags_come_from_eval_config():
+    from phf_megatron.eval.config import EvalConfig
+
+    proc = _run([os.path.join(TOOLS, "eval_avg_at_k.py"), "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for f in dataclasses.fields(EvalConfig):   # whatever fields EvalConfig has
+        assert f"  --{f.name}=<" in proc.stdout, f.name
+    for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
+                       (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
+                       (["--out_dir=o", "--temprature=1"], "error: --temprature: unknown setting; did you mean temperature?")]:
+        proc = _run([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [line])
+
+
+@pytest.mark.parametrize("tool, fields", [("hf_to_mcore.py", ("hf_dir", "out_dir", "tp", "pp", "dtype")),
+                                          ("mcore_to_hf.py", ("mcore_dir", "out_dir", "tokenizer_dir", "hf_config",
+                                                              "dtype", "max_shard_size_gb", "tp", "pp"))])
+def test_converter_help_and_errors(tmp_path, tool, fields):
+    path = os.path.join(TOOLS, "convert", tool)
+    proc = _run([path, "--help"])
+    assert proc.returncode == 0 and all(f"  --{f}=<" in proc.stdout for f in fields), proc.stdout + proc.stderr
+    assert "Transformer Engine" not in proc.stderr and proc.stderr == ""
+    proc = _run([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, ["error: --dtype: 'bf8' is not one of ('bf16', 'fp16', "
+                                                              "'fp32')"])

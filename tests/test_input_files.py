@@ -1,0 +1,148 @@
+"""Damaged input files are errors that name the file (phf_megatron/input_files.py), and the
+command lines print them as one line: truncated / corrupt safetensors, a config.json that is not
+JSON, truncated torch and dist checkpoint files, a bad JSONL line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from phf_megatron.errors import InputFileError
+from phf_megatron.input_files import (
+    _damaged_dist_file, check_hf_model_dir, load_torch_file, open_safetensors, read_json, reading_dist_checkpoint,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _truncate(path, keep: float = 0.5) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(int(os.path.getsize(path) * keep))
+
+
+@pytest.mark.parametrize("content, detail", [
+    ("", "not valid JSON (the file is empty)"),
+    ('{"model_type": "qwen3",', "not valid JSON: Expecting property name enclosed in double quotes at line 1"),
+    (b'{"a": "\xff"}', "not valid JSON (not UTF-8 text at byte 7)"),
+])
+def test_bad_json_names_the_file(tmp_path, content, detail):
+    path = tmp_path / "config.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(InputFileError) as err:
+        read_json(str(path))
+    assert err.value.path == str(path) and err.value.detail.startswith(detail), err.value.detail
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.002, 0.0])
+def test_truncated_safetensors_names_the_file(tmp_path, keep):
+    path = str(tmp_path / "model.safetensors")
+    save_file({"a": torch.zeros(1000), "b": torch.ones(10)}, path)
+    with open_safetensors(path) as f:
+        assert sorted(f.keys()) == ["a", "b"]
+    _truncate(path, keep)
+    with pytest.raises(InputFileError, match=r"model.safetensors: not a readable safetensors file, truncated or "
+                                             r"corrupt \(Error while deserializing header"):
+        open_safetensors(path)
+
+
+def test_truncated_torch_file_names_the_file(tmp_path):
+    path = str(tmp_path / "rank_tp00_pp000_dp000.pt")
+    torch.save({"w": torch.arange(1000.0)}, path)
+    assert torch.equal(load_torch_file(path, weights_only=True)["w"], torch.arange(1000.0))
+    _truncate(path)
+    with pytest.raises(InputFileError, match=r"rank_tp00_pp000_dp000.pt: not a readable torch file, truncated or "
+                                             r"corrupt \(PytorchStreamReader failed"):
+        load_torch_file(path, weights_only=True)
+
+
+def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    save_file({"w": torch.zeros(64)}, str(hf / "model.safetensors"))
+    check_hf_model_dir(str(hf))
+    _truncate(hf / "model.safetensors")
+    with pytest.raises(InputFileError, match=r"/hf/model.safetensors: not a readable safetensors file"):
+        check_hf_model_dir(str(hf))
+    (hf / "config.json").write_text("{")
+    with pytest.raises(InputFileError, match=r"/hf/config.json: not valid JSON"):
+        check_hf_model_dir(str(hf))
+
+
+def test_training_checkpoint_files_are_named(tmp_path):
+    from phf_megatron.training import checkpoint as ckpt
+    from phf_megatron.training.checkpoint_parts import RankLayout, tensors_part
+
+    weights = {"w": torch.arange(4096.0)}
+    path = ckpt.save_checkpoint(str(tmp_path), 3, {"adapters": tensors_part(weights)}, RankLayout())
+    [tensor_file] = [f for f in os.listdir(path) if f.endswith(".pt")]
+    _truncate(os.path.join(path, tensor_file))
+    with pytest.raises(InputFileError, match=rf"iter_0000003/{tensor_file}: not a readable torch file"):
+        ckpt.load_checkpoint(str(tmp_path), {"adapters": tensors_part(weights)}, RankLayout())
+    with open(os.path.join(path, "meta.json"), "w") as f:
+        f.write('{"format_version": ')
+    with pytest.raises(InputFileError, match=r"iter_0000003/meta.json: not valid JSON"):
+        ckpt.load_checkpoint(str(tmp_path), {"adapters": tensors_part(weights)}, RankLayout())
+    (tmp_path / ckpt.LATEST_FILE).write_text("3x\n")
+    with pytest.raises(InputFileError, match=r"latest_checkpointed_iteration.txt: expected an iteration number"):
+        ckpt.read_latest(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage, culprit, detail", [
+    ("__0_0.distcp", "__0_0.distcp", "truncated: "),
+    (".metadata", ".metadata", "unreadable, truncated or corrupt (UnpicklingError"),
+])
+def test_dist_checkpoint_names_the_damaged_file(tmp_path, damage, culprit, detail):
+    """A torch_dist checkpoint (what Megatron's dist_checkpointing writes): the reader's error
+    ("EOFError", "pickle data was truncated") becomes one naming the file, found from .metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.arange(50_000.0), "b": torch.ones(3)}
+    dcp.save(state, checkpoint_id=str(tmp_path))
+    assert _damaged_dist_file(str(tmp_path)) is None
+    _truncate(tmp_path / damage)
+    target = {"w": torch.zeros(50_000), "b": torch.zeros(3)}
+    with pytest.raises(InputFileError) as err:
+        with reading_dist_checkpoint(str(tmp_path)):
+            dcp.load(target, checkpoint_id=str(tmp_path))
+    assert err.value.path == str(tmp_path / culprit) and err.value.detail.startswith(detail), err.value
+
+
+# ----------------------------------------------------------------------------- through the command lines
+
+
+def _run(args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_converter_reports_a_truncated_shard_as_one_line(tmp_path):
+    from .models.tiny_qwen3 import save_tiny_hf, tiny_hf_model
+
+    hf = save_tiny_hf(tiny_hf_model("gqa"), str(tmp_path / "hf"), with_tokenizer=False)
+    shard = sorted(f for f in os.listdir(hf) if f.endswith(".safetensors"))[1]
+    _truncate(os.path.join(hf, shard))
+    proc = _run(["tools/convert/hf_to_mcore.py", "--hf_dir", hf, "--out_dir", str(tmp_path / "out")])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"error: {os.path.join(hf, shard)}: not a readable safetensors file, truncated or corrupt")
+    assert not (tmp_path / "out").exists()
+
+
+def test_trainer_reports_a_bad_jsonl_line_as_one_line(tmp_path):
+    from .training.tiny_run import make_tiny_hf, make_toy_jsonl
+
+    hf, data = make_tiny_hf(str(tmp_path / "hf")), make_toy_jsonl(str(tmp_path / "toy.jsonl"), rows=4)
+    with open(data, "a") as f:
+        f.write('{"problem": "1+1", "solution": \n')
+    proc = _run(["-m", "phf_megatron.train", "--config", "configs/tiny_cpu.yaml", f"--model.hf_dir={hf}",
+                 f"--data.path={data}", f"--run_dir={tmp_path / 'run'}", "--rollout.backend=transformers"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1].startswith(f"error: {data}:5: invalid JSON"), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
