@@ -21,7 +21,9 @@ def lazy_exports(package: str, exports: dict[str, tuple[str, ...]]) -> tuple[Cal
     def __getattr__(name: str):
         if name not in owner:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{owner[name]}"), name)
+        module = owner[name]  # a submodule's name, or a relative one (``"..tokenizer"``)
+        value = getattr(importlib.import_module(module if module.startswith(".") else f"{package}.{module}",
+                                                package), name)
         namespace[name] = value  # later reads skip this function
         return value
 
