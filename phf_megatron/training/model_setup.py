@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..convert.qwen3_arch import Qwen3Arch
+from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
 from ..input_files import check_hf_model_dir

@@ -24,8 +24,8 @@ REFERENCE_BACKENDS = dict(flow_backend="torch", jsd_backend="torch", score_rows_
 def test_phf_step_on_gpu_equals_the_reference(variant, options):
     from megatron.core import parallel_state as ps
 
-    from phf_megatron.convert.megatron_session import megatron_session
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.runtime.megatron_session import megatron_session
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.parallel import PhfStep, WindowCapture
 
     hf_s, hf_t = tiny_hf_model("gqa", seed=STUDENT_SEED), tiny_hf_model("gqa", seed=TEACHER_SEED)
