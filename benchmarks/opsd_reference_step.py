@@ -179,8 +179,8 @@ def ours_step(runner: StepRunner, step, optimizer) -> dict:
     _sync()
     t2 = time.perf_counter()
     return dict(step_s=t2 - t0, teacher_s=res["teacher"]["wall_s"], student_s=res["student"]["wall_s"],
-                optimizer_s=t2 - t1, loss=res["metrics"]["loss"], opsd=res["metrics"]["opsd"],
-                flow=res["metrics"]["flow"])
+                optimizer_s=t2 - t1, loss=res["metrics"]["loss"], opsd=res["metrics"]["loss_opsd"],
+                flow=res["metrics"]["loss_flow"])
 
 
 # ----------------------------------------------------------------- one shape

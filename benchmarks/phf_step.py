@@ -319,7 +319,8 @@ def cross_check_backends(runner, steps, phf_objective, cfg, groups, capture, arg
     ref = runner.step(reference)["metrics"]
     fast = result["metrics_phf"]
     return {"backends": result["backends"]["phf"],
-            "opsd_rel_diff": _rel(fast["opsd"], ref["opsd"]), "flow_rel_diff": _rel(fast["flow"], ref["flow"])}
+            "opsd_rel_diff": _rel(fast["loss_opsd"], ref["loss_opsd"]),
+            "flow_rel_diff": _rel(fast["loss_flow"], ref["loss_flow"])}
 
 
 def write_profile(runner, step, path: str) -> None:
