@@ -82,7 +82,7 @@ def run(args) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from phf_megatron.convert.megatron_session import megatron_session
+    from phf_megatron.runtime.megatron_session import megatron_session
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
     from phf_megatron.parallel import loss as loss_module

@@ -41,8 +41,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.megatron_session import megatron_session
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.runtime.megatron_session import megatron_session
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model, fused
 
     fused.set_compile_backend(args.compile_backend)

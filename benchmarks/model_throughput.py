@@ -122,8 +122,8 @@ def bench_hf(config, ids, dtype, args) -> dict:
 
 def bench_mcore(variant, config, ids, dtype, args) -> dict:
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.megatron_session import megatron_session
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.runtime.megatron_session import megatron_session
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model, fused
     from phf_megatron.models.lm_head import final_hidden_states, lm_cross_entropy
 

@@ -146,7 +146,7 @@ def build_ours(shape: dict, state: dict, dtype, lora_rank: int, recompute: bool,
     from transformers import Qwen3Config
 
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.lora import LoraConfig, apply_lora
     from phf_megatron.lora.inject import adapter_parameters
     from phf_megatron.models import build_qwen3_model
@@ -179,8 +179,8 @@ def ours_step(runner: StepRunner, step, optimizer) -> dict:
     _sync()
     t2 = time.perf_counter()
     return dict(step_s=t2 - t0, teacher_s=res["teacher"]["wall_s"], student_s=res["student"]["wall_s"],
-                optimizer_s=t2 - t1, loss=res["metrics"]["loss"], opsd=res["metrics"]["opsd"],
-                flow=res["metrics"]["flow"])
+                optimizer_s=t2 - t1, loss=res["metrics"]["loss"], opsd=res["metrics"]["loss_opsd"],
+                flow=res["metrics"]["loss_flow"])
 
 
 # ----------------------------------------------------------------- one shape
@@ -199,7 +199,7 @@ def run_shape(name: str, args) -> dict:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from phf_megatron.convert.megatron_session import megatron_session
+    from phf_megatron.runtime.megatron_session import megatron_session
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
 

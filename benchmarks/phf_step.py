@@ -230,7 +230,7 @@ def run(args) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from phf_megatron.convert.megatron_session import megatron_session
+    from phf_megatron.runtime.megatron_session import megatron_session
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
     from phf_megatron.parallel.timing import RegionTimer
@@ -319,7 +319,8 @@ def cross_check_backends(runner, steps, phf_objective, cfg, groups, capture, arg
     ref = runner.step(reference)["metrics"]
     fast = result["metrics_phf"]
     return {"backends": result["backends"]["phf"],
-            "opsd_rel_diff": _rel(fast["opsd"], ref["opsd"]), "flow_rel_diff": _rel(fast["flow"], ref["flow"])}
+            "opsd_rel_diff": _rel(fast["loss_opsd"], ref["loss_opsd"]),
+            "flow_rel_diff": _rel(fast["loss_flow"], ref["loss_flow"])}
 
 
 def write_profile(runner, step, path: str) -> None:

@@ -142,7 +142,7 @@ def test_trainer_reports_a_bad_jsonl_line_as_one_line(tmp_path):
     with open(data, "a") as f:
         f.write('{"problem": "1+1", "solution": \n')
     proc = _run(["-m", "phf_megatron.train", "--config", "configs/tiny_cpu.yaml", f"--model.hf_dir={hf}",
-                 f"--data.path={data}", f"--run_dir={tmp_path / 'run'}", "--rollout.backend=transformers"])
+                 f"--data.path={data}", f"--run_dir={tmp_path / 'run'}", "--rollout.backend=hf"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1].startswith(f"error: {data}:5: invalid JSON"), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

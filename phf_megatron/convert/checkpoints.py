@@ -20,8 +20,8 @@ from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
 from phf_megatron.convert.mcore_checkpoint import (METADATA_FILE, TOKENIZER_DIR, checkpoint_dtype,
                                                    load_checkpoint, read_metadata, save_checkpoint,
                                                    write_metadata)
-from phf_megatron.convert.megatron_session import megatron_session
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.runtime.megatron_session import megatron_session
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError, as_config_error
 

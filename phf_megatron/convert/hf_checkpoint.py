@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError
 from phf_megatron.input_files import open_safetensors, read_json

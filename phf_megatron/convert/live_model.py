@@ -26,17 +26,11 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import (MCORE_LAYER, canonical_name, hf_shapes, hf_sources,
                                                 hf_to_mcore, mcore_to_hf, split_layer_name)
 from phf_megatron.convert.sharding import tp_merge, tp_shard
-
-
-def unwrap(model):
-    """The ``GPTModel`` inside DDP / Float16Module wrappers."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model
+from phf_megatron.models.provider import unwrap
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 
 
 def global_name(model, local_name: str) -> str:

@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 
 HF_LAYER = "model.layers.{i}."
 MCORE_LAYER = "decoder.layers.{i}."

@@ -1,4 +1,4 @@
-"""Tensor-parallel LoRA for Megatron Qwen3 (PEFT-compatible adapters), and the EMA teacher.
+"""Tensor-parallel LoRA for Megatron Qwen3 (PEFT-compatible adapters), PEFT export, merged weights.
 
 Submodules load on first use (``lazy_exports``): ``lora.config`` imports without Megatron.
 """

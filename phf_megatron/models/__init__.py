@@ -2,12 +2,11 @@
 
 API::
 
-    from phf_megatron.models import build_qwen3_model, qwen3_transformer_config
+    from phf_megatron.models import Qwen3Arch, build_qwen3_model, qwen3_transformer_config
     from phf_megatron.convert.live_model import load_hf_weights, iter_hf_weights
     from phf_megatron.convert.hf_checkpoint import HFCheckpoint
 
-    # after dist.init_process_group, (CPU: cpu_shims.apply()), initialize_model_parallel(tp, pp)
-    # and model_parallel_cuda_manual_seed(seed):
+    # inside phf_megatron.runtime.megatron_session(tp, pp) (or the trainer's init_distributed):
     model = build_qwen3_model(hf_config, sp=True, dtype=torch.bfloat16)   # this rank's GPTModel
     load_hf_weights(model, state_dict.__getitem__, Qwen3Arch.from_hf(hf_config))
     logits = model(input_ids, position_ids, attention_mask=None)  # [b, s, V/tp] on the last stage
@@ -21,12 +20,21 @@ API::
   vp_stage=, parallel_output=, config=, **overrides)``: TP/PP sizes from ``parallel_state``;
   pre/post-process default to first/last pipeline stage. ``model.qwen3_arch`` holds the shapes.
 
-Why ``GPTModel`` rather than 0.19's ``HybridModel``: see ``provider.py``.
+* ``qwen3_arch.Qwen3Arch.from_hf(config | dict | dir)``: the shapes, with checks (imports neither
+  Megatron nor transformers; the converters share it).
+* ``unwrap(model)``: the ``GPTModel`` inside DDP / Float16Module wrappers.
+* ``choices.TRANSFORMER_IMPLS``: the layer implementations a config may name.
+
+Why ``GPTModel`` rather than 0.19's ``HybridModel``: see ``provider.py``. Submodules load on first
+use (``lazy_exports``): ``models.qwen3_arch`` and ``models.choices`` import without Megatron.
 """
 
-from phf_megatron.models.config import Qwen3TransformerConfig, qwen3_transformer_config
-from phf_megatron.models.provider import build_qwen3_model
-from phf_megatron.models.spec import qwen3_block_spec, qwen3_layer_spec
+from ..lazy_exports import lazy_exports
 
-__all__ = ["Qwen3TransformerConfig", "qwen3_transformer_config", "build_qwen3_model",
-           "qwen3_layer_spec", "qwen3_block_spec"]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "choices": ("TRANSFORMER_IMPLS",),
+    "config": ("Qwen3TransformerConfig", "qwen3_transformer_config"),
+    "provider": ("build_qwen3_model", "unwrap"),
+    "qwen3_arch": ("Qwen3Arch",),
+    "spec": ("qwen3_block_spec", "qwen3_layer_spec"),
+})

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch, arch_of
+from phf_megatron.models.qwen3_arch import Qwen3Arch, arch_of
 from phf_megatron.models.fused import register_rope_kernels
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,

@@ -24,8 +24,8 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import (copy_to_tensor_model_parallel_region,
                                            gather_from_sequence_parallel_region)
 
-from phf_megatron.convert.live_model import unwrap
 from phf_megatron.models import fused
+from phf_megatron.models.provider import unwrap
 
 
 def final_hidden_states(model, input_ids, position_ids, attention_mask=None, **kwargs) -> torch.Tensor:

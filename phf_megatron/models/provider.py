@@ -21,7 +21,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch, arch_of
+from phf_megatron.models.qwen3_arch import Qwen3Arch, arch_of
 from phf_megatron.models import fused as fused_kernels
 from phf_megatron.models.compile import compile_decoder_layers
 from phf_megatron.models.config import qwen3_transformer_config
@@ -84,6 +84,13 @@ def build_qwen3_model(hf_config: Any, *, sp: bool = False, dtype: Any = torch.bf
     if getattr(config, "compile_layers", False):
         compile_decoder_layers(model, backend=fused_kernels.compile_backend())
     model.qwen3_arch = arch  # converters and weight sync read the shapes from here
+    return model
+
+
+def unwrap(model):
+    """The ``GPTModel`` inside DDP / Float16Module wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
     return model
 
 

@@ -21,9 +21,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from phf_megatron.models.attention import SDPACoreAttention
+from phf_megatron.models.choices import TRANSFORMER_IMPLS
 from phf_megatron.models.norm import RMSNorm
-
-BACKENDS = ("auto", "te", "local")
 
 
 def have_transformer_engine() -> bool:
@@ -36,8 +35,8 @@ def have_transformer_engine() -> bool:
 
 
 def resolve_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if backend not in TRANSFORMER_IMPLS:
+        raise ValueError(f"backend: expected one of {TRANSFORMER_IMPLS}, got {backend!r}")
     if backend == "auto":
         return "te" if have_transformer_engine() else "local"
     if backend == "te" and not have_transformer_engine():

@@ -1,4 +1,4 @@
-"""The EMA privileged teacher (Section 3.4) and the full objective (Section 3.6)."""
+"""The EMA privileged teacher (Section 3.4, Eq. EMA)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-from .config import DEFAULT_EMA_DECAY, DEFAULT_FLOW_ALPHA
+from .config import DEFAULT_EMA_DECAY
 
 
 @torch.no_grad()
@@ -32,7 +32,3 @@ def ema_update(
             raise ValueError(f"teacher_params[{i}]: shape {tuple(t.shape)} != student shape {tuple(s.shape)}")
         t.lerp_(s.detach().to(t.dtype), 1.0 - decay)
 
-
-def phf_objective(opsd: torch.Tensor, flow: torch.Tensor, alpha: float = DEFAULT_FLOW_ALPHA) -> torch.Tensor:
-    """Eq. (L_PHF): ``L_PHF = L_OPSD + alpha * L_flow`` (paper: alpha = 0.05 at every scale)."""
-    return opsd + alpha * flow

@@ -7,17 +7,20 @@ True prefix of length ``m_b``; a sample with ``m_b < 2`` has no transition and i
 the batch mean. The teacher is a constant: no gradient reaches it.
 
 This module is the oracle for the distributed loss (``phf_megatron.parallel``) and the fused
-CUDA kernel (``csrc/``): both must reproduce ``flow_terms`` term by term.
+CUDA kernel (``csrc/``): both reproduce ``flow_terms`` term by term. It imports nothing of ours
+above ``objectives``: ``hidden_flow_loss`` runs the terms function it is given (``flow_terms``,
+this reference, unless a caller passes another), so the float64 reference never dispatches to a
+kernel by itself; ``phf_megatron.kernels`` chooses between the reference and the kernels
+(``kernels.flow_terms(backend)``, ``kernels.hidden_flow_loss(..., backend=)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from ..kernels.dispatch import use_kernels
 from .checks import check_finite, check_ndim, check_prefix_mask, check_same_shape
 from .config import FLOW_VARIANTS
 
@@ -150,6 +153,30 @@ class LayerPlan:
             )
         return LayerPlan(chosen, pairs)
 
+    def layer_rows(self) -> slice | list[int]:
+        """Where ``layers`` sit on the layer axis: a slice when they are contiguous (no index tensor,
+        no host-to-device copy per call), else the index list."""
+        if self.layers and self.layers == tuple(range(self.layers[0], self.layers[-1] + 1)):
+            return slice(self.layers[0], self.layers[-1] + 1)
+        return list(self.layers)
+
+    def pair_runs(self) -> list[tuple[int, int]] | None:
+        """The pairs as runs ``[a, b)`` of positions in ``layers``, in ``pairs`` order: pair k of a run
+        is ``(layers[k], layers[k+1])``. None when a pair is not two neighbouring entries of ``layers``
+        (a hand-made plan); ``build`` never makes one.
+        """
+        pos = {layer: k for k, layer in enumerate(self.layers)}
+        runs: list[tuple[int, int]] = []
+        for lower, upper in self.pairs:
+            k = pos.get(lower)
+            if k is None or pos.get(upper) != k + 1:
+                return None
+            if runs and runs[-1][1] == k:
+                runs[-1] = (runs[-1][0], k + 1)
+            else:
+                runs.append((k, k + 1))
+        return runs
+
 
 @dataclass
 class FlowTerms:
@@ -167,11 +194,12 @@ class FlowTerms:
     sample_mask: torch.Tensor
 
 
-def layer_values(terms: FlowTerms, variant: str) -> torch.Tensor:
-    """The per-layer local value ``[n_layers, B]`` the variant averages over depth.
+def layer_loss(terms: FlowTerms, variant: str) -> torch.Tensor:
+    """Eq. (L_layer): the per-layer loss ``[n_layers, B]`` the variant averages over depth.
 
-    phf/local: ``L_HTT(l) = 1/2 (L_dir(l) + L_geo(l))`` (Eq. L_HTT); direction: ``L_dir``;
-    geometry: ``L_geo``; pointwise_mse: ``L_mse``. Also the layer-energy diagnostic of Section 4.
+    phf/local: ``L_layer(l) = 1/2 (L_dir(l) + L_geo(l))`` (the paper's per-layer transition loss);
+    the ablations put their own term in its place: direction ``L_dir``, geometry ``L_geo``,
+    pointwise_mse ``L_mse``. Also the layer-energy diagnostic of Section 4.
     """
     if variant in ("phf", "local"):
         return 0.5 * (terms.direction + terms.geometry)
@@ -187,10 +215,10 @@ def per_sample_flow(terms: FlowTerms, variant: str, num_layers: int, num_pairs: 
 
     ``num_layers``/``num_pairs`` are the *global* counts of the plan, so that the shares of
     pipeline stages add up to Eq. (L_flow): ``1/2 L_local + 1/2 L_adj`` for phf, with
-    ``L_local = 1/L sum_l L_HTT(l)`` and ``L_adj = 1/(L-1) sum_l adj(l, l+1)``; the mean over
-    layers of the variant's term otherwise.
+    ``L_local = 1/L sum_l L_layer(l)`` (Eq. L_local) and ``L_adj = 1/(L-1) sum_l adj(l, l+1)``
+    (Eq. L_adj); the mean over layers of the variant's term otherwise.
     """
-    local = layer_values(terms, variant).sum(0) / num_layers
+    local = layer_loss(terms, variant).sum(0) / num_layers
     if variant != "phf":
         return local
     adjacent = terms.adjacent.sum(0) / num_pairs if terms.adjacent is not None else torch.zeros_like(local)
@@ -225,6 +253,12 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
+#: A terms function: ``(student, teacher, valid, plan, variant, eps) -> FlowTerms`` on inputs that
+#: ``hidden_flow_loss`` has checked. ``flow_terms`` (below) is the reference;
+#: ``kernels.flow_cuda.flow_terms_cuda`` the fused kernels; ``kernels.flow_terms(backend)`` picks.
+TermsFunction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LayerPlan, str, float], FlowTerms]
+
+
 def flow_terms(
     student: torch.Tensor,
     teacher: torch.Tensor,
@@ -232,14 +266,20 @@ def flow_terms(
     plan: LayerPlan,
     variant: str = "phf",
     eps: float = 1e-6,
-    check_inputs: bool = True,
 ) -> FlowTerms:
-    """Evaluate the equations the variant needs on the plan's layers (teacher detached)."""
-    valid = _validate(student, teacher, valid, check_inputs)
+    """The reference terms function: the equations the variant needs on the plan's layers.
+
+    ``student``/``teacher`` ``[L, B, m, H]`` (teacher detached here), ``valid [B, m]`` a True prefix
+    per sample (None: all positions), as ``hidden_flow_loss`` checks them; no check and no host
+    synchronisation here, so the distributed stage flow calls it on its captured rows too.
+    Contiguous layers and neighbouring pairs are taken by slices (no index tensors).
+    """
+    if valid is None:
+        valid = torch.ones(student.shape[1], student.shape[2], dtype=torch.bool, device=student.device)
     dtype = _compute_dtype(student)
-    idx = torch.tensor(plan.layers, device=student.device)
-    h_s = student.index_select(0, idx).to(dtype)
-    h_t = teacher.detach().index_select(0, idx).to(dtype)
+    rows = plan.layer_rows()
+    h_s = student[rows].to(dtype)
+    h_t = teacher.detach()[rows].to(dtype)
     sample_mask = valid.sum(-1) >= 2
     if variant == "pointwise_mse":
         return FlowTerms(None, None, None, pointwise_mse_loss(h_s, h_t, valid, eps), sample_mask)
@@ -252,11 +292,22 @@ def flow_terms(
     geometry = geometry_loss(d_s, d_t, transition_valid) if variant != "direction" else None
     adjacent = None
     if variant == "phf":
-        pos = {layer: i for i, layer in enumerate(plan.layers)}
-        lower = torch.tensor([pos[a] for a, _ in plan.pairs], device=student.device)
-        upper = torch.tensor([pos[b] for _, b in plan.pairs], device=student.device)
-        adjacent = adjacent_layer_loss(d_s[lower], d_s[upper], d_t[lower], d_t[upper], transition_valid)
+        adjacent = _adjacent_terms(d_s, d_t, transition_valid, plan)
     return FlowTerms(direction, geometry, adjacent, None, sample_mask)
+
+
+def _adjacent_terms(d_s: torch.Tensor, d_t: torch.Tensor, transition_valid: torch.Tensor,
+                    plan: LayerPlan) -> torch.Tensor:
+    """``adjacent_layer_loss`` of every plan pair ``[P, B]`` from the plan layers' directions."""
+    runs = plan.pair_runs()
+    if runs is None:  # a hand-made plan: pairs by position lists
+        pos = {layer: i for i, layer in enumerate(plan.layers)}
+        lower, upper = [pos[a] for a, _ in plan.pairs], [pos[b] for _, b in plan.pairs]
+        return adjacent_layer_loss(d_s[lower], d_s[upper], d_t[lower], d_t[upper], transition_valid)
+    return torch.cat([
+        adjacent_layer_loss(d_s[a:b], d_s[a + 1:b + 1], d_t[a:b], d_t[a + 1:b + 1], transition_valid)
+        for a, b in runs
+    ] + [d_s.new_zeros(0, transition_valid.shape[0])])
 
 
 def hidden_flow_loss(
@@ -267,7 +318,7 @@ def hidden_flow_loss(
     eps: float = 1e-6,
     layers: Sequence[int] | None = None,
     check_inputs: bool = True,
-    backend: str = "auto",
+    terms: TermsFunction = flow_terms,
 ) -> torch.Tensor:
     """``L_flow`` (Eq. L_flow) for a batch: a scalar, differentiable in ``student`` only.
 
@@ -279,19 +330,14 @@ def hidden_flow_loss(
         eps: the normalizer's epsilon.
         layers: 0-based layer indices for the selected-layers ablation (default: all).
         check_inputs: check for NaN/Inf (one host sync); shapes and masks are always checked.
-        backend: ``"auto"`` (the fused CUDA kernels of ``csrc/`` for CUDA inputs when the
-            extension loads, else this reference), ``"torch"`` (always this reference) or
-            ``"cuda"`` (the kernels, or an error saying why not). ``pointwise_mse`` always runs
-            the reference. See ``phf_megatron.kernels.dispatch``.
+        terms: the terms function (``TermsFunction``): ``flow_terms``, this module's reference, by
+            default. The fused CUDA kernels are ``phf_megatron.kernels``'s to choose:
+            ``hidden_flow_loss(..., terms=kernels.flow_terms("auto"))``, or
+            ``kernels.hidden_flow_loss(..., backend="auto")``.
     """
     check_ndim("student", student, 4, "[L, B, m, H]")
     plan = LayerPlan.build(student.shape[0], variant, layers)
-    if use_kernels(backend, student, teacher, variant):
-        from ..kernels.flow_cuda import flow_terms_cuda
-
-        valid = _validate(student, teacher, valid, check_inputs)
-        terms = flow_terms_cuda(student, teacher, valid, plan, variant, eps)
-    else:
-        terms = flow_terms(student, teacher, valid, plan, variant, eps, check_inputs)
-    per_sample = per_sample_flow(terms, variant, len(plan.layers), len(plan.pairs))
-    return batch_mean(per_sample, terms.sample_mask).to(student.dtype)
+    valid = _validate(student, teacher, valid, check_inputs)
+    values = terms(student, teacher, valid, plan, variant, eps)
+    per_sample = per_sample_flow(values, variant, len(plan.layers), len(plan.pairs))
+    return batch_mean(per_sample, values.sample_mask).to(student.dtype)

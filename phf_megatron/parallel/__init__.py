@@ -8,7 +8,8 @@ Map (one idea per module):
   (``WindowIndex``: one gather forward, one scatter-add backward per layer, no host sync);
 * ``capture``: ``WindowCapture`` hooks on the TransformerLayers and per-micro-batch
   ``CaptureSession``s (recomputation-safe; without autograd the hook only gathers);
-* ``stage_plan``/``stage_flow``: which flow terms a pipeline stage owns; its share of the loss;
+* ``stage_plan``/``stage_flow``: which flow terms a pipeline stage owns; its share of the loss
+  (the reference's terms function, or the kernels', on the stage's captured rows);
 * ``pipeline_stats``: the running flow share travelling with the pipeline activation;
 * ``vocab_parallel_jsd``: the clipped generalized JSD on vocabulary-sharded logits (chunked
   eager loop, or the fused Triton passes of ``jsd_triton`` on CUDA);
@@ -16,8 +17,9 @@ Map (one idea per module):
 * ``loss``: ``L_OPSD + alpha L_flow`` per micro-batch in Megatron's loss conventions; logs;
 * ``step``: ``PhfStep``, the teacher and student forward-step functions for
   ``forward_backward_func``;
-* ``timing``: optional device-time regions of the PHF-only work (benchmarks);
-* ``cpu_shims``: Megatron-Core on CPU + gloo (tests only).
+* ``timing``: optional device-time regions of the PHF-only work (benchmarks).
+
+The process group, Megatron's session and the CPU shims are ``phf_megatron.runtime``'s.
 """
 
 from .batch import PhfMicroBatch, StepNormalizers, step_normalizers

@@ -1,9 +1,11 @@
 """``L_PHF = L_OPSD + alpha * L_flow`` for one micro-batch, in Megatron's loss-function conventions.
 
 The reference normalizes over the whole optimizer step: L_OPSD is the mean over all scored
-rollout tokens, L_flow the mean over all samples with ``m_b >= 2`` (Foundation's ``opsd_loss``
-and ``batch_mean``). With micro-batches and data parallelism each micro-batch only sees its own
-sums, so the global counts (``StepNormalizers``, one all-reduce before the step) enter here.
+rollout tokens, L_flow the mean over all samples with ``m_b >= 2`` (``objectives.opsd_loss`` and
+``objectives.flow.batch_mean``). With micro-batches and data parallelism each micro-batch only
+sees its own sums, so the global counts (``StepNormalizers``, one all-reduce before the step)
+enter here: the micro-batch's share of L_PHF is ``objectives.phf_objective(S_opsd / N_tok,
+S_flow / N_flow)``, and the shares of all micro-batches and ranks add up to the step's L_PHF.
 
 Megatron (0.16 and 0.19 alike) accepts two return forms from the loss function:
 
@@ -18,7 +20,7 @@ Megatron (0.16 and 0.19 alike) accepts two return forms from the loss function:
 by its own token count: a mean of means, not the reference; we do not use it.)
 
 ``logs`` holds detached sums; ``reduce_logs`` turns the list the schedule returns into the
-step's metrics, including the per-layer flow values of the layer-energy diagnostics and the clip
+step's metrics (``LOSS``, ``LOSS_OPSD``, ``LOSS_FLOW``: the names ``metrics.jsonl`` keeps), including the per-layer flow values of the layer-energy diagnostics and the clip
 diagnostics (official OPSD issues #3, #20: collapse driven by style tokens):
 
 * ``opsd_unclipped``: the mean over tokens of the divergence before the clip;
@@ -47,12 +49,17 @@ import torch
 import torch.distributed as dist
 
 from ..objectives.config import ObjectiveConfig
+from ..objectives.phf import phf_objective
 from ..objectives.sampled_token import sampled_token_terms
 from .batch import PhfMicroBatch, StepNormalizers
 from .collectives import all_reduce_, group_size
 from .sampled_token import vocab_parallel_token_logprob
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, vocab_parallel_jsd
 
+#: metric names of the step (``reduce_logs``; ``training.metrics`` writes them as they are)
+LOSS = "loss"            # L_PHF = L_OPSD + alpha * L_flow, the optimized total
+LOSS_OPSD = "loss_opsd"  # L_OPSD, the clipped JSD term (or the sampled-token loss)
+LOSS_FLOW = "loss_flow"  # L_flow (before alpha)
 #: metric names of the diagnostics (see the module docstring)
 OPSD_UNCLIPPED = "opsd_unclipped"
 CLIP_FRAC_TOKENS = "clip_frac_tokens"
@@ -95,6 +102,7 @@ def phf_microbatch_loss(
         mb: the micro-batch; ``mb.teacher_out["logits"]`` holds the teacher's ``[N, V/tp]`` rows.
         flow_share: ``[B]`` the summed flow shares of all stages (differentiable), None if no flow.
         flow_values: ``[B, 1 + n_layers + n_pairs]`` their detached values (share, per layer, per pair).
+        jsd_backend: a ``vocab_parallel_jsd`` backend, or the path ``PhfStep`` resolved for it.
         loss_tokens: also log the loss summed per rollout token id (``[V]``, for ``loss_tokens``).
     """
     per_token, clip_stats = output_loss_terms(logits, student_index, mb, objective, tp_group, chunk_elements,
@@ -105,10 +113,9 @@ def phf_microbatch_loss(
     n_flow = max(normalizers.num_flow_samples, 1)
     if flow_share is not None:
         flow_sum = torch.where(mask, flow_share, torch.zeros_like(flow_share)).sum()
-        loss_sum = opsd_sum + objective.flow_alpha * (n_tok / n_flow) * flow_sum
     else:
         flow_sum = torch.zeros_like(opsd_sum)
-        loss_sum = opsd_sum
+    share = phf_objective(opsd_sum / n_tok, flow_sum / n_flow, objective.flow_alpha)  # of the step's L_PHF
     logs = _logs(opsd_sum, flow_sum, mb, mask, flow_values)
     vocab = logits.shape[-1] * group_size(tp_group)
     if clip_stats is not None:
@@ -117,8 +124,8 @@ def phf_microbatch_loss(
     if loss_tokens:
         logs.update(_token_logs(per_token, mb.score_tokens.to(logits.device), vocab))
     if conventions.per_token_loss:
-        return loss_sum, torch.full((), mb.num_tokens, dtype=torch.int, device=logits.device), logs
-    return loss_sum / n_tok * (conventions.num_microbatches * conventions.dp_size), logs
+        return share * n_tok, torch.full((), mb.num_tokens, dtype=torch.int, device=logits.device), logs
+    return share * (conventions.num_microbatches * conventions.dp_size), logs
 
 
 def output_loss_terms(logits, student_index, mb: PhfMicroBatch, objective: ObjectiveConfig,
@@ -196,7 +203,7 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
 
     Sums over micro-batches and data-parallel ranks (one all-reduce; every DP rank of the last
     stage must call it). ``layer_flow[j]`` is the mean over samples of the variant's local value
-    of the j-th plan layer (L_HTT for phf/local), ``pair_flow[p]`` the adjacent term of pair p.
+    of the j-th plan layer (L_layer for phf/local), ``pair_flow[p]`` the adjacent term of pair p.
     """
     if not logs:
         return None
@@ -210,8 +217,9 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
     opsd = float(sums["opsd_sum"][0] / sums["num_tokens"][0].clamp(min=1))
     n_flow = sums["flow_samples"][0].clamp(min=1)
     flow = float(sums["flow_sum"][0] / n_flow)
-    metrics = {"loss": opsd + objective.flow_alpha * flow if objective.uses_flow else opsd, "opsd": opsd,
-               "flow": flow, "num_tokens": int(sums["num_tokens"][0]), "flow_samples": int(sums["flow_samples"][0])}
+    metrics = {LOSS: phf_objective(opsd, flow, objective.flow_alpha) if objective.uses_flow else opsd,
+               LOSS_OPSD: opsd, LOSS_FLOW: flow, "num_tokens": int(sums["num_tokens"][0]),
+               "flow_samples": int(sums["flow_samples"][0])}
     if "value_sums" in sums:
         per = (sums["value_sums"] / n_flow).tolist()
         metrics["layer_flow"] = per[1: 1 + num_layers]

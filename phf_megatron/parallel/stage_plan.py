@@ -71,19 +71,11 @@ class StagePlan:
         Pair ``(captured[k], captured[k+1])`` for every k in a run (a pair's layers are
         neighbours in the stack); all-layer plans give one run, selections with gaps several.
         """
-        index = {layer: k for k, layer in enumerate(self.captured)}
-        runs: list[tuple[int, int]] = []
-        for lower, _ in self.pairs:
-            k = index[lower]
-            if runs and runs[-1][1] == k:
-                runs[-1] = (runs[-1][0], k + 1)
-            else:
-                runs.append((k, k + 1))
-        return runs
+        return self.stack_plan.pair_runs()
 
     @cached_property
     def stack_plan(self) -> LayerPlan:
-        """The stage's terms as a plan over the captured stack's indices (for the fused kernels).
+        """The stage's terms as a plan over the captured stack's indices (what the terms function runs on).
 
         Layers: every captured index (the boundary's local terms are computed and dropped);
         pairs: the owned pairs as neighbouring stack indices, in ``pairs`` order.

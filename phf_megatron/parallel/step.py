@@ -27,7 +27,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from ..kernels.dispatch import check_backend
+from ..kernels import check_backend
 from ..objectives.config import ObjectiveConfig
 from ..objectives.flow import LayerPlan
 from .batch import PhfMicroBatch, StepNormalizers, step_normalizers
@@ -36,22 +36,16 @@ from .collectives import group_size
 from .logit_rows import scored_logits
 from .loss import LossConventions, phf_microbatch_loss, reduce_logs
 from .pipeline_stats import pack_stats, pipeline_seq_length, split_received, stats_rows, unpack_stats
-from .stage_flow import FlowSpec, attach_stage_flow, flow_backend
+from .stage_flow import FlowSpec, attach_stage_flow
 from .stage_plan import StagePlan
 from .timing import region
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
 
 
 def final_hidden_states(model, tokens, position_ids, attention_mask):
-    from ..models.lm_head import final_hidden_states as hidden_after_final_norm
+    from ..models.lm_head import final_hidden_states as hidden_after_final_norm  # Megatron: on first use
 
     return hidden_after_final_norm(model, tokens, position_ids, attention_mask)
-
-
-def _unwrap(model):
-    from megatron.core.utils import unwrap_model
-
-    return unwrap_model(model)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:
@@ -160,8 +154,10 @@ class PhfStep:
     @torch.no_grad()
     def teacher_forward_step(self, data_iterator, model):
         """Teacher forward without autograd: keeps the window rows and the scored logit rows."""
+        from ..models.provider import unwrap  # Megatron: on first use
+
         mb: PhfMicroBatch = next(data_iterator)
-        chunk = _unwrap(model)
+        chunk = unwrap(model)
         tokens = mb.teacher_tokens
         session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, tokens.shape[1])
         if session is not None and not chunk.pre_process:
@@ -181,10 +177,12 @@ class PhfStep:
 
     def student_forward_step(self, data_iterator, model):
         """Student forward with capture; the flow share of this stage; the loss on the last stage."""
+        from ..models.provider import unwrap  # Megatron: on first use
+
         mb: PhfMicroBatch = next(data_iterator)
         if self.normalizers is None:
             raise RuntimeError("PhfStep.prepare(microbatches) must run before the student pass")
-        chunk = _unwrap(model)
+        chunk = unwrap(model)
         tokens = mb.student_tokens
         if chunk.post_process and "logits" not in mb.teacher_out:
             raise RuntimeError("teacher logits: missing for this micro-batch; run the teacher pass first")
@@ -247,14 +245,14 @@ class PhfStep:
                 "teacher pass (teacher_forward_step) over the same micro-batch objects, with the same pipeline layout"
             )
         teacher_rows = mb.teacher_out[stage.first]
-        self.backends_used["flow"] = flow_backend(teacher_rows, self.spec)
         output, own = attach_stage_flow(output, session, self.student_capture, teacher_rows,
                                         mb.window_valid.to(output.device), self.spec)
+        self.backends_used["flow"] = session.values.backend
         # The stage's layers and pairs are contiguous runs of the plan's: slices, no index tensors.
         layer_at = 1 + stage.layer_slots[0]
         values = values.clone()
         values[:, 0] += own.detach()
-        values[:, layer_at: layer_at + len(stage.layer_slots)] += session.values.layer_values.T
+        values[:, layer_at: layer_at + len(stage.layer_slots)] += session.values.layer_loss.T
         if stage.pair_slots:
             pair_at = 1 + len(self.plan.layers) + stage.pair_slots[0]
             values[:, pair_at: pair_at + len(stage.pair_slots)] += session.values.pair_values.T
@@ -262,10 +260,12 @@ class PhfStep:
 
     def _loss(self, mb, share, values, model, output):
         logits, index = self._scored_logits(model, output, mb.student_score_index, mb.student_tokens.shape[1])
-        self.backends_used["jsd"] = "sampled_token" if self.objective.use_tinker_loss else resolve_backend(
+        # The one decision of the output loss's path; the loss runs it and the metrics report it.
+        path = "sampled_token" if self.objective.use_tinker_loss else resolve_backend(
             self.jsd_backend, logits, mb.teacher_out["logits"], self.objective.top_k_loss)
+        self.backends_used["jsd"] = path
         return phf_microbatch_loss(logits, index, mb, share, values, self.objective, self.normalizers, self.conventions,
-                                   self.tp_group, self.chunk_elements, self.jsd_backend, self.collect_loss_tokens)
+                                   self.tp_group, self.chunk_elements, path, self.collect_loss_tokens)
 
 
 def _no_loss(output):

@@ -53,7 +53,8 @@ from .timing import region
 from .top_k_jsd import top_k_jsd
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 24  # float32 elements per [chunk, V_r] temporary: 64 MiB
-JSD_BACKENDS = ("auto", "torch", "triton")
+JSD_BACKENDS = ("auto", "torch", "triton")  # what a caller asks for
+JSD_PATHS = ("torch", "triton", "top_k")     # what runs (``resolve_backend``)
 
 
 # ----------------------------------------------------------------------------- local math
@@ -227,13 +228,17 @@ def resolve_backend(backend: str, student_logits: torch.Tensor, teacher_rows: to
     """``"torch"``, ``"triton"`` or ``"top_k"`` for these inputs; ValueError for an unknown or impossible choice.
 
     ``top_k`` set: ``"top_k"`` (``top_k_jsd``, eager) for ``"auto"`` and ``"torch"``; ``"triton"`` is refused.
+    A path this function returned (``JSD_PATHS``) may be passed back as ``backend``: it resolves to
+    itself, so a caller that decided (and logged) the path hands that decision on (``PhfStep``).
     """
-    if backend not in JSD_BACKENDS:
+    if backend not in JSD_BACKENDS + JSD_PATHS:
         raise ValueError(f"backend: expected one of {JSD_BACKENDS}, got {backend!r}")
     if top_k is not None:
         if backend == "triton":
             raise ValueError("backend: 'triton' has no top-k kernel (objective.top_k_loss); use 'auto' or 'torch'")
         return "top_k"
+    if backend == "top_k":
+        raise ValueError("backend: 'top_k' needs top_k (the number of teacher entries)")
     if backend == "torch":
         return "torch"
     problem = jsd_triton.unsupported(student_logits, teacher_rows)

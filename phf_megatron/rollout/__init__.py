@@ -1,27 +1,18 @@
 """Rollout engines (vLLM, transformers fallback) with a token-id boundary and verified weight sync.
 
 See ``engine.py`` for the interface and ``sync.py`` for the push order and staleness guarantee.
+Submodules load on first use (``lazy_exports``): ``rollout.choices`` imports without torch.
 """
 
-from .engine import RolloutEngine, UpdateStats
-from .errors import (
-    EngineStartError,
-    EngineUnusableError,
-    GenerationTimeoutError,
-    RolloutEngineError,
-    SyncVerificationError,
-    WeightMismatchError,
-    WeightSyncError,
-)
-from .factory import BACKENDS, EngineConfig, build_engine, resolve_backend
-from .sync import SyncProbe, SyncReport, hf_reference_logprobs, make_probe, probe_token_ids, sync_weights
-from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
-from .weights import WeightSpec, iter_buckets
+from ..lazy_exports import lazy_exports
 
-__all__ = [
-    "BACKENDS", "Completion", "EngineConfig", "EngineStartError", "EngineUnusableError", "FINISH_LENGTH",
-    "FINISH_STOP", "GenerationTimeoutError", "RolloutEngine", "RolloutEngineError", "SamplingParams",
-    "SyncProbe", "SyncReport", "SyncVerificationError", "UpdateStats", "WeightMismatchError", "WeightSpec",
-    "WeightSyncError", "build_engine", "hf_reference_logprobs", "iter_buckets", "make_probe",
-    "probe_token_ids", "resolve_backend", "sync_weights",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "choices": ("BACKENDS", "WEIGHT_TRANSPORTS"),
+    "engine": ("RolloutEngine", "UpdateStats"),
+    "errors": ("EngineStartError", "EngineUnusableError", "GenerationTimeoutError", "RolloutEngineError",
+               "SyncVerificationError", "WeightMismatchError", "WeightSyncError"),
+    "factory": ("EngineConfig", "build_engine", "resolve_backend"),
+    "sync": ("SyncProbe", "SyncReport", "hf_reference_logprobs", "make_probe", "probe_token_ids", "sync_weights"),
+    "types": ("FINISH_LENGTH", "FINISH_STOP", "Completion", "SamplingParams"),
+    "weights": ("WeightSpec", "iter_buckets"),
+})

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .choices import BACKENDS, DEFAULT_NCCL_PORT, WEIGHT_TRANSPORTS
 from .engine import RolloutEngine
-from .server_engine import DEFAULT_NCCL_PORT, WEIGHT_TRANSPORTS
 
-BACKENDS = ("auto", "vllm", "hf", "vllm_server")
 #: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
 DEFAULT_SERVER_TIMEOUT_S = 600.0
 

@@ -47,14 +47,13 @@ from dataclasses import dataclass
 from functools import cache
 
 from .engine import RolloutEngine
+from .choices import DEFAULT_NCCL_PORT, WEIGHT_TRANSPORTS
 from .errors import EngineStartError, RolloutEngineError, WeightSyncError
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
-WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 #: vLLM releases whose trainer-side NCCL weight-transfer API matches ``_open_nccl``.
 NCCL_VLLM_VERSIONS = ("0.32.",)
-DEFAULT_NCCL_PORT = 29600
 WORKER_EXTENSION = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
 
 

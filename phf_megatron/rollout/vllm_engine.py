@@ -53,6 +53,7 @@ from .engine import RolloutEngine
 from .errors import EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
+from .vllm_worker import visible_devices
 from .weights import WeightSpec
 
 
@@ -64,24 +65,6 @@ def vllm_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def visible_devices(environ=os.environ) -> list[str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs or MIG ids); None when unset (all visible)."""
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def physical_device_id(local_index: int, environ=os.environ) -> str:
-    """The physical id (as ``CUDA_VISIBLE_DEVICES`` names it) of this process's device ``local_index``."""
-    visible = visible_devices(environ)
-    if visible is None:
-        return str(local_index)
-    if not 0 <= local_index < len(visible):
-        raise ValueError(f"CUDA_VISIBLE_DEVICES: device {local_index} is not among {visible}")
-    return visible[local_index]
 
 
 def engine_visible_devices(current_device: int, tensor_parallel_size: int, environ=os.environ) -> str:

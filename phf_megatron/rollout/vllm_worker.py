@@ -98,11 +98,28 @@ def bucket_from_text(text: str) -> list[tuple[str, torch.Tensor]]:
 EXTENSION_VERSION = "phf-weight-sync-1"
 
 
+def visible_devices(environ=os.environ) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs or MIG ids); None when unset (all visible)."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def physical_device_id(local_index: int, environ=os.environ) -> str:
+    """The physical id (as ``CUDA_VISIBLE_DEVICES`` names it) of this process's device ``local_index``."""
+    visible = visible_devices(environ)
+    if visible is None:
+        return str(local_index)
+    if not 0 <= local_index < len(visible):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES: device {local_index} is not among {visible}")
+    return visible[local_index]
+
+
 def ipc_handles(bucket) -> list[tuple[str, object, tuple, str]]:
     """CUDA-IPC handles of a bucket: ``[(hf_name, rebuild_fn, rebuild_args, physical_device_id)]``."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from .vllm_engine import physical_device_id
     out = []
     for name, t in bucket:
         rebuild, args = reduce_tensor(t.detach().contiguous())
@@ -112,7 +129,6 @@ def ipc_handles(bucket) -> list[tuple[str, object, tuple, str]]:
 
 def local_device_index(physical_id: str, environ=os.environ) -> int:
     """This process's index of the GPU ``CUDA_VISIBLE_DEVICES`` calls ``physical_id`` (itself when unset)."""
-    from .vllm_engine import visible_devices
     visible = visible_devices(environ)
     if visible is None:
         return int(physical_id)

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config_errors import _check_positive, check_choice, fail  # noqa: F401 - re-exported
+from ..data.prompts import TEACHER_PROMPTS
+from ..lora.config import LORA_TARGETS, LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
+from ..models.choices import TRANSFORMER_IMPLS
+from ..rollout import choices as rollout_choices
+
 TEACHER_MODES = ("ema", "fixed", "dynamic")
 EMA_STARTS = ("initial", "after_first_step")
-ROLLOUT_BACKENDS = ("auto", "vllm", "transformers", "vllm_server")
-SERVER_WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 DTYPES = ("bfloat16", "float16", "float32")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
-TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
 MODEL_FORMATS = ("auto", "torch_dist", "per_rank")
-
-from ..config_errors import _check_positive, check_choice, fail  # noqa: F401 - re-exported
-from ..lora.config import LORA_TARGETS, LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
-from ..data.prompts import TEACHER_PROMPTS
 
 
 @dataclass
@@ -51,7 +50,8 @@ class ModelConfig:
     recompute_num_layers: int | None = 1
     """Layers per recompute chunk (uniform) or recomputed layers per stage (block)."""
     transformer_impl: str = "auto"
-    """auto (Transformer Engine when importable and on CUDA, else local) | local | transformer_engine."""
+    """auto (Transformer Engine when importable and on CUDA, else local) | local | te (Transformer
+    Engine; Megatron's --transformer-impl transformer_engine)."""
     disable_dropout: bool = True
     """Zero every dropout (TRL GOLDConfig default in the official run; this also zeroes LoRA dropout)."""
     fused_kernels: bool = True
@@ -117,8 +117,8 @@ class RolloutConfig:
     """On-policy sampling of the student's completions y."""
 
     backend: str = "auto"
-    """auto (vLLM when installed, else transformers) | vllm (official, paper) | transformers (HF
-    generate: slow, for CPU tests and debugging) | vllm_server (a separate vLLM server at server_url)."""
+    """auto (vLLM when installed, else hf) | vllm (official, paper) | hf (transformers generate: slow,
+    for CPU tests and debugging) | vllm_server (a separate vLLM server at server_url)."""
     server_url: str | None = None
     """Base URL of the rollout server for backend vllm_server (disaggregated set-ups; the server
     runs with VLLM_SERVER_DEV_MODE=1, see rollout/server_process.server_command)."""
@@ -129,7 +129,7 @@ class RolloutConfig:
     server_nccl_address: str | None = None
     """An address of the trainer's rank-0 host that the server's workers can reach: the NCCL
     weight push's rendezvous (required with server_weight_transport=nccl)."""
-    server_nccl_port: int = 29600
+    server_nccl_port: int = rollout_choices.DEFAULT_NCCL_PORT
     """Port of that rendezvous (free on the trainer's rank-0 host)."""
     n: int = 1
     """Completions per prompt (official num_generations = 1)."""
@@ -167,7 +167,7 @@ class RolloutConfig:
     official scripts' --lmbda 1; the official OPSD trainer ignores the flag and always samples)."""
 
     def __post_init__(self) -> None:
-        check_choice("rollout.backend", self.backend, ROLLOUT_BACKENDS)
+        check_choice("rollout.backend", self.backend, rollout_choices.BACKENDS)
         _check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
         if self.probe_atol is not None:
             _check_positive("rollout.probe_atol", self.probe_atol)
@@ -175,7 +175,7 @@ class RolloutConfig:
             raise fail("rollout.lmbda", f"must lie in [0, 1], got {self.lmbda}")
         if self.backend == "vllm_server" and not self.server_url:
             raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
-        check_choice("rollout.server_weight_transport", self.server_weight_transport, SERVER_WEIGHT_TRANSPORTS)
+        check_choice("rollout.server_weight_transport", self.server_weight_transport, rollout_choices.WEIGHT_TRANSPORTS)
         if self.backend == "vllm_server" and self.server_weight_transport == "nccl" and not self.server_nccl_address:
             raise fail("rollout.server_nccl_address", "is required with rollout.server_weight_transport=nccl (an "
                        "address of the trainer's rank-0 host that the server's workers can reach)")

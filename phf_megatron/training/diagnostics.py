@@ -1,7 +1,7 @@
 """Layer-energy diagnostics of the hidden flow (paper Section 4, "All-layer spread").
 
 The energy of layer l is its flow value e_l >= 0 for the step: the per-layer term the variant
-averages over depth (``objectives.flow.layer_values``: L_HTT(l) for phf/local, L_dir, L_geo or
+averages over depth (``objectives.flow.layer_loss``: L_layer(l) for phf/local, L_dir, L_geo or
 L_mse), averaged over the samples that have a transition. With p_l = e_l / sum_k e_k:
 
 * ``max_share``    = max_l p_l                (paper at step 100: 6.5% / 5.1% / 4.8% for 1.7B/4B/8B)
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from phf_megatron.objectives.flow import FlowTerms, layer_values
+from phf_megatron.objectives.flow import FlowTerms, layer_loss
 
 from .metrics import FLOW_ENERGY
 
@@ -39,7 +39,7 @@ def layer_energy(terms: FlowTerms, variant: str) -> torch.Tensor:
 
     Clamped at 0: rounding can leave ``1 - cos`` a hair below zero for identical directions.
     """
-    values = layer_values(terms, variant).detach()  # [n_layers, B]
+    values = layer_loss(terms, variant).detach()  # [n_layers, B]
     weights = terms.sample_mask.to(values.dtype)
     return ((values * weights).sum(-1) / weights.sum().clamp(min=1)).clamp(min=0)
 

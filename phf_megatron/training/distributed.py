@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 8 -m phf_megatron.train --config configs/phf_qwen3_8b.yaml ...
     python -m phf_megatron.train --config configs/tiny_cpu.yaml ...        # one process
 
-Joining the group (and the CPU shims without CUDA) is ``parallel.process_group``'s.
+Joining the group (and the CPU shims without CUDA) and Megatron's groups are ``runtime``'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..parallel.process_group import join_default_group
 from ..config_errors import fail
+from ..runtime.megatron_session import init_model_parallel, shutdown
+from ..runtime.process_group import join_default_group
 from .config import TrainConfig
 
 
@@ -49,31 +50,19 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     join_default_group()
     rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
     cuda = torch.cuda.is_available()
-
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
     m = cfg.model
     model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
     if world % model_parallel:
         raise fail("model.tensor_model_parallel_size",
                    f"tensor_model_parallel_size x pipeline_model_parallel_size = {model_parallel} does not divide "
                    f"the world size {world} (launch with a multiple of {model_parallel} processes)")
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=m.tensor_model_parallel_size,
-            pipeline_model_parallel_size=m.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=m.virtual_pipeline_model_parallel_size)
     # Identical weights on every data-parallel replica (Megatron's DDP does not broadcast them).
     seed_everything(cfg.training.seed)
-    model_parallel_cuda_manual_seed(cfg.training.seed)
+    init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                        m.virtual_pipeline_model_parallel_size, seed=cfg.training.seed)
     return DistributedContext(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
 
 def shutdown_distributed() -> None:
-    from megatron.core import parallel_state
-
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """The run's teardown: Megatron's groups, then the default process group (``runtime.shutdown``)."""
+    shutdown()

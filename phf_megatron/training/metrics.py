@@ -35,10 +35,11 @@ from ..parallel import loss as _loss
 METRICS_FILE = "metrics.jsonl"
 LOSS_TOKENS_FILE = "loss_tokens.jsonl"
 
-#: Record keys the trainer writes and ``tools/plot_run.py`` reads.
-LOSS = "loss"            # L_OPSD + alpha * L_flow, the optimized total
-LOSS_OPSD = "loss_opsd"  # clipped JSD term
-LOSS_FLOW = "loss_flow"  # L_flow (before alpha)
+#: Record keys the trainer writes and ``tools/plot_run.py`` reads (the step's own, as ``parallel.loss``
+#: names them, and the trainer's).
+LOSS = _loss.LOSS            # L_PHF = L_OPSD + alpha * L_flow, the optimized total
+LOSS_OPSD = _loss.LOSS_OPSD  # L_OPSD, the clipped JSD term
+LOSS_FLOW = _loss.LOSS_FLOW  # L_flow (before alpha)
 GRAD_NORM = "grad_norm"  # global gradient norm before clipping
 LR = "lr"
 STEP_TIME = "step_time"  # seconds per optimizer step

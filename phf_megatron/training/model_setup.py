@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..convert.qwen3_arch import Qwen3Arch
+from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
 from ..input_files import check_hf_model_dir
@@ -20,7 +20,6 @@ from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-BACKENDS = {"auto": "auto", "local": "local", "transformer_engine": "te"}
 
 
 @dataclass
@@ -155,7 +154,7 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
     vpp = cfg.model.virtual_pipeline_model_parallel_size
     for vp_stage in range(vpp or 1):
         model = build_qwen3_model(hf_config, sp=cfg.model.sequence_parallel, dtype=dtype, fused=fused,
-                                  backend=BACKENDS[cfg.model.transformer_impl], vp_stage=vp_stage if vpp else None,
+                                  backend=cfg.model.transformer_impl, vp_stage=vp_stage if vpp else None,
                                   **_config_overrides(cfg))
         _load_base_weights(model, cfg, arch)
         if lora.enabled:
@@ -185,7 +184,7 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine) -> str:
     from ..models.spec import have_transformer_engine, resolve_backend
 
     cuda = torch.cuda.is_available()
-    te = resolve_backend(BACKENDS[cfg.model.transformer_impl]) == "te"
+    te = resolve_backend(cfg.model.transformer_impl) == "te"
     no_te = "" if te else (" (Transformer Engine not installed)" if not have_transformer_engine() else "")
     parts = [f"attention {'Transformer Engine' if te else 'SDPA (Megatron local spec)'}{no_te}",
              f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]

@@ -30,9 +30,6 @@ from .config import TrainConfig
 from .model_setup import StudentModel
 from .probe import megatron_logprobs
 
-#: run-config backend names -> rollout.factory backend names
-ENGINE_BACKENDS = {"auto": "auto", "vllm": "vllm", "transformers": "hf", "vllm_server": "vllm_server"}
-
 #: probe tolerance per engine dtype: fp32 engines match to ~1e-6, bf16 engines to a few 1e-2.
 PROBE_ATOL = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.05}
 
@@ -77,7 +74,7 @@ class RolloutDriver:
             try:
                 r = cfg.rollout
                 self.engine = build_engine(EngineConfig(
-                    model_dir=engine_model_dir, backend=ENGINE_BACKENDS[r.backend], server_url=r.server_url,
+                    model_dir=engine_model_dir, backend=r.backend, server_url=r.server_url,
                     server_weight_transport=r.server_weight_transport, server_nccl_address=r.server_nccl_address,
                     server_nccl_port=r.server_nccl_port,
                     dtype=cfg.model.dtype, seed=cfg.training.seed,

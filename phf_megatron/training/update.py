@@ -20,7 +20,6 @@ from ..parallel.batch import PhfMicroBatch
 from ..parallel.capture import WindowCapture
 from ..parallel.step import PhfStep
 from .model_setup import StudentModel
-from .metrics import LOSS_FLOW, LOSS_OPSD
 from .schedule import current_lr
 from .teacher import PrivilegedTeacher
 
@@ -81,10 +80,6 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     metrics = step.reduce_logs(logs) if ps.is_pipeline_last_stage(ignore_virtual=True) else None
     step.finish()
     metrics = dict(_gather_metrics(metrics))
-    # the metric names of training.metrics (what the logs and tools/plot_run.py read)
-    for short, name in (("opsd", LOSS_OPSD), ("flow", LOSS_FLOW)):
-        if short in metrics:
-            metrics[name] = metrics.pop(short)
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
                    update_skipped=not ok, time_teacher_s=t1 - t0, time_student_s=t2 - t1, time_optimizer_s=t3 - t2)
     return metrics

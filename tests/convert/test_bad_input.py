@@ -6,7 +6,7 @@ import os
 import pytest
 
 from phf_megatron.convert.checkpoints import convert_hf_to_mcore, convert_mcore_to_hf
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 
 from ..models.tiny_qwen3 import save_tiny_hf, tiny_config, tiny_hf_model
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phf_megatron.convert.qwen3_arch import Qwen3Arch
+from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import (canonical_name, hf_shapes, hf_sources, hf_to_mcore,
                                                 iter_mcore_from_hf, mcore_names, mcore_to_hf, spec_name)
 from phf_megatron.convert.sharding import pp_layer_range, stage_holds, tp_merge, tp_shard

@@ -8,7 +8,7 @@ import torch
 
 from phf_megatron import kernels
 from phf_megatron.kernels.flow_cuda import PRECISIONS, KernelPlan, precision_mode
-from phf_megatron.objectives import hidden_flow_loss
+from phf_megatron.kernels import hidden_flow_loss
 from phf_megatron.objectives.flow import LayerPlan
 
 HAS_KERNELS = torch.cuda.is_available() and kernels.available()

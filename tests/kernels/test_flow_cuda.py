@@ -18,7 +18,7 @@ Two comparisons need a stated scale:
 import pytest
 import torch
 
-from phf_megatron.objectives import hidden_flow_loss
+from phf_megatron.kernels import hidden_flow_loss
 from phf_megatron.objectives.flow import (
     LayerPlan,
     adjacent_layer_loss,

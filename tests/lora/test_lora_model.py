@@ -58,7 +58,7 @@ def _adapter_grads(model, ids):
 
 def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.lora import LoraConfig, apply_lora
     from phf_megatron.lora.export import export_peft_adapter, load_full_adapters, merged_deltas
     from phf_megatron.models import build_qwen3_model

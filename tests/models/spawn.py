@@ -16,7 +16,7 @@ import tempfile
 import torch
 import torch.multiprocessing as mp
 
-from phf_megatron.parallel.process_group import free_port
+from phf_megatron.runtime.process_group import free_port
 
 
 def _entry(rank, world_size, port, out_dir, fn, args):
@@ -26,7 +26,7 @@ def _entry(rank, world_size, port, out_dir, fn, args):
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    from phf_megatron.parallel import cpu_shims
+    from phf_megatron.runtime import cpu_shims
 
     cpu_shims.apply()
     try:

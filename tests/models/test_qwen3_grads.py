@@ -97,7 +97,7 @@ def _megatron_loss_and_grads(model, arch, loss_kind):
 
 def _check(rank, world_size):
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model, fused
 
     fused.set_compile_backend("aot_eager")

@@ -22,7 +22,7 @@ def _check_layouts(rank, world_size, names):
     from megatron.core import parallel_state
 
     from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model
 
     from megatron.core.packed_seq_params import PackedSeqParams

@@ -52,7 +52,7 @@ def build_chunks(hf, layout: Layout, ddp: bool, **extra) -> list:
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
     from phf_megatron.convert.live_model import load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model
 
     state, arch = hf.state_dict(), Qwen3Arch.from_hf(hf.config)
@@ -96,7 +96,8 @@ def hf_grads(chunks, arch) -> dict[str, torch.Tensor]:
     """
     from megatron.core import parallel_state
 
-    from phf_megatron.convert.live_model import global_name, unwrap
+    from phf_megatron.convert.live_model import global_name
+    from phf_megatron.models import unwrap
     from phf_megatron.convert.qwen3_mapping import mcore_to_hf
     from phf_megatron.convert.sharding import tp_merge
 

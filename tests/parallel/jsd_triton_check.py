@@ -2,7 +2,7 @@
 
 Triton's interpreter executes the kernels of ``phf_megatron.parallel.jsd_triton`` on CPU
 tensors (it must be switched on before Triton is imported, hence a separate process). Checked
-against Foundation's ``opsd_token_divergence`` in float64: every beta branch and clip mode,
+against the reference ``objectives.opsd_token_divergence`` in float64: every beta branch and clip mode,
 per-token values and the gradient of a weighted sum, single rank and the vocabulary split over
 two gloo ranks (the all-reduced log-normalizers and sums), and in float32 the clip statistics
 (divergence before the clip, entries cut: ``stats_*``, the counts exact). Writes ``{case: max

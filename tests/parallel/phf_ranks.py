@@ -38,7 +38,7 @@ def run_layouts(rank, world_size, plans, with_collectives=False, variants_table=
     """
     from megatron.core import parallel_state as ps
 
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.parallel.capture import WindowCapture, chunk_layer_range, transformer_layers
     from phf_megatron.parallel.step import PhfStep
 

@@ -1,10 +1,10 @@
-"""The single-process oracle of a PHF step: Foundation objectives on HF transformers tensors.
+"""The single-process oracle of a PHF step: the reference objectives on HF transformers tensors.
 
 A fixed global batch of student/teacher sequence pairs (different prompt lengths, the same
 rollout tokens, right-padded) is split into ``PhfMicroBatch``es for any DP x micro-batch layout.
 ``hf_reference`` runs HF Qwen3 on the whole batch: layer outputs (before the final norm, taken
 with forward hooks on the decoder layers) at the window positions and the logits that predict
-each rollout token, then ``objectives.opsd_loss + alpha * objectives.hidden_flow_loss`` and its
+each rollout token, then ``objectives.phf_objective(opsd_loss, hidden_flow_loss)`` and its
 gradient with respect to every student parameter.
 """
 
@@ -18,9 +18,10 @@ from phf_megatron.objectives import (
     flow_terms,
     generalized_jsd_terms,
     hidden_flow_loss,
-    layer_values,
+    layer_loss,
     opsd_loss,
     opsd_token_divergence,
+    phf_objective,
     restrict_to_top_k,
     sampled_token_loss,
 )
@@ -133,23 +134,23 @@ def hf_reference(student, teacher, mbs: list[PhfMicroBatch], objective: Objectiv
     o = objective
     if o.use_tinker_loss:
         opsd = sampled_token_loss(s_lg, t_lg, tokens, mask, o.jsd_temperature)
-        out = {"opsd": opsd.item(), "flow": 0.0}
+        out = {"loss_opsd": opsd.item(), "loss_flow": 0.0}
     else:
         opsd = opsd_loss(s_lg, t_lg, mask, o.jsd_beta, o.jsd_temperature, o.jsd_clip, o.jsd_clip_mode, o.top_k_loss)
-        out = {"opsd": opsd.item(), "flow": 0.0, **_diagnostics(s_lg.detach(), t_lg, tokens, mask, o)}
+        out = {"loss_opsd": opsd.item(), "loss_flow": 0.0, **_diagnostics(s_lg.detach(), t_lg, tokens, mask, o)}
     loss = opsd
     if o.uses_flow:
         flow = hidden_flow_loss(h_s, h_t, val, o.flow_variant, o.flow_eps, o.flow_layers)
-        loss = opsd + o.flow_alpha * flow
+        loss = phf_objective(opsd, flow, o.flow_alpha)
         plan = LayerPlan.build(layers_total, o.flow_variant, o.flow_layers)
         with torch.no_grad():
             terms = flow_terms(h_s, h_t, val, plan, o.flow_variant, o.flow_eps)
             w = terms.sample_mask.double()
-            per_layer = (layer_values(terms, o.flow_variant).double() * w).sum(1) / w.sum().clamp(min=1)
+            per_layer = (layer_loss(terms, o.flow_variant).double() * w).sum(1) / w.sum().clamp(min=1)
             out["layer_flow"] = per_layer.tolist()
             if terms.adjacent is not None:
                 out["pair_flow"] = ((terms.adjacent.double() * w).sum(1) / w.sum().clamp(min=1)).tolist()
-        out["flow"] = flow.item()
+        out["loss_flow"] = flow.item()
     loss.backward()
     out["loss"] = loss.item()
     out["grads"] = {name: p.grad.detach().clone() for name, p in student.named_parameters() if p.grad is not None}

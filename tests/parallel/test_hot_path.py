@@ -40,7 +40,7 @@ def audited():
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from phf_megatron.convert.megatron_session import megatron_session
+    from phf_megatron.runtime.megatron_session import megatron_session
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
 

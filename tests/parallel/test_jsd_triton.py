@@ -1,4 +1,4 @@
-"""The Triton JSD kernels equal Foundation's ``opsd_token_divergence`` (values and gradients).
+"""The Triton JSD kernels equal the reference ``objectives.opsd_token_divergence`` (values and gradients).
 
 * Where Triton is installed (not on the CPU CI machines, whose setup removes it): its
   interpreter runs the kernels on CPU tensors in a subprocess (``jsd_triton_check``), every beta

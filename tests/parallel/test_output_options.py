@@ -1,4 +1,4 @@
-"""The vocabulary-parallel output-loss options equal Foundation's objectives (single process, float64):
+"""The vocabulary-parallel output-loss options equal the reference objectives (single process, float64):
 top-k JSD, the sampled token's log-probability, and the clip statistics of every path.
 
 The same pieces with the vocabulary split over TP=2 ranks (ties in the top-k included) are

@@ -60,7 +60,7 @@ def test_step_loss_gradients_and_diagnostics_equal_the_reference(results, layout
     got, ref = results[(layout, variant)], _reference(variant)
     metrics = got["metrics"]
     absolute = TINKER_ABS if OPTIONS[variant].use_tinker_loss else 1e-7
-    for key in ("loss", "opsd", "flow"):
+    for key in ("loss", "loss_opsd", "loss_flow"):
         assert metrics[key] == pytest.approx(ref[key], rel=REL_TOL, abs=absolute), key
     bad = {}
     for name, g_ref in ref["grads"].items():
@@ -75,7 +75,7 @@ def test_step_loss_gradients_and_diagnostics_equal_the_reference(results, layout
         assert (key in metrics) == (key in ref), key
         if key in ref:
             assert metrics[key] == pytest.approx(ref[key], rel=REL_TOL, abs=1e-9), key
-    assert 0 < metrics["clip_frac_tokens"] < 1 and metrics["opsd_unclipped"] > metrics["opsd"]
+    assert 0 < metrics["clip_frac_tokens"] < 1 and metrics["opsd_unclipped"] > metrics["loss_opsd"]
     # the 20 largest shares (ids with equal shares may come in either order), each id's share and count
     ref_by_id = {tok: (share, count) for tok, share, count in ref["loss_tokens"]}
     got = metrics["loss_tokens"]

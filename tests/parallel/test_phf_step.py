@@ -1,6 +1,6 @@
 """One PHF step on Megatron-Core equals the single-process reference at every parallel layout.
 
-Reference: Foundation's ``opsd_loss + alpha * hidden_flow_loss`` on HF transformers Qwen3
+Reference: ``objectives.phf_objective(opsd_loss, hidden_flow_loss)`` on HF transformers Qwen3
 (float64) hidden states and logits of the same weights (``reference.hf_reference``). Under test:
 ``PhfStep`` driving Megatron's own schedules on the converted model (float32, gloo, CPU):
 
@@ -91,7 +91,7 @@ def test_loss_and_gradients_equal_the_reference(layout, variant, request):
     results = request.getfixturevalue("four_rank_results" if layout in FOUR else "two_rank_results")
     got, ref = results[(layout, variant)], _reference(MODEL_OF[layout], variant)
     metrics = got["metrics"]
-    for key in ("loss", "opsd", "flow"):
+    for key in ("loss", "loss_opsd", "loss_flow"):
         assert metrics[key] == pytest.approx(ref[key], rel=REL_TOL, abs=1e-7), key
     for key in ("layer_flow", "pair_flow"):
         if key in ref:

@@ -15,6 +15,6 @@ def test_benchmark_tiny_run_writes_results(tmp_path):
     result = json.loads((tmp_path / "phf_step.json").read_text())
     assert result["ok"], result.get("traceback", proc.stderr[-3000:])
     phf, opsd = result["metrics_phf"], result["metrics_opsd"]
-    assert phf["opsd"] == opsd["opsd"] and opsd["flow"] == 0 and phf["flow"] > 0
+    assert phf["loss_opsd"] == opsd["loss_opsd"] and opsd["loss_flow"] == 0 and phf["loss_flow"] > 0
     assert len(phf["layer_flow"]) == result["layers"] and len(phf["pair_flow"]) == result["layers"] - 1
     assert result["ratio_phf_over_opsd"] > 0 and (tmp_path / "phf_step.log").exists()

@@ -1,4 +1,4 @@
-"""Stage shares of the flow loss add up to the Foundation's per-sample flow, for any split.
+"""Stage shares of the flow loss add up to the reference's per-sample flow, for any split.
 
 Each stage evaluates ``stage_terms`` on its captured stack (its input's rows as the boundary
 layer when a pair crosses into it, then its own layers); with the global counts, the shares'

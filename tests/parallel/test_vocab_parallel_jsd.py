@@ -1,4 +1,4 @@
-"""The vocabulary-parallel clipped JSD equals Foundation's ``opsd_token_divergence``.
+"""The vocabulary-parallel clipped JSD equals the reference ``objectives.opsd_token_divergence``.
 
 Single process here (float64, exact to ~1e-13): every beta branch (forward KL, reverse KL,
 mixture), no clip / element clip (the official one) / token clip, token chunks smaller than the

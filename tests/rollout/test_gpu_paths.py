@@ -18,10 +18,10 @@ from phf_megatron.rollout.vllm_engine import (
     VLLMEngine,
     engine_start_environ,
     engine_visible_devices,
-    physical_device_id,
     scoped_environ,
 )
-from phf_megatron.rollout.vllm_worker import _fused_layout, join_tp_shards, local_device_index, rebuild_from_ipc
+from phf_megatron.rollout.vllm_worker import (_fused_layout, join_tp_shards, local_device_index, physical_device_id,
+                                              rebuild_from_ipc)
 
 from .conftest import HAS_VLLM, start_engine
 
@@ -233,7 +233,7 @@ def _control_group_rank(rank, world, port, out):
 def test_rank0_status_broadcasts_outlast_the_default_groups_timeout(tmp_path):
     import torch.multiprocessing as mp
 
-    from phf_megatron.parallel.process_group import free_port
+    from phf_megatron.runtime.process_group import free_port
     mp.spawn(_control_group_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     assert results[1] == ("engine up", False) and results[0][0] == "engine up"

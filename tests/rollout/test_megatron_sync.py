@@ -38,7 +38,7 @@ def _train_and_sync(rank, world_size, model_dir, with_vllm):
     from transformers import AutoModelForCausalLM
 
     from phf_megatron.convert.live_model import global_name, iter_hf_weights, load_hf_weights
-    from phf_megatron.convert.qwen3_arch import Qwen3Arch
+    from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.models import build_qwen3_model
 
     megatron_layout(2, 1)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from phf_megatron.parallel.process_group import free_port
+from phf_megatron.runtime.process_group import free_port
 from phf_megatron.rollout import (
     EngineConfig,
     EngineStartError,

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from phf_megatron.parallel.process_group import free_port
+from phf_megatron.runtime.process_group import free_port
 from phf_megatron.training import checkpoint as ckpt
 from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, dist_optimizer_part, rng_part, stateful_part, tensors_part,
@@ -176,7 +176,7 @@ def _check_crash_on_rank1(run, save_dir: str, layout: RankLayout) -> None:
 
 def _worker(rank: int, world: int, port: int, root: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from phf_megatron.parallel import cpu_shims
+    from phf_megatron.runtime import cpu_shims
 
     cpu_shims.apply()
     dist.init_process_group("gloo", rank=rank, world_size=world)

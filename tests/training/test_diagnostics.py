@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phf_megatron.objectives.flow import LayerPlan, flow_terms, layer_values
+from phf_megatron.objectives.flow import LayerPlan, flow_terms, layer_loss
 from phf_megatron.training.diagnostics import (
     energy_entropy, energy_shares, layer_energy, layer_energy_metrics, max_share, normalized_entropy,
 )
@@ -79,7 +79,7 @@ def test_layer_energy_is_the_variants_layer_value_over_valid_samples(variant):
     plan = LayerPlan.build(L, variant)
     terms = flow_terms(student, teacher, valid, plan, variant)
     energy = layer_energy(terms, variant)
-    expected = layer_values(terms, variant)[:, :2].mean(-1)
+    expected = layer_loss(terms, variant)[:, :2].mean(-1)
     torch.testing.assert_close(energy, expected, rtol=1e-12, atol=0)
     assert bool((energy >= 0).all())
     metrics = layer_energy_metrics(energy)

@@ -23,7 +23,7 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
         import vllm  # noqa: F401
         backend = "vllm"
     except ImportError:
-        backend = "transformers"
+        backend = "hf"
     env = {**os.environ, "HF_MODEL": hf, "DATA": data, "RUN_DIR": str(run), "NGPU": "2", "OMP_NUM_THREADS": "1",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     for name in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL"):

@@ -54,7 +54,7 @@ def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
     """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
     args = ["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), f"--model.hf_dir={hf_dir}",
             f"--data.path={data}", f"--run_dir={run_dir}", "--logging.tensorboard=false",
-            "--logging.progress_bar=false", "--rollout.backend=transformers", "--rollout.max_tokens=12", *overrides]
+            "--logging.progress_bar=false", "--rollout.backend=hf", "--rollout.max_tokens=12", *overrides]
     launcher = [sys.executable, "-m", "phf_megatron.train"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "phf_megatron.train"]

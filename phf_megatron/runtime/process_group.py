@@ -1,8 +1,8 @@
 """Join the default process group: torchrun's, or a one-process group on a free local port.
 
-Shared by the trainer (``training/distributed.py``) and the conversion tools
-(``convert/megatron_session.py``). NCCL with CUDA, gloo without; on a machine without CUDA the
-Megatron-Core CPU shims are applied (``cpu_shims``), the GPU path never touches them.
+Used by ``megatron_session`` (the trainer's and the converters' set-up) and by the tests that
+spawn ranks. NCCL with CUDA, gloo without; on a machine without CUDA the Megatron-Core CPU shims
+are applied (``cpu_shims``), the GPU path never touches them.
 """
 
 from __future__ import annotations
