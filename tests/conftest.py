@@ -9,8 +9,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -6,7 +6,7 @@ import pytest
 
 from phf_megatron.rollout import EngineConfig, build_engine
 
-from .tiny_qwen3 import save_tiny_qwen3
+from ..helpers.tiny_qwen3 import save_tiny_qwen3
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
