@@ -6,7 +6,6 @@ The random tiny model never answers correctly; the metric arithmetic is tested i
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -20,8 +19,8 @@ import pytest
 from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
+from tests.helpers import REPO, python_env, run_python
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
 
 
@@ -109,8 +108,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_model_
     cmd = [sys.executable, TOOL, "--model", tiny_model_dir, "--data-dir", shared_data, "--benchmarks", "aime24",
            "--limit", "3", "--n", "2", "--max-new-tokens", "16", "--backend", "hf", "--dtype", "float32",
            "--batch-size", "1", "--out-dir", run_dir]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shard = shard_path(run_dir, 0)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -162,10 +160,8 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, s
     samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
     pytest.importorskip("phf_megatron.convert.checkpoints")
     mcore = str(tmp_path / "mcore")
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir",
-                    tiny_model_dir, "--out-dir", mcore, "--dtype", "fp32"], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_model_dir, "--out-dir",
+                mcore, "--dtype", "fp32"]).check_returncode()
     kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
     from_mcore = _config(tmp_path, None, shared_data, name="from_mcore", megatron_checkpoint=mcore, **kw)
     from_hf = _config(tmp_path, tiny_model_dir, shared_data, name="from_hf", **kw)
@@ -204,10 +200,9 @@ def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("eval_avg_at_k", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    return main
 
 
 @pytest.mark.parametrize("bench,message", [
