@@ -19,6 +19,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """Untied tiny Qwen3 (real vocabulary) + the real tokenizer, written once per session
+    (``tests/helpers/tiny_qwen3.py``): the rollout engines' and the evaluator's model."""
+    from tests.helpers.tiny_qwen3 import save_tiny_qwen3
+
+    d = tmp_path_factory.mktemp("tiny_qwen3")
+    save_tiny_qwen3(str(d))
+    return str(d)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

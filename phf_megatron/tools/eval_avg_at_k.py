@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import run_command, tool_config
+from ..cli import command, tool_config
 from ..eval.config import EvalConfig
 
 
@@ -38,9 +38,7 @@ def evaluate(argv: list[str], quiet: bool) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
-    return run_command(lambda: evaluate(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
+main = command(evaluate)
 
 
 if __name__ == "__main__":

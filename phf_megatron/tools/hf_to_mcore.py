@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..cli import run_command, tool_config
+from ..cli import command, tool_config
 from ..config_errors import check_choice
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -58,9 +58,7 @@ def convert(argv: list[str], quiet: bool) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
-    return run_command(lambda: convert(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
+main = command(convert)
 
 
 if __name__ == "__main__":  # dist-checkpoint saving spawns helper processes: keep this guard

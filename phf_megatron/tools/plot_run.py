@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cli import parse_command_line, run_command
+from ..cli import command, parse_command_line
 from ..errors import InputFileError, UserError
 from ..training import metrics as M
 
@@ -247,7 +247,8 @@ def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
     return True
 
 
-def plot(argv: list[str]) -> int:
+def plot(argv: list[str], quiet: bool = False) -> int:
+    """Parse, then plot (``quiet`` is unused: nothing heavy starts before the plots)."""
     if argv and not argv[0].startswith("-"):          # the run directory without its flag
         argv = [f"--run_dir={argv[0]}", *argv[1:]]
     args = parse_command_line(PlotRun, argv, __doc__)[0]
@@ -277,9 +278,7 @@ def plot(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command (``argv=None``: this process's command line)."""
-    return run_command(lambda: plot(sys.argv[1:] if argv is None else list(argv)))
+main = command(plot)
 
 
 if __name__ == "__main__":

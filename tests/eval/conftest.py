@@ -28,12 +28,3 @@ def shared_data():
     if path is None:
         pytest.skip("shared/data not found (set PHF_SHARED_DATA)")
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Qwen3 with the real Qwen3 tokenizer (see tests/helpers/tiny_qwen3.py)."""
-    from tests.helpers.tiny_qwen3 import save_tiny_qwen3
-    d = tmp_path_factory.mktemp("tiny_eval_model")
-    save_tiny_qwen3(str(d))
-    return str(d)

@@ -19,14 +19,6 @@ BACKEND_PARAMS = [
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """Untied tiny Qwen3 + the real tokenizer, written once per session."""
-    d = tmp_path_factory.mktemp("tiny_qwen3")
-    save_tiny_qwen3(str(d))
-    return str(d)
-
-
-@pytest.fixture(scope="session")
 def tiny_tied_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_qwen3_tied")
     save_tiny_qwen3(str(d), tied=True)
