@@ -42,8 +42,11 @@ def make_model(out_dir: str, shape: str, dtype) -> str:
     if os.path.isfile(os.path.join(out_dir, "config.json")):
         return out_dir
     torch.manual_seed(0)
-    # the real tokenizer's ids and the trainer's prompts must fit, the tiny shape included
-    cfg = qwen3_config(shape, vocab_size=QWEN3_VOCAB, max_position_embeddings=QWEN3_COMMON["max_position_embeddings"])
+    # the real tokenizer's ids and the trainer's prompts must fit, the tiny shape included; vLLM-CPU
+    # attention needs head_dim >= 32
+    tiny = dict(head_dim=32) if shape == "tiny" else {}
+    cfg = qwen3_config(shape, vocab_size=QWEN3_VOCAB, max_position_embeddings=QWEN3_COMMON["max_position_embeddings"],
+                       **tiny)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg).to(dtype)
     model.save_pretrained(out_dir)
