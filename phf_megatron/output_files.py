@@ -1,11 +1,11 @@
 """Writers that never leave a half-written output: a crash, a kill or an error mid-write leaves the
 old file or directory as it was (or nothing, where there was none), never a truncated one.
 
-One file: ``atomic_file(path)`` writes a temp file beside ``path`` (same directory, so the rename
-stays on one file system), flushes and fsyncs it, renames it over ``path`` (POSIX ``rename`` is
-atomic) and fsyncs the directory, so the new name survives a power cut too. On an exception the
-temp file is removed and ``path`` is untouched. ``write_text`` / ``write_json`` / ``write_jsonl``
-are the one-liners.
+One file: ``atomic_file(path)`` writes a temp file beside ``path`` (``.tmp-<pid>-<random>-<name>``
+in the same directory, so the rename stays on one file system; a kill leaves it, never read),
+flushes and fsyncs it, renames it over ``path`` (POSIX ``rename`` is atomic) and fsyncs the
+directory, so the new name survives a power cut too. On an exception the temp file is removed and
+``path`` is untouched. ``write_text`` / ``write_json`` / ``write_jsonl`` are the one-liners.
 
 One directory: ``atomic_dir(final)`` hands out ``<final>.tmp`` (a leftover of a killed run is
 removed first), fsyncs every file in it on success and renames it to ``final``
@@ -110,8 +110,8 @@ def replace_dir(tmp: str, final: str, *, replace: bool = True, trash: str | None
 
     An existing ``final``: ``replace=False`` raises ``FileExistsError`` naming it (``tmp`` kept);
     otherwise it is renamed to ``trash`` (default ``<final>.old``) before the rename and deleted
-    after it, so a crash leaves the old or the new directory under ``final``, never neither
-    unfinished (at worst the old one waits under ``trash``).
+    after it. ``final`` never holds a partial directory; a crash between the two renames leaves
+    the old one under ``trash``.
     """
     final = os.path.abspath(final)
     old = None
