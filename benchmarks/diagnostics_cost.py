@@ -1,7 +1,7 @@
 """What the per-step diagnostics cost: the clip statistics every step, the loss by rollout token every N steps.
 
-    python benchmarks/diagnostics_cost.py OUTDIR             # CPU or GPU, ~2-4 min on a 2-core CPU
-    python benchmarks/diagnostics_cost.py OUTDIR --hidden 2048 --layers 28 --rollouts 1024 1024 896 768   # GPU, 1.7B shape
+    python -m benchmarks.diagnostics_cost OUTDIR             # CPU or GPU, ~2-4 min on a 2-core CPU
+    python -m benchmarks.diagnostics_cost OUTDIR --hidden 2048 --layers 28 --rollouts 1024 1024 896 768   # GPU, 1.7B shape
 
 One PHF step (paper recipe, ``PhfStep`` through Megatron's schedule, one micro-batch, bf16 on a
 GPU / float32 on CPU) is timed three ways, interleaved (ABCABC..., so drift hits all alike):
@@ -31,9 +31,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from benchmarks.phf_step import StepRunner, make_batch  # noqa: E402
+from benchmarks.phf_step import StepRunner, make_batch
+from benchmarks.shapes import QWEN3_COMMON
 
 
 def _model(args, device):
@@ -41,11 +40,12 @@ def _model(args, device):
 
     from phf_megatron.models import build_qwen3_model
 
-    shape = dict(model_type="qwen3", num_hidden_layers=args.layers, hidden_size=args.hidden,
+    # Qwen3's proportions (head_dim 128, 2 query heads per KV head, FFN 3 x hidden): --hidden 2048
+    # --layers 28 is Qwen3-1.7B's shape
+    shape = dict(QWEN3_COMMON, num_hidden_layers=args.layers, hidden_size=args.hidden,
                  num_attention_heads=max(2, args.hidden // 128), num_key_value_heads=max(1, args.hidden // 256),
                  head_dim=args.hidden // max(2, args.hidden // 128), intermediate_size=3 * args.hidden,
-                 vocab_size=args.vocab, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=4096,
-                 rms_norm_eps=1e-6)
+                 vocab_size=args.vocab, tie_word_embeddings=True, max_position_embeddings=4096)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = build_qwen3_model(shape, dtype=dtype, calculate_per_token_loss=True)
     model.config.finalize_model_grads_func = finalize_model_grads

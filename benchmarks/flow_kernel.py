@@ -1,6 +1,6 @@
 """Benchmark of the fused flow loss (fwd+bwd): CUDA extension vs eager reference vs torch.compile.
 
-    PYTHONPATH=$PWD python benchmarks/flow_kernel.py --out OUTDIR [--quick]
+    python -m benchmarks.flow_kernel --out OUTDIR [--quick]
 
 For each shape (L, B, m, H) and dtype it times the forward+backward of the PHF flow loss
 (median of many CUDA-event-timed runs after warm-up) for:
@@ -25,11 +25,11 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 
+from benchmarks.shapes import QWEN3_SIZES
 from phf_megatron.objectives.flow import (
     FlowTerms,
     LayerPlan,
@@ -41,8 +41,10 @@ from phf_megatron.objectives.flow import (
     transitions,
     unit_directions,
 )
+from phf_megatron.output_files import write_text
 
-SHAPES = ((36, 4, 128, 4096), (28, 4, 128, 2048))
+#: (L, B, m, H): Qwen3-8B's and Qwen3-1.7B's layers and hidden size, 4 samples, a window of 128
+SHAPES = tuple((QWEN3_SIZES[n]["num_hidden_layers"], 4, 128, QWEN3_SIZES[n]["hidden_size"]) for n in ("8b", "1.7b"))
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 TARGETS = {"vs_eager": 3.0, "vs_compile": 1.5, "vs_floor": 2.0}
 CUDA_IMPLS = {"cuda": {}, "cuda-bf16": {"precision": "bf16"}, "cuda-fp32": {"precision": "fp32"}}
@@ -174,13 +176,6 @@ def kernel_breakdown(run) -> dict[str, float]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def markdown(results: dict) -> str:
     lines = [
         f"Device: {results['device']}; copy bandwidth {results['copy_GBps']:.0f} GB/s; dense 8192³ GEMM "
@@ -214,7 +209,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0, help="skip torch.compile runs once this is spent")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/flow_kernel.py needs a CUDA device")
+        raise SystemExit("benchmarks.flow_kernel needs a CUDA device")
     os.makedirs(args.out, exist_ok=True)
     shapes = ((4, 2, 128, 512),) if args.quick else SHAPES
     iters, warmup = (5, 2) if args.quick else (args.iters, args.warmup)
@@ -278,8 +273,8 @@ def main() -> None:
                 del student, teacher, run
                 torch.cuda.empty_cache()
                 _fill_ratios(results["rows"])
-                write_atomic(json_path, json.dumps(results, indent=1))
-                write_atomic(md_path, markdown(results))
+                write_text(json_path, json.dumps(results, indent=1))
+                write_text(md_path, markdown(results))
                 print(f"{impl:9s} {row['shape']:16s} {dname}: {ms:8.3f} ms  (first call {first_s:.1f} s)", flush=True)
     print(markdown(results))
     print(f"wrote {json_path} and {md_path} in {time.time() - t_start:.0f} s")

@@ -54,7 +54,7 @@ TEST_RC=$?
 echo "pytest rc=$TEST_RC after $(elapsed) s" >> "$OUT/pytest_gpu.log"
 
 # 3. Benchmark (writes flow_kernel.json / flow_kernel.md as it goes).
-timeout 110 "$PY" benchmarks/flow_kernel.py --out "$OUT" --budget-s 80 > "$OUT/bench.log" 2>&1
+timeout 110 "$PY" -m benchmarks.flow_kernel --out "$OUT" --budget-s 80 > "$OUT/bench.log" 2>&1
 BENCH_RC=$?
 echo "bench rc=$BENCH_RC after $(elapsed) s" >> "$OUT/bench.log"
 

@@ -25,12 +25,12 @@ step() {  # step SECONDS CMD...: run with a limit, log everything, keep going on
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python -c "import torch, transformers, megatron.core as m; print('torch', torch.__version__, 'transformers', transformers.__version__, 'megatron-core', m.__version__, 'triton', __import__('triton').__version__)"
 } >>"$LOG" 2>&1
-step 120 python benchmarks/model_logits_check.py --out "$OUT/logits.json"
-step 70 python benchmarks/model_throughput.py --variant hf --profile --out-dir "$OUT"
-step 100 python benchmarks/model_throughput.py --variant mcore_fused --profile --out-dir "$OUT"
-step 150 python benchmarks/model_throughput.py --variant mcore_compiled --out-dir "$OUT"
-step 60 python benchmarks/model_throughput.py --variant mcore_chunked --out-dir "$OUT"
-step 60 python benchmarks/model_throughput.py --variant mcore_plain --out-dir "$OUT"
+step 120 python -m benchmarks.model_logits_check --out "$OUT/logits.json"
+step 70 python -m benchmarks.model_throughput --variant hf --profile --out-dir "$OUT"
+step 100 python -m benchmarks.model_throughput --variant mcore_fused --profile --out-dir "$OUT"
+step 150 python -m benchmarks.model_throughput --variant mcore_compiled --out-dir "$OUT"
+step 60 python -m benchmarks.model_throughput --variant mcore_chunked --out-dir "$OUT"
+step 60 python -m benchmarks.model_throughput --variant mcore_plain --out-dir "$OUT"
 python benchmarks/summarize_model_bench.py "$OUT" >>"$LOG" 2>&1
 grep -h '^\[' "$LOG" || true
 cat "$OUT/summary.json" 2>/dev/null

@@ -1,6 +1,6 @@
 """bf16 logits of our Megatron Qwen3 vs HF transformers, at Qwen3-1.7B shape (GPU).
 
-    python benchmarks/model_logits_check.py --out OUT/logits.json [--tiny]
+    python -m benchmarks.model_logits_check --out OUT/logits.json [--tiny]
 
 Both models hold the same bf16 weights (HF random init, copied into Megatron). The reference is
 HF in float32 with those same (bf16-rounded) weights, so only compute rounding differs. "Within
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from benchmarks.model_throughput import _device, hf_model, qwen3_config  # noqa: E402
+from benchmarks.model_throughput import _device, hf_model, qwen3_config
 
 
 def _errors(logits: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -1,7 +1,7 @@
 """Training throughput of Qwen3 (fwd + bwd, bf16): our Megatron-Core model vs HF transformers SDPA.
 
-    python benchmarks/model_throughput.py --variant hf mcore_fused --out-dir OUT     # GPU, 1.7B shape
-    python benchmarks/model_throughput.py --tiny --variant hf mcore_plain --out-dir OUT  # CPU smoke run
+    python -m benchmarks.model_throughput --variant hf mcore_fused --out-dir OUT     # GPU, 1.7B shape
+    python -m benchmarks.model_throughput --tiny --variant hf mcore_plain --out-dir OUT  # CPU smoke run
 
 Shape (default): Qwen3-1.7B — 28 layers, hidden 2048, 16 heads / 8 KV groups, head_dim 128,
 FFN 6144, vocabulary 151,936, tied embeddings — random init, batch 4 x 1536 tokens. One step
@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks import shapes
 
 VARIANTS = ("hf", "mcore_plain", "mcore_chunked", "mcore_fused", "mcore_compiled")
 MCORE_OPTIONS = {
@@ -45,15 +44,11 @@ MCORE_OPTIONS = {
 
 
 def qwen3_config(tiny: bool):
-    from transformers import Qwen3Config
-
+    """Qwen3-1.7B's shape, or (``--tiny``) the tiny one cut to 2 layers (the CPU smoke run of four
+    variants, compiled ones included, stays short) with head_dim 32 != hidden / heads."""
     if tiny:
-        return Qwen3Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                           head_dim=32, intermediate_size=128, vocab_size=256, tie_word_embeddings=True,
-                           rope_theta=1e6, max_position_embeddings=256)
-    return Qwen3Config(num_hidden_layers=28, hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True,
-                       rope_theta=1e6, max_position_embeddings=40960, rms_norm_eps=1e-6)
+        return shapes.qwen3_config("tiny", num_hidden_layers=2, head_dim=32, vocab_size=256, max_position_embeddings=256)
+    return shapes.qwen3_config("1.7b")
 
 
 def _device() -> torch.device:

@@ -1,7 +1,7 @@
 """The training part of one OPSD step as the official code computes it, beside ours, on one batch.
 
-    python benchmarks/opsd_reference_step.py OUTDIR --shapes 1.7b 8b     # GPU: both shapes, ~5 min
-    python benchmarks/opsd_reference_step.py OUTDIR --tiny               # CPU smoke run + loss agreement
+    python -m benchmarks.opsd_reference_step OUTDIR --shapes 1.7b 8b     # GPU: both shapes, ~5 min
+    python -m benchmarks.opsd_reference_step OUTDIR --tiny               # CPU smoke run + loss agreement
 
 Three steps on the same batch (``phf_step.make_batch``: prompt 256, reference 512, rollouts of
 1024/1024/896/768 tokens; the same random-init weights, LoRA r=64 / alpha=128 on the seven
@@ -42,13 +42,10 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.phf_step import StepRunner, make_batch
+from benchmarks.shapes import hf_config, qwen3_shape
 
-from benchmarks.phf_step import QWEN3_1_7B, TINY, StepRunner, make_batch  # noqa: E402
-
-QWEN3_8B = dict(QWEN3_1_7B, num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=12288, tie_word_embeddings=False)
-SHAPES = {"1.7b": QWEN3_1_7B, "8b": QWEN3_8B, "tiny": TINY}
+SHAPES = ("1.7b", "8b", "tiny")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -89,9 +86,9 @@ def step_flops(shape: dict, mb, lora_rank: int) -> float:
 
 def build_reference(shape: dict, state: dict, dtype, device, lora_rank: int, checkpointing: bool):
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    cfg = Qwen3Config(**{k: v for k, v in shape.items() if k != "model_type"})
+    cfg = hf_config(shape)
     cfg._attn_implementation = "sdpa"
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg).to(dtype)
@@ -143,7 +140,6 @@ def reference_step(model, optimizer, mb, objective) -> dict:
 
 def build_ours(shape: dict, state: dict, dtype, lora_rank: int, recompute: bool, fused: bool):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from transformers import Qwen3Config
 
     from phf_megatron.convert.live_model import load_hf_weights
     from phf_megatron.models.qwen3_arch import Qwen3Arch
@@ -155,7 +151,7 @@ def build_ours(shape: dict, state: dict, dtype, lora_rank: int, recompute: bool,
     options = dict(fused=True) if fused else {}
     if recompute:
         options.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    hf_cfg = Qwen3Config(**{k: v for k, v in shape.items() if k != "model_type"})
+    hf_cfg = hf_config(shape)
     model = build_qwen3_model(hf_cfg, dtype=dtype, calculate_per_token_loss=True, **options)
     load_hf_weights(model, state.__getitem__, Qwen3Arch.from_hf(hf_cfg))
     apply_lora(model, LoraConfig(r=lora_rank, alpha=2.0 * lora_rank, dropout=0.0), seed=0)
@@ -197,7 +193,7 @@ def _summary(runs: list[dict], flops: float, tokens: int, peak_tflops: float, pe
 def run_shape(name: str, args) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from phf_megatron.runtime.megatron_session import megatron_session
     from phf_megatron.objectives import ObjectiveConfig
@@ -206,12 +202,12 @@ def run_shape(name: str, args) -> dict:
     gpu = torch.cuda.is_available() and name != "tiny"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if gpu else torch.float32
-    shape = SHAPES[name]
+    shape = qwen3_shape(name)
     big = name == "8b"
     recompute = big if args.recompute is None else args.recompute
     torch.manual_seed(0)
     with torch.device("cpu"):   # the shared random init, kept on the host while each variant runs
-        init = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in shape.items() if k != "model_type"})).to(dtype)
+        init = Qwen3ForCausalLM(hf_config(shape)).to(dtype)
     state = {k: v.contiguous() for k, v in init.state_dict().items()}
     del init
     if name == "tiny":

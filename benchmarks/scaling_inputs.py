@@ -23,31 +23,35 @@ import re
 from dataclasses import replace
 
 from benchmarks.rollout_sync import SIZES
+from benchmarks.shapes import QWEN3_VOCAB
 from benchmarks.scaling_model import (Costs, DecodeCost, IdsCost, Setting, SyncCost, TrainCost, regime, rollout_s,
                                       step_time, table)
 
-VOCAB = 151_936
+VOCAB = QWEN3_VOCAB
 
 
 # ------------------------------------------------------------------------------------ model shapes
 
 def matmul_params(size: str) -> int:
     """Weights every token multiplies through: the decoder layers' projections + the output head."""
-    hidden, layers, heads, kv, head_dim, inter, _tied = SIZES[size]
-    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * inter
-    return layers * per_layer + VOCAB * hidden
+    shape = SIZES[size]
+    hidden, heads, kv, head_dim = (shape[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                       "head_dim"))
+    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * shape["intermediate_size"]
+    return shape["num_hidden_layers"] * per_layer + VOCAB * hidden
 
 
 def weight_bytes(size: str, bytes_per_param: int = 2) -> int:
     """What a sync pushes: every weight once (a tied embedding once), bf16 by default."""
-    hidden, *_rest, tied = SIZES[size]
-    return bytes_per_param * (matmul_params(size) + (0 if tied else VOCAB * hidden))
+    shape = SIZES[size]
+    untied = 0 if shape["tie_word_embeddings"] else VOCAB * shape["hidden_size"]
+    return bytes_per_param * (matmul_params(size) + untied)
 
 
 def kv_bytes_per_token(size: str, bytes_per_value: int = 2) -> int:
     """K and V of every layer for one token."""
-    _hidden, layers, _heads, kv, head_dim, _inter, _tied = SIZES[size]
-    return layers * 2 * kv * head_dim * bytes_per_value
+    shape = SIZES[size]
+    return shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * bytes_per_value
 
 
 # ------------------------------------------------------------------------------------ H100 (measured + projection)
@@ -104,7 +108,7 @@ def h100(size: str, *, engine_tp: int = 1, memory_fraction: float = 0.35, sleep_
     bw = H100_DECODE_BYTES_PER_S * bandwidth_scale * engine_tp
     forward_s_per_token = 2 * n / (H100_FORWARD_FLOP_PER_S * compute_scale * engine_tp)
     kv_budget = memory_fraction * H100_MEMORY_BYTES * memory_scale * engine_tp - 2 * n
-    layers = SIZES[size][1]
+    layers = SIZES[size]["num_hidden_layers"]
     tp_latency = 2 * layers * TP_ALLREDUCE_S if engine_tp > 1 else 0.0
     decode = DecodeCost(fixed_s=2 * n / bw + tp_latency, per_seq_s=seq_s_per_param * n / engine_tp,
                         per_ctx_token_s=kv_bytes_per_token(size) / bw, compute_per_seq_s=forward_s_per_token,

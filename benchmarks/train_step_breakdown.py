@@ -1,9 +1,9 @@
 """Where one PHF training step spends its time: rollout / teacher / student / optimizer / sync.
 
-    python benchmarks/train_step_breakdown.py OUTDIR                  # GPU: Qwen3-1.7B shape, random init
-    python benchmarks/train_step_breakdown.py OUTDIR --shape 8b --steps 5 --batch 8 --micro-batch 2 \
+    python -m benchmarks.train_step_breakdown OUTDIR                  # GPU: Qwen3-1.7B shape, random init
+    python -m benchmarks.train_step_breakdown OUTDIR --shape 8b --steps 5 --batch 8 --micro-batch 2 \
         --recompute --sleep-mode --check                              # GPU: Qwen3-8B shape on one GPU
-    python benchmarks/train_step_breakdown.py OUTDIR --tiny --steps 2 # CPU smoke run of the same path
+    python -m benchmarks.train_step_breakdown OUTDIR --tiny --steps 2 # CPU smoke run of the same path
 
 ``--check`` makes the run fail (exit 1, ``checks`` in the JSON) unless every step has a non-zero
 gradient norm and a verified sync (probe within tolerance, and on backends that read weights
@@ -24,19 +24,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.shapes import QWEN3_COMMON, QWEN3_SIZES, QWEN3_VOCAB, qwen3_config
 
-SHAPES = {
-    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-               num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-    "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
-}
 PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time")
 
 
@@ -44,14 +35,18 @@ def make_model(out_dir: str, shape: str, dtype) -> str:
     import shutil
 
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from phf_megatron.tokenizer import shipped_tokenizer_dir
 
     if os.path.isfile(os.path.join(out_dir, "config.json")):
         return out_dir
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6, **SHAPES[shape])
+    # the real tokenizer's ids and the trainer's prompts must fit, the tiny shape included; vLLM-CPU
+    # attention needs head_dim >= 32
+    tiny = dict(head_dim=32) if shape == "tiny" else {}
+    cfg = qwen3_config(shape, vocab_size=QWEN3_VOCAB, max_position_embeddings=QWEN3_COMMON["max_position_embeddings"],
+                       **tiny)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen3ForCausalLM(cfg).to(dtype)
     model.save_pretrained(out_dir)
@@ -77,7 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
     p.add_argument("--tiny", action="store_true", help="same as --shape tiny (CPU smoke run)")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="1.7b")
+    p.add_argument("--shape", choices=sorted(QWEN3_SIZES), default="1.7b")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=4, help="global batch (rollouts per step, one process)")
     p.add_argument("--micro-batch", type=int, default=None, help="micro-batch size (default: the batch)")

@@ -350,6 +350,19 @@ def run_command(main: Callable[[], int | None]) -> int:
         return 2
 
 
+def command(body: Callable[[list[str], bool], int | None]) -> Callable[..., int]:
+    """A command's ``main(argv=None) -> exit code`` (what ``[project.scripts]`` names) from its
+    ``body(argv, quiet)``: ``argv=None`` is this process's command line, whose start is made quiet
+    (``quiet=True``; a test passes ``argv`` and keeps the warnings); user errors are one line
+    with exit code 2, any other exception keeps its traceback (``run_command``)."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_command(lambda: body(sys.argv[1:] if argv is None else list(argv), argv is None))
+
+    main.__doc__ = f"The command ``{body.__module__}`` (``argv=None``: this process's command line)."
+    return main
+
+
 def parse_command_line(cls: type, argv: Sequence[str], description: str,
                        switches: dict[str, str] | None = None):
     """A tool's command line: ``(config, switches given)``, or ``(None, set())`` after printing

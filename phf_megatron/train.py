@@ -16,12 +16,7 @@ from __future__ import annotations
 
 import sys
 
-
-def main(argv: list[str] | None = None) -> int:
-    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
-    from .cli import run_command
-
-    return run_command(lambda: train(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
+from .cli import command
 
 
 def train(argv: list[str], quiet: bool = True) -> int:
@@ -57,6 +52,8 @@ def train(argv: list[str], quiet: bool = True) -> int:
         shutdown_distributed()
     return 0
 
+
+main = command(train)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
-import sys
 import typing
 from dataclasses import dataclass, field
 
@@ -16,8 +16,8 @@ import yaml
 
 from phf_megatron.cli import Settings, parse_command_line, run_command
 from phf_megatron.errors import ConfigError, InputFileError, UsageError
+from tests.helpers import REPO, python_env, run_python
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(REPO, "tools")
 
 
@@ -132,10 +132,6 @@ def test_tool_switches_and_help(capsys):
 # ----------------------------------------------------------------------------- the real command lines
 
 
-def _run(args, timeout=120, **env):
-    environ = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=environ, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def _leaf_fields(cls):
@@ -150,7 +146,7 @@ def _leaf_fields(cls):
 def test_trainer_help_lists_every_setting_without_importing_torch():
     from phf_megatron.training.config import TrainConfig
 
-    proc = _run(["-c", "import sys; from phf_megatron.train import main; rc = main(['--help']); "
+    proc = run_python(["-c", "import sys; from phf_megatron.train import main; rc = main(['--help']); "
                        "heavy = [m for m in ('torch', 'megatron', 'vllm', 'transformers') if m in sys.modules]; "
                        "print('HEAVY', heavy); sys.exit(rc)"])
     assert proc.returncode == 0, proc.stderr
@@ -173,7 +169,7 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     ([], "error: --model.hf_dir: is required: the HF Qwen3 checkpoint directory"),
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
-    proc = _run(["-m", "phf_megatron.train", *argv])
+    proc = run_python(["-m", "phf_megatron.train", *argv])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [line] and proc.stdout == ""
 
@@ -181,7 +177,7 @@ def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
 def test_print_config_prints_the_resolved_yaml(tmp_path):
     from phf_megatron.training.config_io import load_config, to_dict
 
-    proc = _run(["-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", "--lr", "1e-5",
+    proc = run_python(["-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", "--lr", "1e-5",
                  "--no-lora.enabled", "--teacher.mode=dynamic", "--print-config"])
     assert proc.returncode == 0, proc.stderr
     expected = load_config("configs/phf_qwen3_8b.yaml", ["--lr=1e-5", "--lora.enabled=false", "--teacher.mode=dynamic"])
@@ -189,7 +185,7 @@ def test_print_config_prints_the_resolved_yaml(tmp_path):
 
 
 def test_setting_error_under_torchrun_is_printed_once_by_rank0():
-    proc = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "phf_megatron.train",
+    proc = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "phf_megatron.train",
                  "--rollout.n=3"], timeout=300, OMP_NUM_THREADS="1")
     out = proc.stdout + proc.stderr
     line = "error: --training.global_batch_size: 32 rollouts do not split into prompts of rollout.n = 3 completions"
@@ -200,14 +196,14 @@ def test_setting_error_under_torchrun_is_printed_once_by_rank0():
 def test_eval_cli_flags_come_from_eval_config():
     from phf_megatron.eval.config import EvalConfig
 
-    proc = _run([os.path.join(TOOLS, "eval_avg_at_k.py"), "--help"])
+    proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), "--help"])
     assert proc.returncode == 0, proc.stderr
     for f in dataclasses.fields(EvalConfig):   # whatever fields EvalConfig has
         assert f"  --{f.name}=<" in proc.stdout, f.name
     for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
                        (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
                        (["--out_dir=o", "--temprature=1"], "error: --temprature: unknown setting; did you mean temperature?")]:
-        proc = _run([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])
+        proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])
         assert (proc.returncode, proc.stderr.splitlines()) == (2, [line])
 
 
@@ -216,9 +212,70 @@ def test_eval_cli_flags_come_from_eval_config():
                                                               "dtype", "max_shard_size_gb", "tp", "pp"))])
 def test_converter_help_and_errors(tmp_path, tool, fields):
     path = os.path.join(TOOLS, "convert", tool)
-    proc = _run([path, "--help"])
+    proc = run_python([path, "--help"])
     assert proc.returncode == 0 and all(f"  --{f}=<" in proc.stdout for f in fields), proc.stdout + proc.stderr
     assert "Transformer Engine" not in proc.stderr and proc.stderr == ""
-    proc = _run([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
+    proc = run_python([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
     assert (proc.returncode, proc.stderr.splitlines()) == (2, ["error: --dtype: 'bf8' is not one of ('bf16', 'fp16', "
                                                               "'fp32')"])
+
+
+@pytest.mark.parametrize("flag, line", [
+    ("--dtype=bf8", "error: --dtype: 'bf8' is not one of float32, bfloat16, float16"),
+    ("--temperature=-1", "error: --temperature: must be >= 0 (0 = greedy), got -1.0"),
+    ("--engine_kwargs={gpu_memory_utilization: 2}",
+     "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),
+    ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
+])
+def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, capsys, flag, line):
+    """Values the sampler or the engine would refuse only once the model is loaded are refused
+    while the command line is parsed, naming the flag, and nothing is written."""
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    assert main(["--model", "m", "--out_dir", str(tmp_path / "o"), flag]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- the installed commands
+
+
+def _console_scripts() -> dict[str, str]:
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["scripts"]
+
+
+def test_every_console_script_is_a_command_that_answers_help(capsys):
+    """``[project.scripts]``: each target imports, is callable and answers ``--help`` (in this
+    process: the scripts pip generates call exactly this function)."""
+    import importlib
+
+    scripts = _console_scripts()
+    assert set(scripts) == {"phf-train", "phf-hf-to-mcore", "phf-mcore-to-hf", "phf-eval", "phf-plot-run"}
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        main = getattr(importlib.import_module(module), function)
+        assert callable(main) and main(["--help"]) == 0, name
+        assert "settings (--" in capsys.readouterr().out, name
+
+
+@pytest.mark.skipif(shutil.which("phf-eval") is None, reason="phf-eval is not installed here (pip install -e . puts "
+                                                               "it on PATH, as CI does)")
+def test_the_installed_eval_command_answers_help():
+    proc = subprocess.run(["phf-eval", "--help"], capture_output=True, text=True, timeout=120, env=python_env())
+    assert proc.returncode == 0 and "  --out_dir=<str>  (required)" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("config", ["TrainConfig", "EvalConfig", "HfToMcore", "McoreToHf", "PlotRun"])
+def test_every_setting_of_every_command_has_its_docstring(config):
+    """``--help`` documents every flag from the docstring under its field."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.tools.hf_to_mcore import HfToMcore
+    from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.plot_run import PlotRun
+    from phf_megatron.training.config import TrainConfig
+
+    cls = locals()[config]
+    assert [s.key for s in Settings(cls).settings.values() if not s.doc] == []

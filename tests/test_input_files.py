@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,8 +15,7 @@ from phf_megatron.errors import InputFileError
 from phf_megatron.input_files import (
     _damaged_dist_file, check_hf_model_dir, load_torch_file, open_safetensors, read_json, reading_dist_checkpoint,
 )
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import run_python
 
 
 def _truncate(path, keep: float = 0.5) -> None:
@@ -117,18 +114,15 @@ def test_dist_checkpoint_names_the_damaged_file(tmp_path, damage, culprit, detai
 # ----------------------------------------------------------------------------- through the command lines
 
 
-def _run(args, timeout=300):
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_converter_reports_a_truncated_shard_as_one_line(tmp_path):
-    from .models.tiny_qwen3 import save_tiny_hf, tiny_hf_model
+    from .helpers.tiny_qwen3 import save_tiny_hf, tiny_hf_model
 
     hf = save_tiny_hf(tiny_hf_model("gqa"), str(tmp_path / "hf"), with_tokenizer=False)
     shard = sorted(f for f in os.listdir(hf) if f.endswith(".safetensors"))[1]
     _truncate(os.path.join(hf, shard))
-    proc = _run(["tools/convert/hf_to_mcore.py", "--hf_dir", hf, "--out_dir", str(tmp_path / "out")])
+    proc = run_python(["tools/convert/hf_to_mcore.py", "--hf_dir", hf, "--out_dir", str(tmp_path / "out")])
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: {os.path.join(hf, shard)}: not a readable safetensors file, truncated or corrupt")
@@ -136,12 +130,13 @@ def test_converter_reports_a_truncated_shard_as_one_line(tmp_path):
 
 
 def test_trainer_reports_a_bad_jsonl_line_as_one_line(tmp_path):
-    from .training.tiny_run import make_tiny_hf, make_toy_jsonl
+    from .helpers.tiny_qwen3 import make_tiny_hf
+    from .helpers.tiny_run import make_toy_jsonl
 
     hf, data = make_tiny_hf(str(tmp_path / "hf")), make_toy_jsonl(str(tmp_path / "toy.jsonl"), rows=4)
     with open(data, "a") as f:
         f.write('{"problem": "1+1", "solution": \n')
-    proc = _run(["-m", "phf_megatron.train", "--config", "configs/tiny_cpu.yaml", f"--model.hf_dir={hf}",
+    proc = run_python(["-m", "phf_megatron.train", "--config", "configs/tiny_cpu.yaml", f"--model.hf_dir={hf}",
                  f"--data.path={data}", f"--run_dir={tmp_path / 'run'}", "--rollout.backend=hf"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1].startswith(f"error: {data}:5: invalid JSON"), proc.stderr[-2000:]

@@ -1,49 +1,11 @@
-#!/usr/bin/env python
-"""Average@k of a checkpoint on AIME 2024, AIME 2025 and HMMT Feb 2025 (the paper's metric).
+"""``python tools/eval_avg_at_k.py --model H --out_dir E``: Average@k on AIME 2024 / AIME 2025 / HMMT Feb 2025.
 
-    # a HF model directory, paper settings (n=12, T=1.0, top-p 0.95, 38,912 new tokens, thinking),
-    # graded by the official OPSD grader and ours: columns Avg@12 (official) and Avg@12 (extended)
-    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --data_dir ../shared/data --out_dir runs/eval_q17b
-
-    # base + PEFT adapter; a Megatron-Core checkpoint; any JSONL with problem/answer fields
-    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --adapter runs/phf/adapter --out_dir runs/eval_phf
-    python tools/eval_avg_at_k.py --megatron_checkpoint runs/phf/iter_0000200 --model /models/Qwen3-1.7B ...
-    python tools/eval_avg_at_k.py --model DIR --benchmarks my_set.jsonl --n 4 --out_dir runs/eval_mine
-    python tools/eval_avg_at_k.py ... --engine_kwargs "{gpu_memory_utilization: 0.8, tensor_parallel_size: 2}"
-
-Rerunning the same command resumes: finished samples are kept, only missing ones are generated.
-Outputs in --out_dir: samples.rank*.jsonl (one line per sample), summary.json, and with --plot
-avg_at_k.png. Backend: vLLM when installed, otherwise transformers; one engine replica per GPU
-(data parallel) unless --data_parallel says otherwise. Every field of ``EvalConfig``
-(``phf_megatron/eval/config.py``) is a flag; a bad flag or value is one line and exit code 2.
+The command ``phf-eval`` (``phf_megatron/tools/eval_avg_at_k.py``; ``--help`` lists its flags).
 """
 
-from __future__ import annotations
-
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from phf_megatron.tools.eval_avg_at_k import main
 
-from phf_megatron.cli import run_command, tool_config  # noqa: E402
-from phf_megatron.eval.config import EvalConfig  # noqa: E402
-
-def evaluate(argv: list[str], quiet: bool) -> int:
-    config = tool_config(EvalConfig, argv, __doc__, quiet)
-    if config is None:
-        return 0
-    from phf_megatron.eval.runner import run_eval
-
-    summary = run_eval(config)
-    print(summary.table())
-    print(f"\nsummary: {summary.summary_path}" + (f"\nplot: {summary.plot_path}" if summary.plot_path else ""))
-    return 0
-
-
-def main(argv=None) -> int:
-    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
-    return run_command(lambda: evaluate(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # engine replicas are spawned processes: keep this guard
     sys.exit(main())

@@ -72,9 +72,9 @@ for s in "${WANT[@]}"; do
   case $s in
     tests) stage tests 240 "$PY" -m pytest -m "gpu or vllm" "${TESTS[@]}" -q -rfE -p no:cacheprovider \
              --junitxml="$OUT/pytest.xml" ;;
-    1p7b) stage 1p7b 420 "$PY" benchmarks/train_step_breakdown.py "$WORK" "${SHAPE17[@]}" --name 1p7b --check ;;
-    8b) stage 8b 480 "$PY" benchmarks/train_step_breakdown.py "$WORK" "${SHAPE8[@]}" --name 8b --check ;;
-    reference) stage reference 420 "$PY" benchmarks/opsd_reference_step.py "$WORK/reference" "${REF[@]}" ;;
+    1p7b) stage 1p7b 420 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE17[@]}" --name 1p7b --check ;;
+    8b) stage 8b 480 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE8[@]}" --name 8b --check ;;
+    reference) stage reference 420 "$PY" -m benchmarks.opsd_reference_step "$WORK/reference" "${REF[@]}" ;;
     *) echo "unknown stage $s" >>"$LOG"; printf '%s\t2\t0\n' "$s" >>"$STATUS" ;;
   esac
 done

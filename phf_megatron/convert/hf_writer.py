@@ -2,8 +2,9 @@
 
 ``write_hf_checkpoint(items, out_dir, ...)`` consumes ``(hf_name, tensor)`` pairs one at a time,
 buffering at most one shard (``max_shard_bytes``), and writes into ``<out_dir>.tmp`` renamed to
-``out_dir`` at the end. The result is what ``transformers`` and vLLM load: ``config.json`` (with
-the stored dtype), ``model-XXXXX-of-YYYYY.safetensors``, ``model.safetensors.index.json``.
+``out_dir`` at the end (``output_files.atomic_dir``). The result is what ``transformers`` and vLLM
+load: ``config.json`` (with the stored dtype), ``model-XXXXX-of-YYYYY.safetensors``,
+``model.safetensors.index.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Iterable, Optional
 
 import torch
 from safetensors.torch import save_file
+
+from ..output_files import atomic_dir
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -31,9 +34,14 @@ def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str,
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir):
         raise FileExistsError(f"out-dir: {out_dir} already exists")
-    tmp = out_dir + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    with atomic_dir(out_dir, replace=False) as tmp:
+        _write_into(tmp, items, hf_config, dtype, tokenizer_src, tokenizer_files, max_shard_bytes, expected_names)
+    return out_dir
+
+
+def _write_into(tmp: str, items, hf_config: dict, dtype: torch.dtype, tokenizer_src: Optional[str],
+                tokenizer_files: Iterable[str], max_shard_bytes: int, expected_names: Optional[Iterable[str]]) -> None:
+    """The checkpoint's files, into the (temporary) directory ``tmp``."""
     shard: dict[str, torch.Tensor] = {}
     shard_bytes, files, weight_map, total = 0, [], {}, 0
 
@@ -60,7 +68,6 @@ def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str,
     if expected_names is not None:
         missing = sorted(set(expected_names) - set(weight_map))
         if missing:
-            shutil.rmtree(tmp)
             raise ValueError(f"conversion produced no tensor for {missing[:5]} ({len(missing)} missing)")
     # Final names need the shard count, so rename once all are written.
     for i, (name, names) in enumerate(files):
@@ -75,5 +82,3 @@ def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str,
         json.dump(config, f, indent=2, sort_keys=True)
     for name in tokenizer_files:
         shutil.copy2(os.path.join(tokenizer_src, name), os.path.join(tmp, name))
-    os.replace(tmp, out_dir)
-    return out_dir

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..errors import InputFileError
 from ..input_files import load_dist_checkpoint, read_json, reading_dist_checkpoint
+from ..output_files import fresh_dir, fsync_tree, replace_dir
 
 METADATA_FILE = "phf_megatron.json"
 TOKENIZER_DIR = "hf_tokenizer"
@@ -83,15 +84,15 @@ def save_checkpoint(model, ckpt_dir: str, write_extra=None) -> None:
     if rank == 0:
         if os.path.exists(ckpt_dir):
             raise FileExistsError(f"out-dir: {ckpt_dir} already exists")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        fresh_dir(tmp)
     dist.barrier()
     dist_checkpointing.save(model.sharded_state_dict(), tmp)
     dist.barrier()
     if rank == 0:
         if write_extra is not None:
             write_extra(tmp)
-        os.replace(tmp, ckpt_dir)
+        fsync_tree(tmp)
+        replace_dir(tmp, ckpt_dir, replace=False)
     dist.barrier()
 
 

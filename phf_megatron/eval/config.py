@@ -34,11 +34,13 @@ class EvalConfig:
     n: int = 12
     """samples per problem (k of Average@k)."""
     temperature: float = 1.0
+    """sampling temperature (paper, evaluation protocol: 1.0)."""
     top_p: float | None = None
     """None: the official choice, 0.95 with thinking (paper), 0.8 without (``sampling_top_p``)."""
     top_k: int = -1
     """-1 or 0 = off."""
     max_new_tokens: int = 38_912
+    """most new tokens per sample (paper: 38,912)."""
     thinking: bool = True
     """Qwen3 chat template enable_thinking."""
     seed: int = 0
@@ -46,6 +48,7 @@ class EvalConfig:
     backend: str = "auto"
     """auto (vLLM if installed) | vllm | hf."""
     dtype: str = "bfloat16"
+    """the engine's weight dtype: bfloat16 | float16 | float32."""
     max_model_len: int | None = None
     """engine context length (prompt + completion); None: the official choice, 40,960 with thinking,
     32,768 without, never above the model's max_position_embeddings (``engine_max_model_len``)."""
@@ -96,6 +99,22 @@ class EvalConfig:
             raise ValueError(f"top_p: must lie in (0, 1] or be None (official), got {self.top_p}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1 or None (official), got {self.max_model_len}")
+        self._check_engine_settings()
+
+    def _check_engine_settings(self) -> None:
+        """The sampler's and the engine's own checks, run before any work (not when the engine
+        starts): a bad --temperature, --top_k, --dtype or --engine_kwargs is one line naming its flag."""
+        from phf_megatron.rollout.factory import EngineConfig
+        from phf_megatron.rollout.types import SamplingParams
+
+        SamplingParams(temperature=self.temperature, top_p=self.sampling_top_p, top_k=self.top_k,
+                       max_tokens=self.max_new_tokens)
+        try:
+            EngineConfig(model_dir="", backend=self.backend, dtype=self.dtype, **self.engine_kwargs)
+        except (TypeError, ValueError) as err:
+            if isinstance(err, ValueError) and str(err).partition(":")[0] in ("backend", "dtype"):
+                raise
+            raise ValueError(f"engine_kwargs: {err}") from None
 
     @property
     def sampling_top_p(self) -> float:

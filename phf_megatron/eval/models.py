@@ -5,20 +5,23 @@
 - a Megatron-Core checkpoint: converted to HF into ``<run>/converted_model`` by
   ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`).
 
-Outputs are written to a temporary directory and renamed when complete, so a kill never leaves
-a half-written model that a rerun would trust; a rerun reuses a finished one.
+Outputs are written to a temporary directory and renamed when complete (``output_files``), and
+marked with what they were made from (``phf_source.json``, written last), so a kill never leaves a
+half-written model that a rerun would trust; a rerun reuses a finished one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 from phf_megatron.errors import ConfigError
 from phf_megatron.input_files import check_hf_model_dir
+from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+#: What a finished output was made from (a rerun reuses the output when it matches).
+MARKER = "phf_source.json"
 
 
 def check_hf_dir(path: str, what: str = "model") -> str:
@@ -37,17 +40,8 @@ def model_context_limit(model_dir: str) -> int | None:
     return int(limit) if limit else None
 
 
-def _publish(tmp: str, final: str, marker: dict) -> str:
-    with open(os.path.join(tmp, "phf_source.json"), "w") as f:
-        json.dump(marker, f, indent=1)
-    if os.path.isdir(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return final
-
-
 def _reusable(final: str, marker: dict) -> bool:
-    path = os.path.join(final, "phf_source.json")
+    path = os.path.join(final, MARKER)
     if not os.path.isfile(path):
         return False
     with open(path) as f:
@@ -79,10 +73,11 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
         return final
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    tmp = tempfile.mkdtemp(prefix=".merged_model.", dir=run_dir)
-    merged.save_pretrained(tmp)
-    _save_tokenizer([adapter_dir, base_dir], tmp)
-    return _publish(tmp, final, marker)
+    with atomic_dir(final) as tmp:
+        merged.save_pretrained(tmp)
+        _save_tokenizer([adapter_dir, base_dir], tmp)
+        write_json(os.path.join(tmp, MARKER), marker, indent=1)
+    return final
 
 
 def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, errors) -> None:
@@ -114,19 +109,16 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
     if _reusable(final, marker):
         return final
-    tmp = tempfile.mkdtemp(prefix=".converted_model.", dir=run_dir)
-    out = os.path.join(tmp, "hf")                     # the converter wants a new directory
+    remove(final)                                     # another checkpoint's, or unfinished
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    proc = ctx.Process(target=_convert_entry, args=(mcore_dir, out, tokenizer_dir, errors), name="mcore_to_hf")
+    proc = ctx.Process(target=_convert_entry, args=(mcore_dir, final, tokenizer_dir, errors), name="mcore_to_hf")
     proc.start()
     proc.join()
     if proc.exitcode != 0:
         why = errors.get() if not errors.empty() else f"exit code {proc.exitcode}"
-        shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}")
-    _publish(out, final, marker)
-    shutil.rmtree(tmp, ignore_errors=True)
+    write_json(os.path.join(final, MARKER), marker, indent=1)  # last: an output without it is never reused
     return final
 
 

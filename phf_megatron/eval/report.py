@@ -8,13 +8,12 @@ official environment pins 0.8.0).
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from importlib.metadata import version
 
+from ..output_files import write_json
 from .benchmarks import Problem
 from .config import EvalConfig
 from .grading import GRADERS
@@ -58,15 +57,6 @@ class Summary:
         return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows), note])
 
 
-def _atomic_write_json(path: str, obj) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".summary.", dir=os.path.dirname(path) or ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: dict, *, duplicates: int,
               generated: int, seconds: float, model_dir: str, backend: str) -> Summary:
     """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot)."""
@@ -88,14 +78,14 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
     summary = Summary(scores, suite_average(scores), {g: suite_average(scores, g) for g in GRADERS}, config.grader,
                       version("math-verify"), config.n, sum(s.problems for s in scores) * config.n,
                       generated, duplicates, seconds, summary_path, plot_path)
-    _atomic_write_json(summary_path, {
+    write_json(summary_path, {
         "k": config.n, "grader": config.grader, "suite_average_at_k": summary.suite_average_at_k,
         "suite_average_at_k_by_grader": summary.suite_average_by_grader,
         "math_verify_version": summary.math_verify_version, "official_math_verify_version": OFFICIAL_MATH_VERIFY,
         "benchmarks": {s.benchmark: s.to_json() for s in scores},
         "samples": summary.samples, "generated_this_run": generated, "duplicates_ignored": duplicates,
         "seconds_this_run": seconds, "model_dir": model_dir, "backend": backend, "config": config.to_json(),
-    })
+    }, indent=1)
     return summary
 
 

@@ -22,6 +22,7 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
+from ..output_files import write_json
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -68,10 +69,7 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
             raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
                                           "(old, new); use another --out-dir")
         return
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(fingerprint, f, indent=1)
-    os.replace(tmp, path)
+    write_json(path, fingerprint, indent=1)
 
 
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,

@@ -8,15 +8,13 @@ Pipeline stages each hold their own layers; ``export_peft_adapter`` collects the
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
+from ..output_files import atomic_dir, write_json
 from .config import LoraConfig
 from .inject import lora_modules
 from .layers import LoRAColumnParallelLinear
@@ -117,19 +115,9 @@ def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_
     for name, (a, b) in adapters.items():
         tensors[f"base_model.model.{name}.lora_A.weight"] = a.contiguous()
         tensors[f"base_model.model.{name}.lora_B.weight"] = b.contiguous()
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-adapter-", dir=parent)
-    try:
+    with atomic_dir(out_dir) as tmp:
         save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(tmp, "adapter_config.json"), "w") as f:
-            json.dump(peft_adapter_config(cfg, base_model_name_or_path), f, indent=2)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(os.path.join(tmp, "adapter_config.json"), peft_adapter_config(cfg, base_model_name_or_path), indent=2)
 
 
 @torch.no_grad()

@@ -44,8 +44,9 @@ def main(argv=None) -> int:
     report = toy_report(args.hf_dir, make_toy_split(args.seed), args.adapter)
     print("held-out greedy accuracy:  " + "  ".join(f"{k} {v:.3f}" for k, v in report.items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        from ..output_files import write_json
+
+        write_json(args.json, report, indent=1)
     return 0
 
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import torch
 from ..data import PromptConfig, build_distill_batch, build_prompt_pair
 from ..data.prompts import render_student_prompt, render_teacher_prompt
 from ..data.toy import TOY_PROMPT_CONFIG, ToySplit, make_toy_split, toy_response
+from ..output_files import atomic_dir, write_jsonl
 from ..tokenizer import load_qwen3_tokenizer
 from .tokenizer import build_compact_tokenizer, check_equivalent
 
@@ -44,12 +44,6 @@ def toy_texts(split: ToySplit, tokenizer, prompt_config: PromptConfig) -> list[s
         texts += [render_student_prompt(tokenizer, row.problem, prompt_config),
                   render_teacher_prompt(tokenizer, row.problem, row.solution, prompt_config), toy_response(a, b)]
     return texts
-
-
-def _write_jsonl(path: str, records) -> None:
-    with open(path, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
 
 
 def make_toy_model(hf_dir: str, split: ToySplit, cfg: ToyModelConfig, prompt_config: PromptConfig, seed: int) -> None:
@@ -125,15 +119,19 @@ def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps:
 
 def prepare_toy(out_dir: str, *, seed: int = 0, warmup_steps: int = 300, model_config: ToyModelConfig = ToyModelConfig(),
                 prompt_config: PromptConfig = TOY_PROMPT_CONFIG, log=print) -> dict[str, str]:
-    """Write ``hf/`` (warmed-up model), ``train.jsonl`` and ``heldout.jsonl`` into ``out_dir``."""
+    """Write ``train.jsonl``, ``heldout.jsonl`` and, last, ``hf/`` (warmed-up model) into ``out_dir``.
+
+    Each appears complete or not at all (``output_files``): ``hf/model.safetensors`` existing means
+    the toy is ready (what ``examples/train_phf_tiny.sh`` checks).
+    """
     split = make_toy_split(seed)
-    os.makedirs(out_dir, exist_ok=True)
     paths = {"hf_dir": os.path.join(out_dir, "hf"), "train": os.path.join(out_dir, "train.jsonl"),
              "heldout": os.path.join(out_dir, "heldout.jsonl")}
-    make_toy_model(paths["hf_dir"], split, model_config, prompt_config, seed)
-    warm_up(paths["hf_dir"], split, prompt_config, steps=warmup_steps, seed=seed, log=log)
-    _write_jsonl(paths["train"], ({"problem": r.problem, "solution": r.solution, "answer": r.answer}
-                                  for r in split.rows(split.train)))
-    _write_jsonl(paths["heldout"], ({"id": f"toy-{a}+{b}", "problem": r.problem, "answer": r.answer}
-                                    for (a, b), r in zip(split.heldout, split.rows(split.heldout))))
+    write_jsonl(paths["train"], ({"problem": r.problem, "solution": r.solution, "answer": r.answer}
+                                 for r in split.rows(split.train)))
+    write_jsonl(paths["heldout"], ({"id": f"toy-{a}+{b}", "problem": r.problem, "answer": r.answer}
+                                   for (a, b), r in zip(split.heldout, split.rows(split.heldout))))
+    with atomic_dir(paths["hf_dir"]) as hf_dir:
+        make_toy_model(hf_dir, split, model_config, prompt_config, seed)
+        warm_up(hf_dir, split, prompt_config, steps=warmup_steps, seed=seed, log=log)
     return paths

@@ -24,10 +24,11 @@ on the shared file system's close-to-open consistency (each rank also fsyncs its
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import re
-import shutil
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from ..errors import InputFileError
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
+from ..output_files import atomic_file, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
 from .config_io import fingerprint_diff, fingerprint_hash
 
@@ -65,45 +67,10 @@ def iter_dir_name(iteration: int) -> str:
 # ----------------------------------------------------------------------------- file system
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    for directory, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(directory, name), "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(directory)
-
-
 def _write_torch(obj: Any, path: str) -> None:
-    """torch.save + fsync (inside the temp directory, so no per-file rename is needed)."""
-    with open(path, "wb") as f:
+    """torch.save, fsynced (``output_files.atomic_file``)."""
+    with atomic_file(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.unlink(path)
 
 
 def read_latest(save_dir: str) -> int | None:
@@ -147,12 +114,24 @@ def _failed_ranks(ok: bool, group=None) -> list[int]:
     return [dist.get_global_rank(group, r) if group is not None else r for r in ranks]
 
 
-def _agree(phase: str, error: BaseException | None, name: str, group, cleanup: str | None, is_rank0: bool) -> None:
+@contextlib.contextmanager
+def _all_ranks_agree(phase: str, name: str, group, cleanup: str | None, is_rank0: bool):
+    """Run a phase of the save on every rank, then agree (a collective) that it succeeded everywhere.
+
+    An exception on this rank is caught and reported to the others; if any rank failed, rank 0
+    removes ``cleanup`` (the temp directory) and every rank raises ``CheckpointSaveError`` naming
+    the phase and the failed ranks (chained to this rank's own error, if it had one).
+    """
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - reported to every rank below
+        error = err
     failed = _failed_ranks(error is None, group)
     if not failed:
         return
     if is_rank0 and cleanup is not None:
-        _remove(cleanup)
+        remove(cleanup)
     message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; the previous checkpoint is intact"
     if error is not None:
         raise CheckpointSaveError(f"{message}: {type(error).__name__}: {error}") from error
@@ -179,21 +158,12 @@ def _collect_local(parts: dict[str, Part], layout: RankLayout) -> dict[str, dict
 
 def _publish(save_dir: str, tmp: str, final: str, iteration: int, meta: dict) -> None:
     """Rank 0: meta, fsync, rename, latest."""
-    with open(os.path.join(tmp, META_FILE), "w") as f:
-        json.dump(meta, f, indent=1, sort_keys=True)
-    _fsync_tree(tmp)
-    old = None
-    # A stale copy of this iteration (saved, then never marked latest): swapped out, then deleted.
-    # Re-saving the iteration ``latest`` names leaves a moment where it is missing.
-    if os.path.exists(final):
-        old = os.path.join(save_dir, f"tmp-delete-{os.path.basename(final)}")
-        _remove(old)
-        os.rename(final, old)
-    os.rename(tmp, final)
-    _fsync_dir(save_dir)
-    _write_text_atomic(os.path.join(save_dir, LATEST_FILE), str(iteration))
-    if old is not None:
-        _remove(old)
+    write_json(os.path.join(tmp, META_FILE), meta, indent=1, sort_keys=True)
+    fsync_tree(tmp)
+    # A stale copy of this iteration (saved, then never marked latest) is swapped out, then deleted;
+    # re-saving the iteration ``latest`` names leaves a moment where it is missing.
+    replace_dir(tmp, final, trash=os.path.join(save_dir, f"tmp-delete-{os.path.basename(final)}"))
+    write_text(os.path.join(save_dir, LATEST_FILE), str(iteration))
 
 
 def prune_checkpoints(save_dir: str, keep_last: int, keep: int) -> list[int]:
@@ -205,7 +175,7 @@ def prune_checkpoints(save_dir: str, keep_last: int, keep: int) -> list[int]:
     for it in doomed:
         trash = os.path.join(save_dir, f"tmp-delete-{iter_dir_name(it)}")
         os.rename(os.path.join(save_dir, iter_dir_name(it)), trash)
-        _remove(trash)
+        remove(trash)
     return doomed
 
 
@@ -233,35 +203,25 @@ def save_checkpoint(
     is_rank0 = layout.rank == 0
     dist_parts = {k: p for k, p in parts.items() if p.scope is Scope.DIST}
 
-    error: BaseException | None = None
-    if is_rank0:
-        try:
+    agree = functools.partial(_all_ranks_agree, name=name, group=group, cleanup=tmp, is_rank0=is_rank0)
+
+    with agree("preparing the directory"):
+        if is_rank0:
             os.makedirs(save_dir, exist_ok=True)
             for entry in os.listdir(save_dir):
                 if entry.startswith("tmp-"):
-                    _remove(os.path.join(save_dir, entry))
+                    remove(os.path.join(save_dir, entry))
             os.makedirs(os.path.join(tmp, DIST_DIR) if dist_parts else tmp)
-        except Exception as err:  # noqa: BLE001 - reported to every rank below
-            error = err
-    _agree("preparing the directory", error, name, group, tmp, is_rank0)
 
-    error = None
-    try:
+    with agree("writing per-rank files"):
         for file_name, states in _collect_local(parts, layout).items():
             _write_torch(states, os.path.join(tmp, file_name))
-    except Exception as err:  # noqa: BLE001
-        error = err
-    _agree("writing per-rank files", error, name, group, tmp, is_rank0)
 
     if dist_parts:
         from megatron.core import dist_checkpointing
 
-        error = None
-        try:
+        with agree("the dist-checkpointing write"):
             dist_checkpointing.save({k: p.state() for k, p in dist_parts.items()}, os.path.join(tmp, DIST_DIR))
-        except Exception as err:  # noqa: BLE001
-            error = err
-        _agree("the dist-checkpointing write", error, name, group, tmp, is_rank0)
 
     meta = {
         "format_version": FORMAT_VERSION,
@@ -272,13 +232,9 @@ def save_checkpoint(
         "fingerprint": fingerprint,
         "extra": extra or {},
     }
-    error = None
-    if is_rank0:
-        try:
+    with agree("publishing"):
+        if is_rank0:
             _publish(save_dir, tmp, final, iteration, meta)
-        except Exception as err:  # noqa: BLE001
-            error = err
-    _agree("publishing", error, name, group, tmp, is_rank0)
     if is_rank0 and keep_last:
         try:
             prune_checkpoints(save_dir, keep_last, keep=iteration)

@@ -16,13 +16,13 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Sequence
 
 import yaml
 
 from ..cli import Settings, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
+from ..output_files import write_text
 from .config import ABLATIONS, TrainConfig
 
 #: Settings that may differ between a checkpoint and the run resuming from it: budgets, paths,
@@ -176,22 +176,6 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return plain(dataclasses.asdict(cfg))
 
 
-def _atomic_write_text(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def to_yaml(cfg: TrainConfig) -> str:
     """The resolved config as YAML (what ``--print-config`` prints and ``config.yaml`` holds)."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
@@ -199,7 +183,7 @@ def to_yaml(cfg: TrainConfig) -> str:
 
 def dump_config(cfg: TrainConfig, path: str) -> None:
     """Write the resolved config as YAML (atomic). ``load_config(path)`` rebuilds it exactly."""
-    _atomic_write_text(path, to_yaml(cfg))
+    write_text(path, to_yaml(cfg))
 
 
 def save_run_config(cfg: TrainConfig) -> str | None:

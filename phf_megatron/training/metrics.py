@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..config_errors import fail
+from ..output_files import write_jsonl
 from ..parallel import loss as _loss
 
 METRICS_FILE = "metrics.jsonl"
@@ -92,13 +93,7 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     if not os.path.isfile(path):
         return 0
     kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for record in kept:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_jsonl(path, kept)
     return len(kept)
 
 

@@ -1,20 +1,14 @@
 """The official-style OPSD step benchmark runs on CPU (tiny) and its three losses agree where they must."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+from tests.helpers import run_python
 
 
 def test_reference_and_our_opsd_losses_are_equal_at_fp32_and_phf_adds_alpha_flow(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "opsd_reference_step.py"), str(tmp_path),
-                           "--tiny", "--warmup", "0", "--steps", "1"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_python(["-m", "benchmarks.opsd_reference_step", str(tmp_path), "--tiny", "--warmup", "0", "--steps", "1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "opsd_reference_step.json").read_text())["shapes"]["tiny"]
     assert r["checks"]["ours_opsd_vs_reference_rel"] < 1e-5 and r["checks"]["ours_phf_jsd_vs_reference_rel"] < 1e-5

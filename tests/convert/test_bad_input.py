@@ -8,7 +8,7 @@ import pytest
 from phf_megatron.convert.checkpoints import convert_hf_to_mcore, convert_mcore_to_hf
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 
-from ..models.tiny_qwen3 import save_tiny_hf, tiny_config, tiny_hf_model
+from ..helpers.tiny_qwen3 import save_tiny_hf, tiny_config, tiny_hf_model
 
 
 @pytest.fixture(scope="module")

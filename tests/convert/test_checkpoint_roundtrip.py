@@ -10,26 +10,21 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ..models.forward import megatron_logits
-from ..models.spawn import megatron_layout, run_ranks
-from ..models.tiny_qwen3 import hf_logits, save_tiny_hf, tiny_hf_model
+from ..helpers import REPO, run_python
+from ..helpers.forward import megatron_logits
+from ..helpers.spawn import megatron_layout, run_ranks
+from ..helpers.tiny_qwen3 import hf_logits, save_tiny_hf, tiny_hf_model
 
-REPO = os.path.join(os.path.dirname(__file__), "..", "..")
 TOL = 1e-4
 
 
 def _tool(name, *args):
-    path = os.pathsep.join([os.path.abspath(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", name), *args],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = run_python([os.path.join(REPO, "tools", "convert", name), *args], CUDA_VISIBLE_DEVICES="")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

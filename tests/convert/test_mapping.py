@@ -8,7 +8,7 @@ from phf_megatron.convert.qwen3_mapping import (canonical_name, hf_shapes, hf_so
                                                 iter_mcore_from_hf, mcore_names, mcore_to_hf, spec_name)
 from phf_megatron.convert.sharding import pp_layer_range, stage_holds, tp_merge, tp_shard
 
-from ..models.tiny_qwen3 import tiny_config
+from ..helpers.tiny_qwen3 import tiny_config
 
 
 def _arch(name="gqa", **extra):

@@ -21,7 +21,7 @@ import pytest
 from phf_megatron.data import PromptConfig, build_prompt_pair
 from phf_megatron.data.prompts import teacher_continuation
 from phf_megatron.training.config_sections import DataConfig
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 OFFICIAL_TRANSITION = (  # 7448751 data_collator.py lines 37-43

@@ -8,8 +8,9 @@ import pytest
 
 from phf_megatron.data import PromptConfig, generation_prompt
 from phf_megatron.data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
+from tests.helpers import SHARED_DATA
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "train_math_small.jsonl")
+DATA = os.path.join(SHARED_DATA, "train_math_small.jsonl")
 
 
 def _rows(n=3):

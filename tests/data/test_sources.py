@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from phf_megatron.data import BadRowError, FieldNames, MathRow, load_math_dataset, validate_row
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 GOOD = {"problem": "What is 1+1?", "solution": "1+1=2, so \\boxed{2}.", "answer": "2"}
 

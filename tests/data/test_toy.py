@@ -60,7 +60,7 @@ def test_toy_prompts_have_a_fixed_token_layout(qwen3_tokenizer, config, teacher_
 
 def test_the_toy_run_config_renders_the_toy_prompts():
     from phf_megatron.training.config_io import load_config
-    from tests.training.tiny_run import REPO
+    from tests.helpers import REPO
 
     data = load_config(f"{REPO}/configs/toy_cpu.yaml").data
     assert PromptConfig(data.student_enable_thinking, data.teacher_enable_thinking, data.align_generation_prompt,

@@ -9,7 +9,7 @@ import pytest
 # `pytest -m gpu tests`) these CPU-only tests are not collected instead of failing to import.
 collect_ignore_glob = [] if importlib.util.find_spec("math_verify") else ["test_*.py"]
 
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 
 def find_shared_data() -> str | None:
@@ -28,12 +28,3 @@ def shared_data():
     if path is None:
         pytest.skip("shared/data not found (set PHF_SHARED_DATA)")
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Qwen3 with the real Qwen3 tokenizer (see tests/rollout/tiny_qwen3.py)."""
-    from tests.rollout.tiny_qwen3 import save_tiny_qwen3
-    d = tmp_path_factory.mktemp("tiny_eval_model")
-    save_tiny_qwen3(str(d))
-    return str(d)

@@ -6,7 +6,6 @@ The random tiny model never answers correctly; the metric arithmetic is tested i
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -20,8 +19,8 @@ import pytest
 from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
+from tests.helpers import REPO, python_env, run_python
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
 
 
@@ -61,9 +60,9 @@ def _check_run(config, summary):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_model_dir, shared_data):
+def reference(tmp_path_factory, tiny_dir, shared_data):
     """One uninterrupted single-process run (n=2, 3 problems): (config, summary, outputs)."""
-    config = _config(tmp_path_factory.mktemp("reference"), tiny_model_dir, shared_data, plot=True)
+    config = _config(tmp_path_factory.mktemp("reference"), tiny_dir, shared_data, plot=True)
     summary = run_eval(config)
     return config, summary, _check_run(config, summary)
 
@@ -96,21 +95,20 @@ def test_transformers_backend_end_to_end_and_resume(tmp_path, reference):
 
 
 @pytest.mark.vllm
-def test_vllm_backend_end_to_end_matches_transformers_greedy(tmp_path, tiny_model_dir, shared_data):
+def test_vllm_backend_end_to_end_matches_transformers_greedy(tmp_path, tiny_dir, shared_data):
     pytest.importorskip("vllm")
-    config = _config(tmp_path, tiny_model_dir, shared_data, name="vllm", backend="vllm", temperature=0.0, batch_size=8)
+    config = _config(tmp_path, tiny_dir, shared_data, name="vllm", backend="vllm", temperature=0.0, batch_size=8)
     vllm_out = _check_run(config, run_eval(config))
-    hf = _config(tmp_path, tiny_model_dir, shared_data, name="hf", temperature=0.0, batch_size=8)
+    hf = _config(tmp_path, tiny_dir, shared_data, name="hf", temperature=0.0, batch_size=8)
     assert _check_run(hf, run_eval(hf)) == vllm_out          # greedy: same text from both backends
 
 
-def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_model_dir, shared_data, reference):
+def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_dir, shared_data, reference):
     run_dir = str(tmp_path / "killed")
-    cmd = [sys.executable, TOOL, "--model", tiny_model_dir, "--data-dir", shared_data, "--benchmarks", "aime24",
+    cmd = [sys.executable, TOOL, "--model", tiny_dir, "--data-dir", shared_data, "--benchmarks", "aime24",
            "--limit", "3", "--n", "2", "--max-new-tokens", "16", "--backend", "hf", "--dtype", "float32",
            "--batch-size", "1", "--out-dir", run_dir]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shard = shard_path(run_dir, 0)
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
@@ -123,7 +121,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_model_
         before = f.read()
     kept = before[:before.rfind("\n") + 1]
     assert 2 <= kept.count("\n") < 6, "the run was not killed mid-way; lengthen the generation"
-    config = _config(tmp_path, tiny_model_dir, shared_data, name="killed")
+    config = _config(tmp_path, tiny_dir, shared_data, name="killed")
     summary = run_eval(config)
     assert summary.generated == 6 - kept.count("\n")
     with open(shard) as f:
@@ -131,17 +129,17 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_model_
     assert _check_run(config, summary) == reference[2]           # same samples as an uninterrupted run
 
 
-def test_data_parallel_replicas_split_the_work(tmp_path, tiny_model_dir, shared_data, reference):
-    config = _config(tmp_path, tiny_model_dir, shared_data, name="dp", data_parallel=2)
+def test_data_parallel_replicas_split_the_work(tmp_path, tiny_dir, shared_data, reference):
+    config = _config(tmp_path, tiny_dir, shared_data, name="dp", data_parallel=2)
     assert _check_run(config, run_eval(config)) == reference[2]
     assert all(os.path.getsize(shard_path(config.out_dir, r)) > 0 for r in (0, 1))
 
 
-def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_model_dir, shared_data):
+def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, shared_data):
     peft = pytest.importorskip("peft")
     import torch
     from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     lora = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
         for n, p in lora.named_parameters():
@@ -149,7 +147,7 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_model_dir, shared_d
                 p.normal_(0, 0.5)
     lora.save_pretrained(str(tmp_path / "adapter"))
     want = lora.merge_and_unload().state_dict()
-    config = _config(tmp_path, tiny_model_dir, shared_data, name="peft", adapter=str(tmp_path / "adapter"),
+    config = _config(tmp_path, tiny_dir, shared_data, name="peft", adapter=str(tmp_path / "adapter"),
                      n=1, max_new_tokens=2)
     run_eval(config)
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(config.out_dir, "merged_model"), dtype=torch.float32)
@@ -157,18 +155,16 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_model_dir, shared_d
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
 
 
-def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, shared_data):
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, shared_data):
     """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
     samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
     pytest.importorskip("phf_megatron.convert.checkpoints")
     mcore = str(tmp_path / "mcore")
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir",
-                    tiny_model_dir, "--out-dir", mcore, "--dtype", "fp32"], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_dir, "--out-dir",
+                mcore, "--dtype", "fp32"]).check_returncode()
     kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
     from_mcore = _config(tmp_path, None, shared_data, name="from_mcore", megatron_checkpoint=mcore, **kw)
-    from_hf = _config(tmp_path, tiny_model_dir, shared_data, name="from_hf", **kw)
+    from_hf = _config(tmp_path, tiny_dir, shared_data, name="from_hf", **kw)
     assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
     with pytest.raises(RuntimeError, match="converting the Megatron checkpoint .* failed"):
         (tmp_path / "not_mcore").mkdir()
@@ -181,12 +177,12 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_model_dir, s
         run_eval(_config(tmp_path, None, shared_data, name="train_ckpt", megatron_checkpoint=str(training_ckpt), **kw))
 
 
-def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp_path, tiny_model_dir, shared_data,
+def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp_path, tiny_dir, shared_data,
                                                                            capsys):
     """--no-thinking: top-p 0.8 and a 32,768 context (here capped at the tiny model's 1,024), as
     official OPSD's evaluate_math.py picks them; the table shows both graders' Avg@k."""
     out = tmp_path / "nothink"
-    rc = _cli()(["--model", tiny_model_dir, "--data-dir", shared_data, "--out-dir", str(out), "--benchmarks", "aime24",
+    rc = _cli()(["--model", tiny_dir, "--data-dir", shared_data, "--out-dir", str(out), "--benchmarks", "aime24",
                  "--limit", "1", "--n", "1", "--max-new-tokens", "2", "--backend", "hf", "--dtype", "float32",
                  "--no-thinking"])
     printed = capsys.readouterr().out
@@ -204,10 +200,9 @@ def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("eval_avg_at_k", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    return main
 
 
 @pytest.mark.parametrize("bench,message", [
@@ -215,11 +210,11 @@ def _cli():
     ("{tmp}/empty.jsonl", "empty.jsonl: empty file"),
     ("{tmp}/bad.jsonl", "bad.jsonl:2: row has no answer"),
 ])
-def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_model_dir, shared_data, capsys,
+def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_dir, shared_data, capsys,
                                                                bench, message):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text('{"problem": "1+1", "answer": 2}\n{"problem": "2+2"}\n')
-    rc = _cli()(["--model", tiny_model_dir, "--data-dir", shared_data, "--out-dir", str(tmp_path / "o"),
+    rc = _cli()(["--model", tiny_dir, "--data-dir", shared_data, "--out-dir", str(tmp_path / "o"),
                  "--benchmarks", bench.format(tmp=tmp_path), "--backend", "hf"])
     assert rc == 2 and message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "run_config.json")

@@ -4,7 +4,7 @@ import torch
 
 from phf_megatron.lora.layers import qkv_layout
 
-from ..models.spawn import megatron_layout, run_ranks
+from ..helpers.spawn import megatron_layout, run_ranks
 
 HID, HEADS, GROUPS, D, RANK, ALPHA, S, B = 16, 4, 2, 4, 3, 6.0, 4, 2
 

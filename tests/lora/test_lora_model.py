@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 
-from ..models.forward import megatron_logits
-from ..models.spawn import megatron_layout, run_ranks
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.forward import megatron_logits
+from ..helpers.spawn import megatron_layout, run_ranks
+from ..helpers.tiny_qwen3 import tiny_hf_model
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -18,7 +18,7 @@ from phf_megatron.models.attention import SDPACoreAttention
 from phf_megatron.models.config import qwen3_transformer_config
 from phf_megatron.models.norm import RMSNorm
 
-from .tiny_qwen3 import tiny_config
+from ..helpers.tiny_qwen3 import tiny_config
 
 
 def _config(**kw):

@@ -14,8 +14,8 @@ fp32; |Δ| <= 1e-5 · max|ref| + 1e-6 for every gradient, 1e-5 relative for the 
 import torch
 import torch.nn.functional as F
 
-from .spawn import megatron_layout, run_ranks
-from .tiny_qwen3 import tiny_hf_model
+from ..helpers.spawn import megatron_layout, run_ranks
+from ..helpers.tiny_qwen3 import tiny_hf_model
 
 B, S, V = 2, 8, 256
 # (model, tp, pp, sp, loss, model options)

@@ -10,9 +10,9 @@ layout (TP gather + PP broadcast), and that two sequences packed into one row (q
 
 import torch
 
-from .forward import megatron_logits
-from .spawn import megatron_layout, run_ranks
-from .tiny_qwen3 import hf_logits, tiny_hf_model
+from ..helpers.forward import megatron_logits
+from ..helpers.spawn import megatron_layout, run_ranks
+from ..helpers.tiny_qwen3 import hf_logits, tiny_hf_model
 
 LAYOUTS = [(1, 1, False), (2, 1, True), (1, 2, False), (2, 2, True), (2, 2, False)]
 TOL = 1e-4

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..helpers.spawn import megatron_layout
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -37,14 +39,7 @@ class Layout:
 
 
 def init_layout(layout: Layout, seed: int = 1234) -> None:
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp)
-    model_parallel_cuda_manual_seed(seed)
+    megatron_layout(layout.tp, layout.pp, seed, vpp=layout.vpp)
 
 
 def build_chunks(hf, layout: Layout, ddp: bool, **extra) -> list:

@@ -75,7 +75,7 @@ def single_rank(dtype=torch.float32) -> dict:
 def two_ranks(rank, world_size) -> dict:
     from megatron.core import parallel_state as ps
 
-    from ..models.spawn import megatron_layout
+    from ..helpers.spawn import megatron_layout
 
     megatron_layout(2, 1)
     half = VOCAB // 2
@@ -96,7 +96,7 @@ def two_ranks(rank, world_size) -> dict:
 
 
 def main(out_path: str) -> None:
-    from ..models.spawn import run_ranks
+    from ..helpers.spawn import run_ranks
 
     errors = {**single_rank(torch.float32), **single_rank(torch.bfloat16)}
     for rank_errors in run_ranks(two_ranks, 2):

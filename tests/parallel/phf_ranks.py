@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from phf_megatron.objectives import ObjectiveConfig
 
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
 from .harness import Layout, build_chunks, hf_grads, init_layout, run_step
 

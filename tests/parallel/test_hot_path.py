@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
 from .harness import Layout, build_chunks
 from .hot_path_audit import HostSyncAudit, OpCount

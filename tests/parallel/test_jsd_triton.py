@@ -10,25 +10,17 @@
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from phf_megatron.parallel.vocab_parallel_jsd import vocab_parallel_jsd
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
+from tests.helpers import run_python
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_interpreted_kernels_equal_the_reference(tmp_path):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "errors.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.parallel.jsd_triton_check", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_python(["-m", "tests.parallel.jsd_triton_check", str(out)], timeout=600, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-4000:]
     errors = json.loads(out.read_text())
     assert len(errors) == 72

@@ -17,8 +17,8 @@ import functools
 
 import pytest
 
-from ..models.spawn import run_ranks
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.spawn import run_ranks
+from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
 from .output_options_ranks import OPTIONS, PLANS, run
 from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VOCAB

@@ -26,8 +26,8 @@ import functools
 
 import pytest
 
-from ..models.spawn import run_ranks
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.spawn import run_ranks
+from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
 from .harness import Layout
 from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VARIANTS, VOCAB, run_layouts

@@ -1,17 +1,12 @@
 """The GPU benchmark's code path runs end to end on CPU (tiny model): a smoke test, not a timing."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+from tests.helpers import run_python
 
 
 def test_benchmark_tiny_run_writes_results(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "phf_step.py"), str(tmp_path), "--tiny",
-                           "--warmup", "1", "--steps", "2"], env=env, capture_output=True, text=True, timeout=300)
+    proc = run_python(["-m", "benchmarks.phf_step", str(tmp_path), "--tiny", "--warmup", "1", "--steps", "2"])
     result = json.loads((tmp_path / "phf_step.json").read_text())
     assert result["ok"], result.get("traceback", proc.stderr[-3000:])
     phf, opsd = result["metrics_phf"], result["metrics_opsd"]

@@ -9,7 +9,7 @@ flow equations, Megatron's full output layer). Run on a GPU machine: ``pytest -m
 import pytest
 import torch
 
-from ..models.tiny_qwen3 import tiny_hf_model
+from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
 from .harness import Layout, build_chunks, hf_grads, run_step
 from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VARIANTS, VOCAB

@@ -6,7 +6,7 @@ import pytest
 
 from phf_megatron.rollout import EngineConfig, build_engine
 
-from .tiny_qwen3 import save_tiny_qwen3
+from ..helpers.tiny_qwen3 import save_tiny_qwen3
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -16,14 +16,6 @@ BACKEND_PARAMS = [
     pytest.param("vllm", id="vllm", marks=[pytest.mark.vllm,
                                            pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]),
 ]
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory):
-    """Untied tiny Qwen3 + the real tokenizer, written once per session."""
-    d = tmp_path_factory.mktemp("tiny_qwen3")
-    save_tiny_qwen3(str(d))
-    return str(d)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from phf_megatron.rollout import (
 from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE
 
 from .conftest import BACKEND_PARAMS, start_engine
-from .tiny_qwen3 import build_tiny_qwen3, perturb_
+from ..helpers.tiny_qwen3 import build_tiny_qwen3, perturb_
 
 
 @pytest.fixture(scope="module", params=BACKEND_PARAMS)

@@ -23,7 +23,7 @@ from phf_megatron.rollout import (
 from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE, chat_prompt_ids, load_qwen3_tokenizer
 
 from .conftest import BACKEND_PARAMS, start_engine
-from .tiny_qwen3 import build_tiny_qwen3, perturb_
+from ..helpers.tiny_qwen3 import build_tiny_qwen3, perturb_
 
 ATOL = 1e-4
 

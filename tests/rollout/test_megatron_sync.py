@@ -18,7 +18,7 @@ import torch
 from phf_megatron.rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
 from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE
 
-from ..models.spawn import megatron_layout, run_ranks
+from ..helpers.spawn import megatron_layout, run_ranks
 from .conftest import HAS_VLLM
 
 ATOL = 1e-4
@@ -26,7 +26,7 @@ PROMPT = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198]
 
 
 def _megatron_logprobs(model, prompt, completion):
-    from tests.models.forward import megatron_logits
+    from tests.helpers.forward import megatron_logits
     ids = torch.tensor([prompt + completion])
     logits = megatron_logits(model, ids)[0, len(prompt) - 1:-1]                     # [C, V]
     return torch.log_softmax(logits.double(), -1).gather(-1, ids[0, len(prompt):, None])[:, 0].tolist(), logits

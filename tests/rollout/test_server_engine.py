@@ -35,7 +35,7 @@ from phf_megatron.rollout.server_engine import NCCLRendezvous, VLLMServerEngine,
 from phf_megatron.rollout.server_process import VLLMServerProcess, _group_alive
 from phf_megatron.tokenizer import QWEN3_TOKENIZER_SIZE
 
-from .tiny_qwen3 import perturb_, save_tiny_qwen3
+from ..helpers.tiny_qwen3 import perturb_, save_tiny_qwen3
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
@@ -211,7 +211,7 @@ def test_trainer_steps_through_the_server_and_verifies_every_sync(server, tmp_pa
     afterwards the server scores like the exported student (base + PEFT adapter, merged)."""
     from peft import PeftModel
 
-    from ..training.tiny_run import make_toy_jsonl, read_metrics, train
+    from ..helpers.tiny_run import make_toy_jsonl, read_metrics, train
 
     data = make_toy_jsonl(str(tmp_path / "toy.jsonl"))
     run = str(tmp_path / "run")

@@ -6,7 +6,7 @@ import torch
 from phf_megatron.rollout.errors import WeightMismatchError
 from phf_megatron.rollout.weights import QWEN3_PACKED_MODULES, WeightSpec, fused_groups, iter_buckets
 
-from .tiny_qwen3 import build_tiny_qwen3, save_tiny_qwen3
+from ..helpers.tiny_qwen3 import build_tiny_qwen3, save_tiny_qwen3
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from .tiny_run import make_tiny_hf, make_toy_jsonl
+from ..helpers.tiny_qwen3 import make_tiny_hf
+from ..helpers.tiny_run import make_toy_jsonl
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,10 @@ from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, rng_part, stateful_part, tensors_part,
 )
 from phf_megatron.training.config import OptimizerConfig, TrainingConfig
+from phf_megatron.training.distributed import seed_everything
 from phf_megatron.training.schedule import build_scheduler, load_scheduler_state
 
-from .toy_run import ToySampler, ema_step, noisy_batch, seed_everything
+from .toy_run import ToySampler, ema_step, noisy_batch
 
 DIM = 6
 
@@ -106,7 +107,7 @@ def _failing_writer(obj, path):
     raise OSError("disk full (simulated)")
 
 
-@pytest.mark.parametrize("where", ["_write_torch", "_fsync_tree"])
+@pytest.mark.parametrize("where", ["_write_torch", "fsync_tree"])
 def test_failed_save_leaves_previous_checkpoint_and_latest(tmp_path, monkeypatch, where):
     run = ToyRun(seed=0)
     run.step()
@@ -116,7 +117,7 @@ def test_failed_save_leaves_previous_checkpoint_and_latest(tmp_path, monkeypatch
     if where == "_write_torch":
         monkeypatch.setattr(ckpt, "_write_torch", _failing_writer)
     else:  # fails at publishing time, after every file was written
-        monkeypatch.setattr(ckpt, "_fsync_tree", lambda root: (_ for _ in ()).throw(OSError("fsync failed")))
+        monkeypatch.setattr(ckpt, "fsync_tree", lambda root: (_ for _ in ()).throw(OSError("fsync failed")))
     with pytest.raises(ckpt.CheckpointSaveError, match="previous checkpoint is intact"):
         ckpt.save_checkpoint(str(tmp_path), 2, run.parts(), RankLayout())
     monkeypatch.undo()

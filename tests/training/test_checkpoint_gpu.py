@@ -8,12 +8,12 @@ round-trip through a checkpoint, and the ranks' agreement all-reduce runs on a C
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from ..helpers.spawn import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,4 @@ def _worker(rank: int, port: int, root: str) -> None:
 
 
 def test_cuda_rng_and_nccl_agreement_round_trip(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=1, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=1, join=True)

@@ -14,17 +14,17 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from phf_megatron.runtime.process_group import free_port
 from phf_megatron.training import checkpoint as ckpt
 from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, dist_optimizer_part, rng_part, stateful_part, tensors_part,
 )
 from phf_megatron.training.config import ModelConfig, OptimizerConfig, TrainConfig, TrainingConfig
+from phf_megatron.training.distributed import seed_everything
 from phf_megatron.training.schedule import build_scheduler, load_scheduler_state, megatron_optimizer_config
 
-from .toy_run import ToySampler, ema_step, noisy_batch, seed_everything
+from ..helpers.spawn import run_ranks
+from .toy_run import ToySampler, ema_step, noisy_batch
 
 DIM, HIDDEN, BATCH = 6, 16, 4
 
@@ -174,23 +174,15 @@ def _check_crash_on_rank1(run, save_dir: str, layout: RankLayout) -> None:
     assert sorted(os.listdir(save_dir)) == ["iter_0000002", ckpt.LATEST_FILE]
 
 
-def _worker(rank: int, world: int, port: int, root: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from phf_megatron.runtime import cpu_shims
-
-    cpu_shims.apply()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _both_scenarios(rank: int, world: int, root: str) -> None:
     from megatron.core import parallel_state as ps
 
-    try:
-        ps.initialize_model_parallel(tensor_model_parallel_size=2)
-        _check_resume("tp2", root)
-        ps.initialize_model_parallel(tensor_model_parallel_size=1)
-        _check_resume("dp2", root)
-    finally:
-        dist.destroy_process_group()
+    ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    _check_resume("tp2", root)
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)
+    _check_resume("dp2", root)
 
 
 @pytest.mark.slow  # ~30-40 s on 2 cores: two spawned processes import Megatron-Core
 def test_two_ranks_resume_bit_exact_and_survive_a_rank_crash(tmp_path):
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_both_scenarios, 2, str(tmp_path))

@@ -13,7 +13,9 @@ import subprocess
 import sys
 
 
-from .tiny_run import REPO, make_tiny_hf, make_toy_jsonl, warning_lines
+from ..helpers import REPO
+from ..helpers.tiny_qwen3 import make_tiny_hf
+from ..helpers.tiny_run import make_toy_jsonl, warning_lines
 
 
 def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):

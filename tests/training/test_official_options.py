@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from phf_megatron.data import load_qwen3_tokenizer
 
-from .tiny_run import assert_ok as _ok
-from .tiny_run import read_metrics, train
+from ..helpers.tiny_run import assert_ok as _ok
+from ..helpers.tiny_run import read_metrics, train
 
 
 OPTIONS = {

@@ -1,18 +1,16 @@
-"""tools/plot_run.py: PNGs from a metrics file, clear errors without one."""
+"""tools/plot_run.py (phf_megatron/tools/plot_run.py): PNGs from a metrics file, clear errors without one."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
 from phf_megatron.training.diagnostics import layer_energy_metrics
+from tests.helpers import REPO, run_python
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOOL = os.path.join(REPO, "tools", "plot_run.py")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -48,8 +46,7 @@ def write_loss_tokens(run_dir, steps=(10, 20, 30)):
 
 
 def run_tool(*args):
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, env=env, timeout=120)
+    return run_python([TOOL, *args], timeout=120)
 
 
 def test_writes_curves_and_heatmap(tmp_path):
@@ -65,11 +62,8 @@ def test_writes_curves_and_heatmap(tmp_path):
 
 
 def _import_tool():
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import plot_run
-    finally:
-        sys.path.pop(0)
+    from phf_megatron.tools import plot_run
+
     return plot_run
 
 

@@ -25,7 +25,8 @@ import sys
 
 import pytest
 
-from .tiny_run import REPO, warning_lines
+from ..helpers import REPO
+from ..helpers.tiny_run import warning_lines
 
 #: The smallest gain the README promises (its "at least +N points", checked below).
 MARGIN = 0.25

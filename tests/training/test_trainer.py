@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from .tiny_run import assert_ok as _ok
-from .tiny_run import read_metrics, train
+from ..helpers.tiny_run import assert_ok as _ok
+from ..helpers.tiny_run import read_metrics, train
 from .wandb_files import wandb_config, wandb_history, wandb_runs
 
 LR = "--lr=1e-3"  # large enough that one step visibly moves the adapters

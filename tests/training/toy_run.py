@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from phf_megatron.objectives.ema import ema_update
-from phf_megatron.training.distributed import seed_everything  # noqa: F401 - re-exported for the tests
 
 
 class ToySampler:

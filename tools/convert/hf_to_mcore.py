@@ -1,66 +1,11 @@
-"""Convert a Hugging Face Qwen3 checkpoint to a Megatron-Core dist checkpoint.
+"""``python tools/convert/hf_to_mcore.py --hf_dir D --out_dir O``: HF Qwen3 -> Megatron-Core dist checkpoint.
 
-    python tools/convert/hf_to_mcore.py --hf_dir Qwen3-1.7B --out_dir ckpt/qwen3-1.7b-mcore \\
-        [--tp 2] [--pp 2] [--dtype bf16|fp32]
-
-One process is enough: the checkpoint is saved unsharded with Megatron's ShardedTensor metadata
-and loads under any TP/PP (``--tp/--pp`` are checked against the model and recorded as the
-intended layout). ``torchrun --nproc-per-node TP*PP tools/convert/hf_to_mcore.py ...`` writes the
-same checkpoint from a truly sharded model. On a GPU machine the model is built on the GPU; set
-``CUDA_VISIBLE_DEVICES=`` to convert on the CPU. Peak memory ≈ the model once in ``--dtype``.
-Writes ``OUT.tmp`` and renames it to ``OUT`` when complete. Also stores the HF config and
-tokenizer files (for ``mcore_to_hf.py``).
+The command ``phf-hf-to-mcore`` (``phf_megatron/tools/hf_to_mcore.py``; ``--help`` lists its flags).
 """
 
-import os
 import sys
-from dataclasses import dataclass
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from phf_megatron.cli import run_command, tool_config  # noqa: E402
-from phf_megatron.config_errors import check_choice  # noqa: E402
-
-DTYPES = ("bf16", "fp16", "fp32")
-
-
-@dataclass
-class HfToMcore:
-    """What to convert, and how."""
-
-    hf_dir: str
-    """HF checkpoint directory (config.json + safetensors)."""
-    out_dir: str
-    """New directory for the Megatron dist checkpoint."""
-    tp: int = 1
-    """Intended tensor-parallel size (checked against the heads, query groups, FFN and vocabulary)."""
-    pp: int = 1
-    """Intended pipeline-parallel size (checked against the number of layers)."""
-    dtype: str | None = None
-    """Stored dtype: bf16 | fp16 | fp32; None: the HF checkpoint's."""
-
-    def __post_init__(self) -> None:
-        if self.dtype is not None:
-            check_choice("dtype", self.dtype, DTYPES)
-
-
-def convert(argv: list[str], quiet: bool) -> int:
-    args = tool_config(HfToMcore, argv, __doc__, quiet)
-    if args is None:
-        return 0
-    from phf_megatron.convert.checkpoints import convert_hf_to_mcore
-    from phf_megatron.models.config import as_dtype
-
-    convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
-                        dtype=as_dtype(args.dtype) if args.dtype else None)
-    print(f"wrote {os.path.abspath(args.out_dir)}")
-    return 0
-
-
-def main(argv=None) -> int:
-    """The command (``argv=None``: this process's command line, whose start is made quiet)."""
-    return run_command(lambda: convert(sys.argv[1:] if argv is None else list(argv), quiet=argv is None))
-
+from phf_megatron.tools.hf_to_mcore import main
 
 if __name__ == "__main__":  # dist-checkpoint saving spawns helper processes: keep this guard
     sys.exit(main())

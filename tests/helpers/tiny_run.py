@@ -1,18 +1,14 @@
-"""A tiny run directory for trainer tests: a random Qwen3 (full Qwen3 vocabulary, so the real
-tokenizer's ids fit) saved with the real tokenizer files, and a toy math JSONL."""
+"""The trainer as a user runs it, on the tiny CPU preset: ``python -m phf_megatron.train`` (under
+torchrun for several ranks) on a toy math JSONL; its metrics; the warning lines of a job's log."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 
-import torch
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from . import REPO, run_python
 
 #: Lines that are warnings: Python's (``...: UserWarning: ...``), vLLM's (``(EngineCore pid=1) WARNING
 #: 11-24 ...``) and torch's own log (``[rank0]:W1124 04:19:02.41 ...``, ``[W1124 ... utils.cpp:68] Warning:``).
@@ -22,22 +18,6 @@ WARNING_LINE = re.compile(r"\b\w*Warning: |\bWARNING\b|(^|\]:)\[?W\d{4} \d\d:\d\
 def warning_lines(log: str) -> list[str]:
     """The lines of a job's log that are warnings (none at the default verbosity)."""
     return [line for line in log.splitlines() if WARNING_LINE.search(line)]
-
-
-def make_tiny_hf(out_dir: str, seed: int = 0) -> str:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from phf_megatron.tokenizer import shipped_tokenizer_dir
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
-                      max_position_embeddings=1024, rope_theta=1e6)
-    Qwen3ForCausalLM(cfg).save_pretrained(out_dir)
-    src = shipped_tokenizer_dir()
-    for name in os.listdir(src):
-        shutil.copy(os.path.join(src, name), out_dir)
-    return out_dir
 
 
 def make_toy_jsonl(path: str, rows: int = 16) -> str:
@@ -55,11 +35,9 @@ def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
     args = ["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), f"--model.hf_dir={hf_dir}",
             f"--data.path={data}", f"--run_dir={run_dir}", "--logging.tensorboard=false",
             "--logging.progress_bar=false", "--rollout.backend=hf", "--rollout.max_tokens=12", *overrides]
-    launcher = [sys.executable, "-m", "phf_megatron.train"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "phf_megatron.train"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    launcher = ["-m", "phf_megatron.train"] if nproc == 1 else [
+        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "phf_megatron.train"]
+    return run_python(launcher + args, timeout=timeout)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:

@@ -5,7 +5,7 @@
 Each rank joins a fresh gloo group, applies ``cpu_shims``, runs ``fn`` and returns a picklable
 value; ``run_ranks`` returns the list of values by rank (an exception on any rank fails the
 call with that rank's traceback). Spawning costs seconds, so run several checks per spawn and
-switch layouts inside with ``megatron_layout(tp, pp)``.
+switch layouts inside with ``megatron_layout(tp, pp)``. ``free_port`` is the package's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import torch
 import torch.multiprocessing as mp
 
-from phf_megatron.runtime.process_group import free_port
+from phf_megatron.runtime.process_group import free_port  # noqa: F401 - part of this module's API
 
 
 def _entry(rank, world_size, port, out_dir, fn, args):
@@ -46,11 +46,13 @@ def run_ranks(fn, world_size: int, *args):
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
-def megatron_layout(tp: int, pp: int, seed: int = 1234) -> None:
-    """(Re)initialise Megatron's model-parallel groups for ``tp`` x ``pp`` (DP fills the rest)."""
+def megatron_layout(tp: int, pp: int, seed: int = 1234, vpp: int | None = None) -> None:
+    """(Re)initialise Megatron's model-parallel groups for ``tp`` x ``pp`` (``vpp`` virtual stages;
+    DP fills the rest) and seed the model-parallel RNG tracker."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             virtual_pipeline_model_parallel_size=vpp)
     model_parallel_cuda_manual_seed(seed)

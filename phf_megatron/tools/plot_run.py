@@ -1,0 +1,285 @@
+"""Plot a training run: loss curves, clip diagnostics, a layer x step energy heatmap, the loss by token.
+
+    python tools/plot_run.py runs/phf_tiny                      # -> runs/phf_tiny/plots/{curves,layer_energy,loss_tokens}.png
+    python tools/plot_run.py runs/phf_tiny --out /tmp/run.png   # -> /tmp/run.png, /tmp/run_layer_energy.png, /tmp/run_loss_tokens.png
+    phf-plot-run ...                                            # the same command, installed by pip
+
+Panels (from ``metrics.jsonl``): total loss, OPSD (JSD) loss, flow loss, gradient norm, learning
+rate, the spread of the flow energy over layers (largest layer's share, normalized entropy), the
+clip diagnostics (fraction of tokens and of vocabulary summands the clip cut), the OPSD loss
+before and after the clip, and the on-policy fraction (``rollout.lmbda`` < 1). The heatmap shows
+each step's share of the flow energy per layer (columns sum to 1). From ``loss_tokens.jsonl``:
+the share of the step's OPSD loss of the tokens that lead it most often, over the steps, and the
+last record's top 20. A panel whose metric was never logged (e.g. the flow in an OPSD-only run)
+says so instead of plotting.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cli import command, parse_command_line
+from ..errors import InputFileError, UserError
+from ..training import metrics as M
+
+CURVES = (
+    (M.LOSS, "total loss  L_OPSD + alpha L_flow", "linear"),
+    (M.LOSS_OPSD, "OPSD loss (clipped JSD)", "linear"),
+    (M.LOSS_FLOW, "flow loss  L_flow", "linear"),
+    (M.GRAD_NORM, "grad norm (before clip)", "log"),
+    (M.LR, "learning rate", "linear"),
+)
+
+
+@dataclass
+class PlotRun:
+    """What to plot, and where."""
+
+    run_dir: str
+    """the run directory holding metrics.jsonl (the flag may be left out: ``plot_run.py RUN_DIR``)."""
+    out: str | None = None
+    """curves PNG; the heatmap and the loss-by-token plot go next to it as <name>_layer_energy.png and
+    <name>_loss_tokens.png. None: RUN_DIR/plots/curves.png, layer_energy.png, loss_tokens.png."""
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (a one-line error without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plotting needs matplotlib: pip install 'phf-megatron[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def load_run(run_dir: str) -> list[dict]:
+    """The run's records; ``InputFileError`` naming the file when it is missing or empty."""
+    path = os.path.join(run_dir, M.METRICS_FILE)
+    if not os.path.isfile(path):
+        raise InputFileError(path, "no metrics file (has the run logged a step? was logging.jsonl off?)")
+    records = M.read_jsonl(path)
+    if not records:
+        raise InputFileError(path, "the metrics file has no records yet")
+    return records
+
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and float values of ``key`` where it was logged (None -> NaN)."""
+    pairs = [(r["step"], np.nan if r[key] is None else float(r[key])) for r in records if key in r]
+    if not pairs:
+        return np.empty(0), np.empty(0)
+    steps, values = zip(*pairs)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def load_loss_tokens(run_dir: str) -> list[dict]:
+    """The records of ``loss_tokens.jsonl`` (none when the run wrote no such file)."""
+    path = os.path.join(run_dir, M.LOSS_TOKENS_FILE)
+    return M.read_jsonl(path) if os.path.isfile(path) else []
+
+
+def _not_logged(ax, title: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, ylim=None) -> None:
+    """Several metrics on one panel (``keys``: (metric, legend label)); 'not logged' when none was."""
+    drawn = 0
+    for key, label in keys:
+        steps, values = series(records, key)
+        if steps.size:
+            ax.plot(steps, values, label=label, lw=1.4, marker="o" if steps.size < 30 else None, ms=3)
+            drawn += 1
+    if not drawn:
+        _not_logged(ax, title)
+        return
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def plot_clip_fractions(ax, records: list[dict]) -> None:
+    """Fraction of tokens cut (left axis, 0-1) and of vocabulary summands cut (right axis: far smaller)."""
+    title = "clip: fraction cut"
+    _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, ylim=(-0.02, 1.02))
+    steps, values = series(records, M.CLIP_FRAC_ENTRIES)
+    if steps.size:
+        if not series(records, M.CLIP_FRAC_TOKENS)[0].size:
+            ax.cla()
+        right = ax.twinx()
+        right.plot(steps, values, color="tab:orange", lw=1.4, label="vocabulary summands (right)")
+        right.set_ylim(bottom=0)
+        right.ticklabel_format(axis="y", style="sci", scilimits=(0, 0), useMathText=True)
+        right.legend(fontsize=8, loc="lower left")
+        ax.set_title(title, fontsize=10)
+
+
+def plot_curves(records: list[dict], out: str, title: str) -> None:
+    plt = pyplot()
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, axes = plt.subplots(3, 3, figsize=(13, 9.5), constrained_layout=True)
+    for ax, (key, label, scale) in zip(axes.flat, CURVES):
+        steps, values = series(records, key)
+        if steps.size == 0:
+            _not_logged(ax, label)
+            continue
+        ax.plot(steps, values, marker="o" if steps.size < 30 else None, ms=3, lw=1.4)
+        positive = values[np.isfinite(values)]
+        if scale == "log" and positive.size and (positive > 0).all():
+            ax.set_yscale("log")
+        else:  # full values on the ticks: a 100-step slice of a 27,600-step cosine barely moves
+            ax.yaxis.set_major_formatter(ScalarFormatter(useOffset=False, useMathText=True))
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    ax = axes.flat[5]
+    steps_s, share = series(records, f"{M.FLOW_ENERGY}_max_share")
+    steps_h, entropy = series(records, f"{M.FLOW_ENERGY}_entropy_norm")
+    if steps_s.size == 0 and steps_h.size == 0:
+        _not_logged(ax, "layer-energy spread")
+    else:
+        ax.plot(steps_s, share, label="largest layer's share", lw=1.4)
+        ax.plot(steps_h, entropy, label="entropy / log L", lw=1.4)
+        ax.set_ylim(0, 1.05)
+        ax.set_title("layer-energy spread", fontsize=10)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    plot_clip_fractions(axes.flat[6], records)
+    _lines(axes.flat[7], records, [(M.OPSD_UNCLIPPED, "before the clip"), (M.LOSS_OPSD, "after (the loss)")],
+           "OPSD divergence per token")
+    _lines(axes.flat[8], records, [(M.ON_POLICY_FRACTION, "rollouts / samples")], "on-policy fraction (lmbda)",
+           ylim=(-0.02, 1.02))
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def plot_loss_tokens(token_records: list[dict], out: str, title: str, lines: int = 8) -> bool:
+    """The tokens' shares of the OPSD loss over the steps, and the last record's top 20; False when none."""
+    if not token_records:
+        return False
+    plt = pyplot()
+    total = collections.Counter()
+    names = {}
+    for record in token_records:
+        for t in record["tokens"]:
+            total[t["id"]] += t["share"] or 0.0
+            names[t["id"]] = t["token"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5), constrained_layout=True)
+    steps = np.asarray([r["step"] for r in token_records])
+    for tid, _ in total.most_common(lines):
+        shares = [next((t["share"] for t in r["tokens"] if t["id"] == tid), np.nan) for r in token_records]
+        left.plot(steps, np.asarray([np.nan if v is None else v for v in shares], dtype=float),
+                  marker="o", ms=3, lw=1.2, label=f"{names[tid]!r} ({tid})")
+    left.set_title("share of the step's OPSD loss (tokens leading most often)", fontsize=10)
+    left.set_xlabel("step")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    last = token_records[-1]
+    labels = [f"{t['token']!r} ({t['id']})" for t in last["tokens"]][::-1]
+    right.barh(np.arange(len(labels)), [t["share"] or 0.0 for t in last["tokens"]][::-1])
+    right.set_yticks(np.arange(len(labels)), labels, fontsize=8)
+    right.set_xlabel("share of the step's OPSD loss")
+    right.set_title(f"top {len(labels)} rollout tokens at step {last['step']}", fontsize=10)
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def layer_ticks(num_layers: int, most: int = 15) -> list[int]:
+    """Integer layer indices for the heatmap's axis: every layer, or every k-th up to ``most`` ticks."""
+    step = -(-num_layers // most)
+    return list(range(0, num_layers, step))
+
+
+def layer_energy_figure(records: list[dict], title: str):
+    """The heatmap of per-layer energy shares (a matplotlib Figure), or None when no record has them."""
+    rows = [(r["step"], r[M.FLOW_ENERGY]) for r in records if isinstance(r.get(M.FLOW_ENERGY), list)]
+    if not rows:
+        return None
+    num_layers = max(len(e) for _, e in rows)
+    steps = np.asarray([s for s, _ in rows])
+    grid = np.full((num_layers, len(rows)), np.nan)
+    for j, (_, energy) in enumerate(rows):
+        e = np.asarray([np.nan if v is None else v for v in energy], dtype=float)
+        total = np.nansum(e)
+        if total > 0:
+            grid[: e.size, j] = e / total
+    plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * len(rows) + 4)), 0.18 * num_layers + 2.2),
+                           constrained_layout=True)
+    image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
+                      extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, num_layers - 0.5))
+    ax.set_yticks(layer_ticks(num_layers))  # layers are integers: no tick between two rows
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel("layer (0 = first)")
+    ax.set_title(f"{title}: share of the flow energy per layer", fontsize=11)
+    fig.colorbar(image, ax=ax, label="e_l / sum_k e_k")
+    return fig
+
+
+def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
+    """Write the heatmap to ``out``; False (nothing written) when no record has per-layer energy."""
+    fig = layer_energy_figure(records, title)
+    if fig is None:
+        return False
+    fig.savefig(out, dpi=110)
+    pyplot().close(fig)
+    return True
+
+
+def plot(argv: list[str], quiet: bool = False) -> int:
+    """Parse, then plot (``quiet`` is unused: nothing heavy starts before the plots)."""
+    if argv and not argv[0].startswith("-"):          # the run directory without its flag
+        argv = [f"--run_dir={argv[0]}", *argv[1:]]
+    args = parse_command_line(PlotRun, argv, __doc__)[0]
+    if args is None:
+        return 0
+    records = load_run(args.run_dir)
+    if args.out:
+        curves = args.out
+        heatmap = f"{os.path.splitext(args.out)[0]}_layer_energy.png"
+        tokens = f"{os.path.splitext(args.out)[0]}_loss_tokens.png"
+    else:
+        curves = os.path.join(args.run_dir, "plots", "curves.png")
+        heatmap = os.path.join(args.run_dir, "plots", "layer_energy.png")
+        tokens = os.path.join(args.run_dir, "plots", "loss_tokens.png")
+    os.makedirs(os.path.dirname(os.path.abspath(curves)), exist_ok=True)
+    title = os.path.basename(os.path.normpath(args.run_dir))
+    plot_curves(records, curves, title)
+    print(curves)
+    if plot_layer_energy(records, heatmap, title):
+        print(heatmap)
+    else:
+        print("no per-layer flow energy logged: no heatmap", file=sys.stderr)
+    if plot_loss_tokens(load_loss_tokens(args.run_dir), tokens, title):
+        print(tokens)
+    else:
+        print(f"no {M.LOSS_TOKENS_FILE}: no loss-by-token plot", file=sys.stderr)
+    return 0
+
+
+main = command(plot)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
