@@ -5,6 +5,7 @@ See ``engine.py`` for the interface and ``sync.py`` for the push order and stale
 
 from .engine import RolloutEngine, UpdateStats
 from .errors import (
+    EngineDiedError,
     EngineStartError,
     EngineUnusableError,
     GenerationTimeoutError,
@@ -19,9 +20,9 @@ from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec, iter_buckets
 
 __all__ = [
-    "BACKENDS", "Completion", "EngineConfig", "EngineStartError", "EngineUnusableError", "FINISH_LENGTH",
-    "FINISH_STOP", "GenerationTimeoutError", "RolloutEngine", "RolloutEngineError", "SamplingParams",
-    "SyncProbe", "SyncReport", "SyncVerificationError", "UpdateStats", "WeightMismatchError", "WeightSpec",
-    "WeightSyncError", "build_engine", "hf_reference_logprobs", "iter_buckets", "make_probe",
-    "probe_token_ids", "resolve_backend", "sync_weights",
+    "BACKENDS", "Completion", "EngineConfig", "EngineDiedError", "EngineStartError", "EngineUnusableError",
+    "FINISH_LENGTH", "FINISH_STOP", "GenerationTimeoutError", "RolloutEngine", "RolloutEngineError",
+    "SamplingParams", "SyncProbe", "SyncReport", "SyncVerificationError", "UpdateStats",
+    "WeightMismatchError", "WeightSpec", "WeightSyncError", "build_engine", "hf_reference_logprobs",
+    "iter_buckets", "make_probe", "probe_token_ids", "resolve_backend", "sync_weights",
 ]

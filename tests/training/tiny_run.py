@@ -50,16 +50,24 @@ def make_toy_jsonl(path: str, rows: int = 16) -> str:
     return path
 
 
-def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+def train_command(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
+                  torchrun: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` of ``python -m phf_megatron.train`` on the tiny CPU preset: a plain process for
+    nproc 1, else under torchrun (``--standalone``, or the agent options ``torchrun``)."""
     args = ["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), f"--model.hf_dir={hf_dir}",
             f"--data.path={data}", f"--run_dir={run_dir}", "--logging.tensorboard=false",
             "--logging.progress_bar=false", "--rollout.backend=transformers", "--rollout.max_tokens=12", *overrides]
-    launcher = [sys.executable, "-m", "phf_megatron.train"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    launcher = [sys.executable, "-m", "phf_megatron.train"] if nproc == 1 and not torchrun else [
+        sys.executable, "-m", "torch.distributed.run", *(torchrun or ("--standalone",)), f"--nproc-per-node={nproc}",
         "-m", "phf_megatron.train"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run(launcher + args, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return launcher + args, env
+
+
+def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+    argv, env = train_command(hf_dir, data, run_dir, *overrides, nproc=nproc)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
