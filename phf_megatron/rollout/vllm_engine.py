@@ -228,11 +228,12 @@ class VLLMEngine(RolloutEngine):
         """When the spawned engine process exits unasked, fail what waits on it (vLLM leaves a
         generate or RPC in flight blocked) and make every later call raise ``EngineDiedError``."""
         client, manager = self._engine_processes()
-        if not hasattr(manager, "sentinels") or not hasattr(client, "outputs_queue"):
+        sentinels = manager.sentinels() if hasattr(manager, "sentinels") else []
+        if not sentinels or not hasattr(client, "outputs_queue"):
             return  # in process, or a vLLM without these internals: the call timeout still applies
 
         def watch():
-            multiprocessing.connection.wait(manager.sentinels())
+            multiprocessing.connection.wait(sentinels)
             if self._broken == "closed":
                 return
             self._died = self._death() or "vLLM's engine process exited"
