@@ -12,15 +12,17 @@
 The toy inputs (``python -m phf_megatron.toy prepare`` + the Megatron conversion) are made under
 ``--out`` unless ``--toy`` names an existing ``runs/phf_tiny/toy``. Each variant trains
 ``--steps`` steps of the toy run from the same start (the trainer as ``examples/train_phf_tiny.sh``
-runs it, no checkpoints); reported: the median over the steps after the first of the step time
+runs it, one checkpoint at the end); reported: the median over the steps after the first of the step time
 and its parts from ``metrics.jsonl`` (``time_rollout_s``: getting the step's rollouts, near 0 when
 prefetched; ``time_update_s``; ``time_sync_s``, which waits for the prefetch when sampling takes
 longer than the update; ``time_engine_s``: the slowest engine's sampling; ``time_engine_sync_s``:
-its push + verification), and the staleness seen. ``--evaluate`` adds the held-out greedy accuracy
-of each variant's exported student (``python -m phf_megatron.toy evaluate``, as the main job
-reports it; ``noref_unseen`` is the number PHF must raise) and of the warmed-up start. Unattended: writes ``rollout_overlap.json`` and
-``rollout_overlap.md`` (a table for BENCHMARKS.md) to ``--out``. Not a timed test: the numbers
-depend on the machine and its load.
+its push + verification), the sum and the slowest of the step times (contention shows there
+first), and the staleness seen. ``--evaluate`` adds the held-out greedy accuracy of each
+variant's exported student (``python -m phf_megatron.toy evaluate``, as the main job reports it;
+``noref_unseen`` is the number PHF must raise) and of the warmed-up start. Unattended: writes
+``rollout_overlap.json`` and ``rollout_overlap.md`` (a table for BENCHMARKS.md) to ``--out``. Not a timed test: the numbers
+depend on the machine and its load. Measured on the 2-core CPU (issue 16): ``rollout_overlap.md``
+next to this file.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def evaluate(toy: str, adapter: str | None, out_json: str) -> dict:
 def summarize(metrics: list[dict]) -> dict:
     later = metrics[1:] or metrics
     out = {k: statistics.median(m[k] for m in later) for k in PARTS if all(m.get(k) is not None for m in later)}
+    out["step_time_sum"] = sum(m["step_time"] for m in metrics)
+    out["step_time_max"] = max(m["step_time"] for m in later)
     out["staleness"] = sorted({m["rollout_staleness"] for m in metrics})
     out["rollout_tokens"] = statistics.mean(m["rollout_tokens"] for m in metrics)
     return out
@@ -97,14 +101,14 @@ def table(results: dict, nproc: int) -> str:
     base = next(iter(results.values()))["step_time"]
     acc = all("accuracy" in r for r in results.values())
     rows = ["| variant | step | × first | rollout | update | sync (+ prefetch wait) | engine sampling | "
-            "engine push + verify | staleness |" + (" no-ref `unseen` / `seen` after |" if acc else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|" if acc else "")]
+            "engine push + verify | sum of steps (slowest) | staleness |" + (" no-ref `unseen` / `seen` after |" if acc else ""),
+            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if acc else "")]
     for name, r in results.items():
         wait = f" ({r['time_prefetch_wait_s']:.2f})" if "time_prefetch_wait_s" in r else ""
         rows.append(f"| {name} ({nproc} rank{'s' if nproc > 1 else ''}) | {r['step_time']:.2f} s | "
                     f"{r['step_time'] / base:.2f} | {r['time_rollout_s']:.2f} s | {r['time_update_s']:.2f} s | "
                     f"{r['time_sync_s']:.2f} s{wait} | {r['time_engine_s']:.2f} s | {r['time_engine_sync_s']:.2f} s | "
-                    f"{r['staleness']} |" + (f" {r['accuracy']['noref_unseen']:.3f} / "
+                    f"{r['step_time_sum']:.1f} s ({r['step_time_max']:.2f} s) | {r['staleness']} |" + (f" {r['accuracy']['noref_unseen']:.3f} / "
                                               f"{r['accuracy']['noref_seen']:.3f} |" if acc else ""))
     return "\n".join(rows)
 

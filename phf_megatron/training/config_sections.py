@@ -167,7 +167,8 @@ class RolloutConfig:
     one per node. 1 (paper: one vLLM engine)."""
     async_steps: int = 0
     """1: the engines sample step k+1's prompts while the trainer runs step k (one-step off-policy,
-    staleness 1, logged as rollout_staleness; training/rollout_async.py); 0 (paper: on-policy)."""
+    staleness 1, logged as rollout_staleness; training/rollout_async.py); it saves time only when the
+    engines have GPUs or cores of their own (benchmarks/rollout_overlap.md). 0 (paper: on-policy)."""
     lmbda: float = 1.0
     """GKD's on-policy fraction: each micro-batch trains on rollouts with probability lmbda, else on
     the rows' solutions as completions (TRL GOLD training_step; training.policy_mix). 1 (paper,
