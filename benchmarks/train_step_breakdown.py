@@ -123,10 +123,11 @@ def main() -> None:
         for _ in range(args.steps):
             metrics = trainer.train_step()
             trainer.step += 1
+            trainer.sync(metrics)
             steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens", "grad_norm",
                                                            "sync_probe_diff", "sync_fingerprint_diff",
                                                            "sync_fingerprints_checked") if k in metrics})
-            steps[-1]["sync_s"] = trainer.rollouts.last_sync_s
+            steps[-1]["sync_s"] = max(s["seconds"] for s in trainer.rollouts.last_sync)
             print(json.dumps(steps[-1]), flush=True)
         result["first_step"] = steps[0]
         later = steps[1:] or steps

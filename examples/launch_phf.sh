@@ -6,7 +6,8 @@
 # Environment: HF_MODEL (required: the HF Qwen3 directory), DATA (default: the official OPSD set on
 # the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (8),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
-# NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun.
+# NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
+# a rollout engine per node).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${CONFIG:?set CONFIG to a configs/*.yaml file}"

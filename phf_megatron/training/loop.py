@@ -1,16 +1,20 @@
 """The OPSD + PHF training loop (``python -m phf_megatron.train``).
 
-Each step: the step's prompts from the dataset (deterministic, identical on every rank) →
-[``data.reason_first``: the teacher's analyses from the engine, then the teacher prompts] →
-rollouts from the engine (rank 0, broadcast; with ``rollout.lmbda`` < 1 the off-policy
-micro-batches take the rows' solutions instead, ``policy_mix``) → this rank's micro-batches →
-one PHF update (``update.phf_update``) → weight sync into the engine → metrics, layer energy,
-the loss by rollout token (every ``logging.loss_tokens_interval`` steps), checkpoint.
+Each step: the step's prompts from the dataset (deterministic, identical on every rank:
+``step_plan``) → [``data.reason_first``: the teacher's analyses from the engines, then the teacher
+prompts] → rollouts from the engines (each group's engine samples its ranks' prompts and sends
+them to its ranks only: ``rollouts``; with ``rollout.async_steps`` = 1 they were sampled during the
+previous step: ``rollout_async``; with ``rollout.lmbda`` < 1 the off-policy micro-batches take the
+rows' solutions instead, ``policy_mix``) → this rank's micro-batches → one PHF update
+(``update.phf_update``) → the sampler advances → weight sync into every engine → metrics, layer
+energy, the loss by rollout token (every ``logging.loss_tokens_interval`` steps), checkpoint.
 
 Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a resumed run needs
 to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
-optimizer and LR schedule, the EMA teacher, the data position and every RNG. If the rollout
-engine fails, a checkpoint is saved before the error propagates.
+optimizer and LR schedule, the EMA teacher, the data position and every RNG (and, overlapped,
+the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is saved before the
+error propagates: at the last finished update (a failed sync comes after its step's update, which
+counts), so the resumed run repeats nothing and skips nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +24,7 @@ import time
 
 import torch
 
-from ..data import PromptConfig, PromptPair, build_prompt_pair, load_math_dataset
-from ..data.prompts import encode_prompt, render_student_prompt
-from ..data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
+from ..data import PromptConfig, load_math_dataset
 from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..parallel.capture import WindowCapture
@@ -30,7 +32,7 @@ from ..tokenizer import load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import UserError
 from .batches import build_microbatches
-from .checkpoint import load_checkpoint, read_latest, save_checkpoint
+from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import RankLayout, Scope, dist_model_part, rng_part, stateful_part, tensors_part
 from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config, to_dict
@@ -38,8 +40,10 @@ from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
-from .policy_mix import on_policy_samples, solution_completion
+from .rollout_async import PART as PREFETCH_PART
+from .rollout_async import RolloutPrefetch
 from .rollouts import RolloutDriver, RolloutFailure
+from .step_plan import StepPlanner, local_rollout_record, rollout_stats
 from .teacher import PrivilegedTeacher
 from .update import phf_update
 
@@ -74,6 +78,13 @@ def _load_dataset(cfg: TrainConfig):
         raise fail("data.path", str(err).removeprefix("source: ")) from err
 
 
+def _saved_parts(load_dir: str) -> dict:
+    """The parts of the checkpoint a resume reads (its ``meta.json``)."""
+    from ..input_files import read_json
+
+    return read_json(os.path.join(load_dir, iter_dir_name(read_latest(load_dir)), META_FILE)).get("parts", {})
+
+
 class Trainer:
     """Builds every piece of a run on this rank; ``run()`` trains to ``training.train_iters``."""
 
@@ -96,13 +107,18 @@ class Trainer:
                                          lora=cfg.lora.enabled, ema_start=cfg.teacher.ema_start)
         self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
         self.layout = RankLayout.from_parallel_state()
+        self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size)
+        self._plans = {}
         self.step = 0
-        # The engine starts first: an in-process vLLM reseeds the global RNGs, which the resume restores.
+        # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
+        self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
         self.resumed_from = self._maybe_resume()
-        self.rollouts.sync()  # the engine starts from the HF files; push the (resumed) student and verify
+        self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
         if self.ctx.is_rank0:
-            print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}", flush=True)
+            groups = self.rollouts.groups
+            more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
+            print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}{more}", flush=True)
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
@@ -123,10 +139,14 @@ class Trainer:
         else:
             for i, chunk in enumerate(self.student.chunks):
                 parts[f"model{i}"] = dist_model_part(chunk.module)
+        if self.prefetch is not None:
+            parts[PREFETCH_PART] = self.prefetch.part()
         parts["rng"] = parts.pop("rng")  # restored last
         return parts
 
     def save(self) -> str:
+        if self.prefetch is not None:
+            self.prefetch.prepare_checkpoint(self.step)  # a collective: the hosts' prefetched rollouts
         return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
                                fingerprint=resume_fingerprint(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
                                extra={"samples_seen": self.step * self.cfg.training.global_batch_size})
@@ -140,6 +160,8 @@ class Trainer:
             parts.pop("optimizer")
         if self.cfg.checkpoint.no_load_rng:
             parts.pop("rng")
+        if PREFETCH_PART in parts and PREFETCH_PART not in _saved_parts(load_dir):
+            parts.pop(PREFETCH_PART)  # saved on-policy: the first resumed step samples afresh
         info = load_checkpoint(load_dir, parts, self.layout,
                                fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
         self.step = info.iteration
@@ -147,108 +169,99 @@ class Trainer:
 
     # ----------------------------------------------------------------- one step
 
-    def _step_inputs(self):
-        """The step's rows and prompt pairs (one per row; reason-first pairs need the engine: collective)."""
-        rows = [self.dataset[i] for i in self.sampler.take(self.cfg.prompts_per_step)]
-        if self.cfg.data.reason_first:
-            pairs = self._reason_first_pairs(rows)
-        else:
-            pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
-            self._check_prompt_lengths(rows, [p.teacher_ids for p in pairs])
-        return rows, pairs
+    def _plan(self, step: int):
+        """The plan of ``step`` (made ahead by the overlapped mode, else now)."""
+        return self._plans.pop(step, None) or self.planner.plan(step, self.sampler, step - self.step)
 
-    def _check_prompt_lengths(self, rows, prompts) -> None:
-        too_long = [i for i, p in enumerate(prompts) if len(p) > self.cfg.data.max_prompt_length]
-        if too_long:
-            raise fail("data.max_prompt_length", f"{len(too_long)} prompt(s) of step {self.step} exceed "
-                       f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
-
-    def _reason_first_pairs(self, rows) -> list[PromptPair]:
-        """The teacher's analysis of each row's reference (engine: the current student), then the teacher
-        prompt ``[analysis prompt][analysis][transition]`` (``data.reason_first``)."""
-        prompts = [analysis_prompt_ids(self.tokenizer, r.problem, r.solution) for r in rows]
-        self._check_prompt_lengths(rows, prompts)
-        analyses = self.rollouts.generate(prompts, self.step, self.rollouts.analysis_params(self.step))
-        return [PromptPair(student_ids=encode_prompt(self.tokenizer, render_student_prompt(
-                    self.tokenizer, r.problem, self.prompt_config)),
-                           teacher_ids=reason_first_teacher_ids(self.tokenizer, p, a, self.prompt_config))
-                for r, p, a in zip(rows, prompts, analyses)]
-
-    def _completions(self, rows, pairs) -> tuple[list[list[int]], float]:
-        """One completion per sample (``rollout.n`` per row): rollouts, or with ``rollout.lmbda`` < 1 the
-        rows' solutions for the off-policy micro-batches; and the on-policy fraction."""
-        from megatron.core import parallel_state as ps
-
-        cfg, n = self.cfg, self.cfg.rollout.n
-        on_policy = on_policy_samples(cfg.rollout.lmbda, cfg.training.seed, self.step, len(rows) * n,
-                                      ps.get_data_parallel_world_size(), cfg.training.micro_batch_size)
-        sampled = [r for r in range(len(rows)) if any(on_policy[r * n: (r + 1) * n])]
-        rollouts = self.rollouts.generate([pairs[r].student_ids for r in sampled], self.step) if sampled else []
-        by_sample = {r * n + j: rollouts[k * n + j] for k, r in enumerate(sampled) for j in range(n)}
-        completions = [by_sample[i] if on_policy[i] else
-                       solution_completion(self.tokenizer, rows[i // n].solution, cfg.rollout.max_tokens)
-                       for i in range(len(on_policy))]
-        return completions, sum(on_policy) / len(on_policy)
+    def _samples(self, plan):
+        """This group's samples of the step (a collective); overlapped, the next step's prefetch starts."""
+        if self.prefetch is None:
+            return self.rollouts.generate(plan.requests)
+        # past the last step too: its checkpoint then holds the next step, and a longer resumed run is exact
+        following = self._plans[self.step + 1] = self.planner.plan(self.step + 1, self.sampler, 1)
+        return self.prefetch.rollouts(plan.requests, following.requests)
 
     def train_step(self) -> dict:
+        """Rollouts and one update; the sampler advances past the step's rows (the sync follows in ``run``)."""
         from megatron.core import parallel_state as ps
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        rows, row_pairs = self._step_inputs()
-        completions, on_policy = self._completions(rows, row_pairs)
-        pairs = [p for p in row_pairs for _ in range(cfg.rollout.n)]
+        plan = self._plan(self.step)
+        samples = self._samples(plan)
+        group = self.rollouts.groups.prompts(self.rollouts.engine_index, len(plan.rows))
+        pairs, completions = self.planner.training_samples(plan, samples, group)
         t1 = time.perf_counter()
         sp = self.student.config.sequence_parallel
+        dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
-                                 micro_batch_size=cfg.training.micro_batch_size, dp_rank=ps.get_data_parallel_rank(),
-                                 dp_size=ps.get_data_parallel_world_size(),
+                                 micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
                                  pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
                                  window_budget=cfg.objective.flow_window)
         interval = cfg.logging.loss_tokens_interval
         metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective,
                              collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0)
+        if self.sampler.take(len(plan.rows)) != plan.indices:
+            raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
         t2 = time.perf_counter()
-        if (self.step + 1) % cfg.rollout.sync_interval == 0:
-            self.rollouts.sync()
-        t3 = time.perf_counter()
-        metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, time_sync_s=t3 - t2, step_time=t3 - t0,
-                       rollout_tokens=sum(len(c) for c in completions) / max(len(completions), 1),
-                       sync_probe_diff=self.rollouts.last_probe_diff,
-                       sync_fingerprint_diff=self.rollouts.last_fingerprint_diff,
-                       sync_fingerprints_checked=self.rollouts.last_fingerprints_checked)
+        metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, step_time=t2 - t0,
+                       time_engine_s=max(self.rollouts.last_engine_s, default=None),
+                       rollout_staleness=self.step - samples.policy_version,
+                       **rollout_stats(self.rollouts.gather(local_rollout_record(completions, dp_rank, dp_size))))
         if cfg.rollout.lmbda < 1:
-            metrics[ON_POLICY_FRACTION] = on_policy
+            metrics[ON_POLICY_FRACTION] = sum(plan.requests.on_policy) / len(plan.requests.on_policy)
         if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
             metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
         return metrics
+
+    def sync(self, metrics: dict) -> None:
+        """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
+        t0 = time.perf_counter()
+        wait = 0.0
+        if self.step % self.cfg.rollout.sync_interval == 0:
+            if self.prefetch is not None:
+                self.prefetch.settle()
+                wait = time.perf_counter() - t0
+            self.rollouts.sync(self.step)
+        seconds = time.perf_counter() - t0
+        metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **self.rollouts.sync_metrics())
+        if self.prefetch is not None:
+            metrics["time_prefetch_wait_s"] = wait
 
     # ----------------------------------------------------------------- the run
 
     def run(self) -> None:
         cfg = self.cfg
+        metrics = None
         try:
             while self.step < cfg.training.train_iters:
                 metrics = self.train_step()
-                self.step += 1
-                loss_tokens = metrics.pop(LOSS_TOKENS, None)
-                if loss_tokens is not None:
-                    self.metrics.log_loss_tokens(self.step, [
-                        {"id": i, "token": self.tokenizer.decode([i]), "share": share, "count": count}
-                        for i, share, count in loss_tokens])
-                if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
-                    self.metrics.log(self.step, metrics)
-                self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")),
-                                      step_time=metrics["step_time"])
+                self.step += 1  # the update is done: a failing sync below does not undo it
+                self.sync(metrics)
+                self._log(metrics)
+                metrics = None
                 if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                     self.save()
         except RolloutFailure:
+            if metrics is not None:
+                self._log(metrics)  # the step trained; its sync failed
             self.save()  # nothing lost: the next run resumes from here
             raise
         interval = cfg.checkpoint.save_interval
         if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
             self.save()
         self.export()
+
+    def _log(self, metrics: dict) -> None:
+        cfg = self.cfg
+        loss_tokens = metrics.pop(LOSS_TOKENS, None)
+        if loss_tokens is not None:
+            self.metrics.log_loss_tokens(self.step, [
+                {"id": i, "token": self.tokenizer.decode([i]), "share": share, "count": count}
+                for i, share, count in loss_tokens])
+        if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
+            self.metrics.log(self.step, metrics)
+        self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")), step_time=metrics["step_time"])
 
     def export(self) -> str:
         """The trained student for HF tools: a PEFT adapter (LoRA) or a full HF checkpoint."""
@@ -284,6 +297,8 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics.close()
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.rollouts.close()
         if self.capture is not None:
             self.capture.remove()

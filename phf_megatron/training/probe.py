@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 @torch.no_grad()
 def megatron_logprobs(student, prompt_ids: list[int], completion_ids: list[int]) -> list[float] | None:
-    """Raw log p(completion_t | prefix) under the student (a collective); the values on rank 0, else None."""
+    """Raw log p(completion_t | prefix) under the student (a collective); the values on every rank
+    (each engine's host checks its engine against them), None if no stage computed them."""
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -54,5 +55,4 @@ def megatron_logprobs(student, prompt_ids: list[int], completion_ids: list[int])
             c.train(mode)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, result.get("logprobs"))
-    values = next((g for g in gathered if g is not None), None)
-    return values if dist.get_rank() == 0 else None
+    return next((g for g in gathered if g is not None), None)

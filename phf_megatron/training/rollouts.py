@@ -1,24 +1,36 @@
-"""The trainer's side of the rollout engine: sample for the whole step, push weights after it.
+"""The trainer's side of the rollout engines: each samples its group's prompts; weights pushed after each step.
 
-One engine runs on global rank 0 (vLLM where installed, else transformers). Every rank knows
-the step's prompts (the sampler is deterministic and identical on all ranks); rank 0 samples
-completions for all of them and broadcasts the token ids, and each rank keeps its data-parallel
-slice. After each optimizer step the student's weights (LoRA merged into the base) are gathered
-tensor by tensor from the TP/PP shards of data-parallel replica 0, renamed to HF names by the
-conversion mapping and pushed into the running engine; a probe sequence scored by both sides
-verifies the push (``rollout.verify_sync``): per-tensor fingerprints of what was pushed and
-what the engine holds (``rollout.fingerprint_projections``), then the probe's logprobs.
+Engines (``rollout.num_engines``, ``rollout/groups.py``): the data-parallel replicas are split
+into groups; the first rank of each group hosts an engine (vLLM where installed, else
+transformers). Every rank builds the step's requests (``StepRequests``: the sampler is
+deterministic and identical on all ranks); each host samples the prompts of its group's
+data-parallel ranks (``sample``: engine calls only, so it may run in a background thread:
+``rollout_async.py``), then ``share`` — a collective on the main thread — tells every rank
+whether every engine succeeded and sends each group's completions from its host to the group's
+ranks only. Every completion has its own seed (``rollout/seeds.py``), so the rollouts do not
+depend on the number of engines.
 
-Failures on rank 0 (engine start, a hung generate, a failed sync) are broadcast, so every rank
-raises ``RolloutFailure`` together and the loop can save a checkpoint before exiting. These
-broadcasts go over a gloo group of their own (:func:`control_group`) with a timeout long
-enough for an engine start and a generate call: the other ranks wait in them while rank 0
-works, and NCCL's watchdog would abort a collective that waits past its 10 minutes.
+After each optimizer step (``sync``) the student's weights (LoRA merged into the base) are
+gathered tensor by tensor from the TP/PP shards of each group's first replica, renamed to HF
+names and pushed into that group's engine: the host is a rank of that replica, so the weights
+stay on the host's node whenever the replica's ranks do. Every engine is verified
+(``rollout.verify_sync``): per-tensor fingerprints (``rollout.fingerprint_projections``), then a
+probe sequence scored by the engine against the trainer's logprobs.
+
+A failure on a host (engine start, a hung or dead engine, a failed sync) reaches every rank in
+the next collective, so all ranks raise ``RolloutFailure`` together, naming the engine and its
+host rank, and the loop saves a checkpoint before exiting. These collectives run over gloo
+groups of their own (:func:`control_group`) with a timeout long enough for an engine start and
+a generate call: the other ranks wait in them while the hosts work, and NCCL's watchdog would
+abort a collective that waits past its 10 minutes.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,6 +38,8 @@ import torch.distributed as dist
 from ..convert.live_model import iter_hf_weights
 from ..lora import merged_weight_selector
 from ..rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
+from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_node
+from ..rollout.seeds import sample_seed
 from .config import TrainConfig
 from .model_setup import StudentModel
 from .probe import megatron_logprobs
@@ -35,96 +49,199 @@ PROBE_ATOL = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.05}
 
 
 class RolloutFailure(RuntimeError):
-    """The rollout engine failed on rank 0; raised on every rank."""
+    """A rollout engine failed; raised on every rank, naming the engine and its host rank."""
 
 
-def control_group(timeout_s: float):
-    """A gloo group over every rank for rank 0's status broadcasts (a collective: call on every rank).
-
-    Its timeout covers an engine start plus a generate call (``2 x rollout.timeout_s``, at least
-    30 min). None in a world of one (nothing to wait for).
-    """
+def control_group(timeout_s: float, ranks: list[int] | None = None):
+    """A gloo group (every rank, or ``ranks``) for the hosts' status and completions (a collective:
+    call on every rank). Its timeout covers an engine start plus a generate call (``2 x
+    rollout.timeout_s``, at least 30 min). None in a world of one (nothing to wait for)."""
     if dist.get_world_size() == 1:
         return None
     timeout = datetime.timedelta(seconds=max(2 * timeout_s, 1800.0))
-    return dist.new_group(backend="gloo", timeout=timeout)
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=timeout)
 
 
-def _broadcast(obj, src: int = 0, group=None):
-    box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]
+@dataclass
+class StepRequests:
+    """What the engines sample for one step (identical on every rank)."""
+
+    step: int
+    """0-based optimizer step the samples are for (part of every seed)."""
+    prompts: list[list[int]]
+    """the student's prompt ids of each of the step's prompts, in global order."""
+    on_policy: list[bool]
+    """per sample (``rollout.n`` per prompt): sample a rollout (False: the row's solution, ``rollout.lmbda``)."""
+    analysis_prompts: list[list[int]] | None = None
+    """``data.reason_first``: the teacher's analysis prompt of each prompt."""
+
+
+@dataclass
+class StepSamples:
+    """One group's share of a step, as its engine sampled it."""
+
+    step: int
+    policy_version: int
+    """optimizer steps in the weights that sampled it (the trainer's step count at the last sync)."""
+    completions: dict[int, list[int]] = field(default_factory=dict)
+    """sample index (prompt x rollout.n + j) -> completion ids, for the group's on-policy samples."""
+    analyses: dict[int, list[int]] = field(default_factory=dict)
+    """prompt index -> the teacher's analysis ids (``data.reason_first``)."""
+    seconds: float = 0.0
+    """the engine's wall time for it."""
 
 
 class RolloutDriver:
-    """Owns the engine (rank 0) and the collective protocol around it (all ranks)."""
+    """Owns this rank's engine (hosts) and the collective protocol around the engines (all ranks)."""
 
     def __init__(self, cfg: TrainConfig, student: StudentModel, engine_model_dir: str, eos_token_ids: tuple[int, ...]):
+        from megatron.core import parallel_state as ps
+
         self.cfg = cfg
         self.student = student
-        self.engine = None
         self.eos_token_ids = eos_token_ids
-        self.last_sync_s: float | None = None
-        self.last_probe_diff: float | None = None
-        self.last_fingerprint_diff: float | None = None
-        self.last_fingerprints_checked = 0
-        self.group = control_group(cfg.rollout.timeout_s)
+        self.engine = None
+        self.policy_version: int | None = None
+        self.last_sync: list[dict] = []
+        """per engine after the last sync: seconds, probe_diff, fingerprint_diff, fingerprints_checked."""
+        self.last_engine_s: list[float] = []
+        """per engine: wall time of its share of the last shared step."""
+        self.control = control_group(cfg.rollout.timeout_s)
+        rank = dist.get_rank()
+        places = self.gather(RankPlace(rank, ps.get_data_parallel_rank(), this_node(),
+                                        int(os.environ.get("LOCAL_RANK", 0))))
+        self.groups: EngineGroups = plan_engine_groups(cfg.rollout.num_engines, places,
+                                                       prompts_per_step=cfg.prompts_per_step,
+                                                       engine_tp=cfg.rollout.tensor_parallel_size)
+        self.engine_index = self.groups.group_of(rank)
+        self.host_rank = self.groups.host(self.engine_index)
+        self.is_host = rank == self.host_rank
+        self.name = f"rollout engine {self.engine_index} (host rank {self.host_rank})"
+        self.group = self._group_process_group()
         error = None
-        if dist.get_rank() == 0:
+        if self.is_host:
             try:
-                r = cfg.rollout
-                self.engine = build_engine(EngineConfig(
-                    model_dir=engine_model_dir, backend=r.backend, server_url=r.server_url,
-                    server_weight_transport=r.server_weight_transport, server_nccl_address=r.server_nccl_address,
-                    server_nccl_port=r.server_nccl_port,
-                    dtype=cfg.model.dtype, seed=cfg.training.seed,
-                    timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
-                    gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
-                    max_model_len=cfg.data.max_prompt_length + max(
-                        r.max_tokens, cfg.data.reason_first_max_tokens if cfg.data.reason_first else 0)))
+                self.engine = build_engine(self._engine_config(engine_model_dir))
             except Exception as err:  # noqa: BLE001 - reported to every rank
-                error = f"rollout engine failed to start ({type(err).__name__}): {err}"
-        error = _broadcast(error, group=self.group)
-        if error:
-            raise RolloutFailure(error)
+                error = f"failed to start ({type(err).__name__}): {err}"
+        self._agree(error)
+
+    def _engine_config(self, model_dir: str) -> EngineConfig:
+        cfg, r = self.cfg, self.cfg.rollout
+        return EngineConfig(
+            model_dir=model_dir, backend=r.backend, server_url=r.server_url,
+            server_weight_transport=r.server_weight_transport, server_nccl_address=r.server_nccl_address,
+            server_nccl_port=r.server_nccl_port, dtype=cfg.model.dtype, seed=cfg.training.seed,
+            timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
+            separate_process=bool(r.async_steps),
+            max_model_len=cfg.data.max_prompt_length + max(
+                r.max_tokens, cfg.data.reason_first_max_tokens if cfg.data.reason_first else 0))
+
+    def _group_process_group(self):
+        """The gloo group of this rank's engine group (every rank creates every group, in order)."""
+        if self.groups.num_engines == 1:
+            return self.control
+        mine = None
+        for g, ranks in enumerate(self.groups.ranks):
+            pg = control_group(self.cfg.rollout.timeout_s, list(ranks))
+            if g == self.engine_index:
+                mine = pg
+        return mine if len(self.groups.ranks[self.engine_index]) > 1 else None
+
+    # ----------------------------------------------------------------- collectives
+
+    def gather(self, obj) -> list:
+        """``obj`` of every rank, by rank (gloo; a world of one needs no collective)."""
+        if self.control is None:
+            return [obj]
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def _agree(self, error: str | None, payload=None) -> list:
+        """Every rank learns every host's error (then all raise ``RolloutFailure``) and payload
+        (returned per engine, in engine order)."""
+        report = (f"{self.name}: {error}" if error else None, payload) if self.is_host else None
+        hosts = [r for r in self.gather(report) if r is not None]  # ascending ranks: engine order
+        errors = [e for e, _ in hosts if e]
+        if errors:
+            raise RolloutFailure("; ".join(errors))
+        return [p for _, p in hosts]
 
     # ----------------------------------------------------------------- sampling
 
-    def sampling_params(self, step: int) -> SamplingParams:
+    def rollout_params(self, step: int, prompt: int, sample: int) -> SamplingParams:
+        """One completion of the step's ``prompt`` (its own seed, ``rollout/seeds.py``)."""
         r = self.cfg.rollout
-        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-                              seed=self.cfg.training.seed * 1_000_003 + step, stop_token_ids=self.eos_token_ids)
+        return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
+                              seed=sample_seed(self.cfg.training.seed, step, prompt, sample),
+                              stop_token_ids=self.eos_token_ids)
 
-    def analysis_params(self, step: int) -> SamplingParams:
+    def analysis_params(self, step: int, prompt: int) -> SamplingParams:
         """The teacher's reason-first analysis (``data.reason_first``): one sample per prompt at the
         rollout's temperature / top-p / top-k, at most ``data.reason_first_max_tokens`` tokens
         (official ``opsd_trainer.py`` lines 257-266, 1091-1097), its own seed stream."""
-        return SamplingParams(n=1, temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
-                              top_k=self.cfg.rollout.top_k, max_tokens=self.cfg.data.reason_first_max_tokens,
-                              seed=(self.cfg.training.seed * 1_000_003 + step) * 2 + 1,
+        r = self.cfg.rollout
+        return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_tokens=self.cfg.data.reason_first_max_tokens,
+                              seed=sample_seed(self.cfg.training.seed, step, prompt, stream="analysis"),
                               stop_token_ids=self.eos_token_ids)
 
-    def generate(self, prompts: list[list[int]], step: int, params: SamplingParams | None = None) -> list[list[int]]:
-        """Completion token ids for every prompt of the step (``params.n`` per prompt, flattened;
-        default: the rollout's ``sampling_params``). Collective: every rank calls it with the same prompts."""
-        result = None
-        if self.engine is not None:
+    def sample(self, requests: StepRequests) -> StepSamples:
+        """This host's share of a step: its group's analyses and on-policy rollouts (engine calls
+        only, no collective: safe in a background thread). Raises what the engine raises."""
+        t0 = time.perf_counter()
+        n = self.cfg.rollout.n
+        rows = self.groups.prompts(self.engine_index, len(requests.prompts))
+        out = StepSamples(requests.step, self.policy_version)
+        if requests.analysis_prompts is not None:
+            ids = self._generate([requests.analysis_prompts[i] for i in rows],
+                                 [self.analysis_params(requests.step, i) for i in rows])
+            out.analyses = dict(zip(rows, ids))
+        wanted = [i for i in range(rows.start * n, rows.stop * n) if requests.on_policy[i]]
+        ids = self._generate([requests.prompts[i // n] for i in wanted],
+                             [self.rollout_params(requests.step, i // n, i % n) for i in wanted])
+        out.completions = dict(zip(wanted, ids))
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+        if not prompts:
+            return []
+        self._wake()
+        outs = self.engine.generate(prompts, params)
+        self._sleep()
+        return [list(c.token_ids) for (c,) in outs]
+
+    def share(self, local: StepSamples | BaseException | None, step: int) -> StepSamples:
+        """Collective: every host's outcome reaches every rank (a failed one raises ``RolloutFailure``
+        everywhere); each group's samples go from its host to the group's ranks. ``local``: the host's
+        ``sample`` result or the exception it raised; ignored elsewhere."""
+        error = None
+        if self.is_host and isinstance(local, BaseException):
+            error = f"sampling failed at step {step} ({type(local).__name__}): {local}"
+        self.last_engine_s = self._agree(error, local.seconds if isinstance(local, StepSamples) else None)
+        if self.group is None:
+            return local
+        box = [local if self.is_host else None]
+        dist.broadcast_object_list(box, src=self.host_rank, group=self.group)
+        return box[0]
+
+    def generate(self, requests: StepRequests) -> StepSamples:
+        """``sample`` on the hosts, then ``share`` (collective: every rank calls it)."""
+        local = None
+        if self.is_host:
             try:
-                self._wake()
-                outs = self.engine.generate(prompts, params or self.sampling_params(step))
-                self._sleep()
-                result = [list(c.token_ids) for per_prompt in outs for c in per_prompt]
-            except Exception as err:  # noqa: BLE001
-                result = RolloutFailure(f"rollout generation failed at step {step} ({type(err).__name__}): {err}")
-        result = _broadcast(result, group=self.group)
-        if isinstance(result, RolloutFailure):
-            raise result
-        return result
+                local = self.sample(requests)
+            except Exception as err:  # noqa: BLE001 - reported to every rank
+                local = err
+        return self.share(local, requests.step)
 
     # ----------------------------------------------------------------- weight sync
 
     def _named_tensors(self):
-        """HF-named merged weights of the whole model (every rank of data-parallel replica 0 iterates)."""
+        """HF-named merged weights of the whole model (every rank of the replica iterates)."""
         from megatron.core import parallel_state as ps
 
         pp_group = ps.get_pipeline_model_parallel_group()
@@ -143,15 +260,16 @@ class RolloutDriver:
         atol = self.cfg.rollout.probe_atol or PROBE_ATOL[self.cfg.model.dtype]
         return SyncProbe(prompt, completion, logprobs, atol=atol)
 
-    def sync(self) -> None:
-        """Push the student's current weights into the engine (collective over all ranks)."""
+    def sync(self, version: int) -> None:
+        """Push the student's current weights (``version`` optimizer steps) into every engine from its
+        group's first replica, and verify each (collective over all ranks)."""
         from megatron.core import parallel_state as ps
 
-        probe = self._probe()  # every rank takes part in the probe forward; rank 0 gets the values
-        error = None
-        if ps.get_data_parallel_rank() == 0:
+        probe = self._probe()  # every rank takes part in the probe forward
+        error = stats = None
+        if ps.get_data_parallel_rank() == self.groups.dp_ranks(self.engine_index).start:
             stream = self._named_tensors()
-            if self.engine is not None:
+            if self.is_host:
                 try:
                     self._wake()
                     r = self.cfg.rollout
@@ -159,19 +277,29 @@ class RolloutDriver:
                                           fingerprint_projections=r.fingerprint_projections if r.verify_sync else 0,
                                           fingerprint_seed=self.cfg.training.seed)
                     self._sleep()
-                    self.last_sync_s, self.last_probe_diff = report.seconds, report.probe_max_abs_diff
-                    self.last_fingerprint_diff = report.fingerprint_max_rel_diff
-                    self.last_fingerprints_checked = report.fingerprints_checked
+                    stats = dict(seconds=report.seconds, probe_diff=report.probe_max_abs_diff,
+                                 fingerprint_diff=report.fingerprint_max_rel_diff,
+                                 fingerprints_checked=report.fingerprints_checked)
                 except Exception as err:  # noqa: BLE001
-                    error = f"weight sync failed ({type(err).__name__}): {err}"
-                    for _ in stream:  # keep the other ranks' collectives in step
-                        pass
-            else:
-                for _ in stream:
-                    pass
-        error = _broadcast(error, group=self.group)
-        if error:
-            raise RolloutFailure(error)
+                    error = f"weight sync to version {version} failed ({type(err).__name__}): {err}"
+            for _ in stream:  # the rest of the replica's gathers (all of them off the host)
+                pass
+        self.last_sync = self._agree(error, stats)
+        self.policy_version = version
+
+    def sync_metrics(self) -> dict:
+        """The last sync over all engines: the worst probe and fingerprint deviation, the fewest
+        fingerprints checked, the slowest engine's push + verification (``time_engine_sync_s``);
+        with several engines each one's probe deviation too."""
+        diffs = [s["probe_diff"] for s in self.last_sync]
+        fps = [s["fingerprint_diff"] for s in self.last_sync if s["fingerprint_diff"] is not None]
+        out = dict(sync_probe_diff=None if None in diffs or not diffs else max(diffs),
+                   sync_fingerprint_diff=max(fps) if fps else None,
+                   sync_fingerprints_checked=min((s["fingerprints_checked"] for s in self.last_sync), default=0),
+                   time_engine_sync_s=max((s["seconds"] for s in self.last_sync), default=None))
+        if len(self.last_sync) > 1:
+            out["sync_probe_diff_by_engine"] = diffs
+        return out
 
     def _wake(self) -> None:
         if self.cfg.rollout.enable_sleep_mode:

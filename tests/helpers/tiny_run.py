@@ -7,8 +7,9 @@ import json
 import os
 import re
 import subprocess
+import sys
 
-from . import REPO, run_python
+from . import REPO, python_env, run_python
 
 #: Lines that are warnings: Python's (``...: UserWarning: ...``), vLLM's (``(EngineCore pid=1) WARNING
 #: 11-24 ...``) and torch's own log (``[rank0]:W1124 04:19:02.41 ...``, ``[W1124 ... utils.cpp:68] Warning:``).
@@ -30,14 +31,23 @@ def make_toy_jsonl(path: str, rows: int = 16) -> str:
     return path
 
 
-def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+def train_command(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
+                  torchrun: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` of ``python -m phf_megatron.train`` on the tiny CPU preset: a plain process for
+    nproc 1, else under torchrun (``--standalone``, or the agent options ``torchrun``)."""
     args = ["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), f"--model.hf_dir={hf_dir}",
             f"--data.path={data}", f"--run_dir={run_dir}", "--logging.tensorboard=false",
             "--logging.progress_bar=false", "--rollout.backend=hf", "--rollout.max_tokens=12", *overrides]
-    launcher = ["-m", "phf_megatron.train"] if nproc == 1 else [
-        "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "phf_megatron.train"]
-    return run_python(launcher + args, timeout=timeout)
+    launcher = ["-m", "phf_megatron.train"] if nproc == 1 and not torchrun else [
+        "-m", "torch.distributed.run", *(torchrun or ("--standalone",)), f"--nproc-per-node={nproc}",
+        "-m", "phf_megatron.train"]
+    return [sys.executable, *launcher, *args], python_env()
+
+
+def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+    argv, _env = train_command(hf_dir, data, run_dir, *overrides, nproc=nproc)
+    return run_python(argv[1:], timeout=timeout)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:

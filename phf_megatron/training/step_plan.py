@@ -1,0 +1,111 @@
+"""A step's prompts, what the engines sample for it, and what this rank trains on.
+
+Every rank plans every step the same way (``StepPlanner.plan``): the step's rows, read from a
+copy of the sampler (the sampler itself advances only when the step's update is done, so a
+checkpoint's data position never counts a step that did not train, and the overlapped mode can
+plan step k+1 during step k), their prompt pairs, and the engines' ``StepRequests``. Once its
+group's samples arrive, a rank assembles the (prompt pair, completion) of every sample of its
+group (``StepPlanner.training_samples``); samples of other groups stay None: the batch builder
+reads only this rank's data-parallel block.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+
+from ..config_errors import fail
+from ..data import PromptConfig, PromptPair, build_prompt_pair
+from ..data.prompts import encode_prompt, render_student_prompt
+from ..data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
+from .batches import local_samples
+from .config import TrainConfig
+from .policy_mix import on_policy_samples, solution_completion
+from .rollouts import StepRequests, StepSamples
+
+
+def peek_rows(sampler, skip: int, count: int) -> list[int]:
+    """The ``count`` row indices after the next ``skip`` ones, leaving ``sampler`` where it is."""
+    ahead = copy.deepcopy(sampler)
+    ahead.take(skip)
+    return ahead.take(count)
+
+
+@dataclass
+class StepPlan:
+    """One step's inputs, identical on every rank."""
+
+    step: int
+    indices: list[int]
+    """the step's dataset rows (``training.prompts_per_step`` of them)."""
+    rows: list
+    pairs: list[PromptPair] | None
+    """prompt pair per row; None with ``data.reason_first`` (the teacher prompt needs the analysis)."""
+    requests: StepRequests
+
+
+class StepPlanner:
+    """Builds ``StepPlan``s and this rank's training samples (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, dataset, tokenizer, prompt_config: PromptConfig, dp_size: int):
+        self.cfg, self.dataset, self.tokenizer, self.prompt_config = cfg, dataset, tokenizer, prompt_config
+        self.dp_size = dp_size
+
+    def plan(self, step: int, sampler, steps_ahead: int = 0) -> StepPlan:
+        """The plan of ``step``, ``steps_ahead`` steps after the sampler's position."""
+        cfg, p = self.cfg, self.cfg.prompts_per_step
+        indices = peek_rows(sampler, steps_ahead * p, p)
+        rows = [self.dataset[i] for i in indices]
+        on_policy = on_policy_samples(cfg.rollout.lmbda, cfg.training.seed, step, p * cfg.rollout.n, self.dp_size,
+                                      cfg.training.micro_batch_size)
+        if cfg.data.reason_first:
+            analysis = [analysis_prompt_ids(self.tokenizer, r.problem, r.solution) for r in rows]
+            self._check_lengths(step, rows, analysis)
+            student = [encode_prompt(self.tokenizer, render_student_prompt(self.tokenizer, r.problem,
+                                                                           self.prompt_config)) for r in rows]
+            return StepPlan(step, indices, rows, None, StepRequests(step, student, on_policy, analysis))
+        pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
+        self._check_lengths(step, rows, [q.teacher_ids for q in pairs])
+        return StepPlan(step, indices, rows, pairs, StepRequests(step, [q.student_ids for q in pairs], on_policy))
+
+    def _check_lengths(self, step: int, rows, prompts) -> None:
+        too_long = [i for i, q in enumerate(prompts) if len(q) > self.cfg.data.max_prompt_length]
+        if too_long:
+            raise fail("data.max_prompt_length", f"{len(too_long)} prompt(s) of step {step} exceed "
+                       f"{self.cfg.data.max_prompt_length} tokens (e.g. {rows[too_long[0]].origin})")
+
+    def training_samples(self, plan: StepPlan, samples: StepSamples, group_prompts: range):
+        """``(pairs, completions)``, one entry per sample of the step (``rollout.n`` per prompt): the prompt
+        pair and the completion (the rollout, or with ``rollout.lmbda`` < 1 the row's solution) for the
+        samples of ``group_prompts``, None for the others."""
+        n, req = self.cfg.rollout.n, plan.requests
+        pairs: list[PromptPair | None] = [None] * len(plan.rows) * n
+        completions: list[list[int] | None] = [None] * len(plan.rows) * n
+        for r in group_prompts:
+            if plan.pairs is not None:
+                pair = plan.pairs[r]
+            else:
+                pair = PromptPair(student_ids=req.prompts[r], teacher_ids=reason_first_teacher_ids(
+                    self.tokenizer, req.analysis_prompts[r], samples.analyses[r], self.prompt_config))
+            for i in range(r * n, (r + 1) * n):
+                pairs[i] = pair
+                completions[i] = samples.completions[i] if req.on_policy[i] else solution_completion(
+                    self.tokenizer, plan.rows[r].solution, self.cfg.rollout.max_tokens)
+        return pairs, completions
+
+
+def local_rollout_record(completions: list, dp_rank: int, dp_size: int) -> dict[int, tuple[int, str]]:
+    """This data-parallel rank's samples: index -> (tokens, sha256 of the ids)."""
+    return {i: (len(completions[i]), hashlib.sha256(repr(list(completions[i])).encode()).hexdigest())
+            for i in local_samples(len(completions), dp_rank, dp_size)}
+
+
+def rollout_stats(records: list[dict[int, tuple[int, str]]]) -> dict:
+    """``rollout_tokens`` (mean completion length of the step) and ``rollout_digest`` (52 bits of a
+    hash of every sample's ids in sample order: equal digests, equal rollouts, whatever the layout)
+    from every rank's ``local_rollout_record``."""
+    merged = {i: v for record in records for i, v in record.items()}
+    digest = hashlib.sha256("".join(f"{i}:{merged[i][1]};" for i in sorted(merged)).encode()).hexdigest()
+    return dict(rollout_tokens=sum(t for t, _ in merged.values()) / max(len(merged), 1),
+                rollout_digest=int(digest[:13], 16))
