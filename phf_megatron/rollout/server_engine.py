@@ -91,11 +91,7 @@ class VLLMServerEngine(RolloutEngine):
         for name, value in (("request_timeout_s", request_timeout_s), ("start_timeout_s", start_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name}: must be > 0, got {value}")
-        try:
-            spec = WeightSpec.from_hf_dir(model_dir)
-        except (OSError, ValueError) as exc:
-            raise EngineStartError(f"vllm_server: cannot read the weights of {model_dir!r}: {exc}") from exc
-        super().__init__(spec, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        super().__init__(WeightSpec.for_engine(model_dir, "vllm_server"), bucket_bytes=bucket_bytes, timeout_s=timeout_s)
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self.weight_transport = resolve_weight_transport(weight_transport)

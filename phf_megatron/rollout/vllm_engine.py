@@ -147,11 +147,7 @@ class VLLMEngine(RolloutEngine):
         self.in_process = tensor_parallel_size == 1 and not separate_process and not _inside_multi_rank_group()
         if not on_gpu and tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: CPU vLLM runs in one process here, got {tensor_parallel_size}")
-        try:
-            spec = WeightSpec.from_hf_dir(model_dir)
-        except (OSError, ValueError) as exc:
-            raise EngineStartError(f"vLLM: cannot read the weights of {model_dir!r}: {exc}") from exc
-        super().__init__(spec, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+        super().__init__(WeightSpec.for_engine(model_dir, "vLLM"), bucket_bytes=bucket_bytes, timeout_s=timeout_s)
         kwargs = dict(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       tensor_parallel_size=tensor_parallel_size,
                       enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,

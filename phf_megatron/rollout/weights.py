@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import WeightMismatchError
+from .errors import EngineStartError, WeightMismatchError
 
 #: Qwen3's fused parameters in vLLM (``Qwen3ForCausalLM.packed_modules_mapping``).
 QWEN3_PACKED_MODULES: dict[str, tuple[str, ...]] = {
@@ -76,6 +76,15 @@ class WeightSpec:
         tied = _config_ties_embeddings(model_dir)
         aliases = {a: t for a, t in TIED_ALIASES.items() if tied and t in shapes and a not in shapes}
         return cls(shapes=shapes, dtype=dtypes.pop() if len(dtypes) == 1 else None, tied_aliases=aliases)
+
+    @classmethod
+    def for_engine(cls, model_dir: str, engine: str) -> "WeightSpec":
+        """``from_hf_dir`` for an engine starting on ``model_dir``: an unreadable directory is an
+        ``EngineStartError`` naming the engine (``engine``) and the directory."""
+        try:
+            return cls.from_hf_dir(model_dir)
+        except (OSError, ValueError) as exc:
+            raise EngineStartError(f"{engine}: cannot read the weights of {model_dir!r}: {exc}") from exc
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
         """Raise WeightMismatchError unless ``tensor`` may be pushed as ``name``."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from phf_megatron.rollout.errors import WeightMismatchError
+from phf_megatron.rollout.errors import EngineStartError, WeightMismatchError
 from phf_megatron.rollout.weights import QWEN3_PACKED_MODULES, WeightSpec, fused_groups, iter_buckets
 
 from ..helpers.tiny_qwen3 import build_tiny_qwen3, save_tiny_qwen3
@@ -21,6 +21,11 @@ def spec(model):
 
 def _bucket_names(buckets):
     return [[n for n, _ in b] for b in buckets]
+
+
+def test_an_engine_on_a_directory_without_weights_fails_naming_engine_and_directory(tmp_path):
+    with pytest.raises(EngineStartError, match=rf"^vLLM: cannot read the weights of '{tmp_path}': .*no \*\.safetensors"):
+        WeightSpec.for_engine(str(tmp_path), "vLLM")
 
 
 def test_spec_from_safetensors_headers_equals_spec_from_module(tmp_path):
