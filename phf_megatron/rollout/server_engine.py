@@ -102,7 +102,7 @@ class VLLMServerEngine(RolloutEngine):
         self._transfer = None          # the NCCL trainer engine, opened at the first push
         self._rpc_ready = False
         self._paused = False
-        self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
+        self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
 
     # ------------------------------------------------------------------ HTTP

@@ -176,7 +176,7 @@ class VLLMEngine(RolloutEngine):
         except Exception as exc:
             raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)) from exc
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self._tied_embedding_name = next(iter(spec.tied_aliases.values()), None)
+        self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
         self._died: str | None = None
         self._watch_engine_process()
