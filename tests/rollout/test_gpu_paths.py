@@ -211,22 +211,23 @@ def _control_group_rank(rank, world, port, out):
 
     import torch.distributed as dist
 
-    from phf_megatron.training.rollouts import _broadcast, control_group
+    from phf_megatron.training.rollouts import control_group
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=2))
     group = control_group(timeout_s=600)
     if rank == 0:
         time.sleep(4)                                  # "starting the engine": longer than the default timeout
-    got = _broadcast("engine up" if rank == 0 else None, group=group)
+    status = [None] * world                            # the driver's status exchange (RolloutDriver.gather)
+    dist.all_gather_object(status, "engine up" if rank == 0 else None, group=group)
     default_ok = True
     if rank == 1:
         try:
-            _broadcast(None)                           # rank 0 never joins this one: the default timeout fires
+            dist.all_gather_object([None] * world, None)  # rank 0 never joins this one: the default timeout fires
         except RuntimeError:
             default_ok = False
     else:
         time.sleep(4)
-    torch.save((got, default_ok), os.path.join(out, f"{rank}.pt"))
+    torch.save((status[0], default_ok), os.path.join(out, f"{rank}.pt"))
     dist.destroy_process_group()
 
 
