@@ -190,6 +190,9 @@ class VLLMEngine(RolloutEngine):
     def _death(self) -> str | None:
         """Why the spawned engine process is gone (its exit code), or None while it runs."""
         _, manager = self._engine_processes()
+        for proc in getattr(manager, "processes", None) or []:
+            if proc.exitcode is None and multiprocessing.connection.wait([proc.sentinel], timeout=0):
+                proc.join(timeout=5)  # its sentinel closes as it exits, a moment before it is reaped
         finished = manager.finished_procs() if hasattr(manager, "finished_procs") else {}
         if not finished:
             return None
@@ -215,7 +218,7 @@ class VLLMEngine(RolloutEngine):
             multiprocessing.connection.wait(sentinels)
             if self._broken == "closed":
                 return
-            self._died = self._death() or "vLLM's engine process exited"
+            self._died = self._death() or f"vLLM's engine process exited (pid {self.pid})"
             self._broken = self._died
             error = EngineDiedError(self._died)
             for future in list(getattr(client, "utility_results", {}).values()):
