@@ -31,7 +31,8 @@ if [ ! -f "$stamp" ]; then
   rm -f "$VENV"/.phf-deps-*
   touch "$stamp"
 fi
-python - <<'PY'
+# -W ignore: Megatron-Core warns at import that TE/Apex are absent (optional): keep the log quiet (issue 14).
+python -W ignore - <<'PY'
 import torch, megatron.core, transformers
 print(f"[setup] python ok: torch {torch.__version__}, megatron-core {megatron.core.__version__}, transformers {transformers.__version__}")
 PY

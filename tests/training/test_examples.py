@@ -7,10 +7,13 @@ full recompute and LoRA, the rollout engine on rank 0 synced and verified every 
 unit tests cannot: the launcher's shell, the preset as a whole, the pieces meeting.
 """
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 from ..helpers import REPO
@@ -50,3 +53,21 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
     log = proc.stdout + proc.stderr
     assert warning_lines(log) == [], "\n".join(warning_lines(log)[:20])
     assert log.count("phf_megatron.train: attention SDPA (Megatron local spec)") == 1   # rank 0 says it once
+
+
+def test_setup_check_of_an_installed_venv_is_quiet():
+    """The first lines of the README's main job: ``scripts/setup_env.sh`` on a venv already installed
+    (CI's, set up by the same script) only checks the imports, and Megatron-Core's TE/Apex import
+    warnings stay out of the user's log."""
+    deps = b"".join(open(os.path.join(REPO, f), "rb").read()
+                    for f in ("pyproject.toml", "setup.py", "requirements/cpu-ci.txt"))
+    stamp = os.path.join(sys.prefix, ".phf-deps-" + hashlib.sha256(deps).hexdigest()[:16])
+    if not os.path.isfile(stamp):
+        pytest.skip("this venv was not installed by scripts/setup_env.sh for the current dependency files")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    proc = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**env, "PHF_VENV": sys.prefix})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert "[setup] python ok: torch" in log and "installing" not in log, log[-3000:]
+    assert warning_lines(log) == [], "\n".join(warning_lines(log))
