@@ -187,10 +187,15 @@ class VLLMEngine(RolloutEngine):
         client = getattr(self.llm.llm_engine, "engine_core", None)
         return client, getattr(getattr(client, "resources", None), "engine_manager", None)
 
+    def _processes(self) -> list:
+        """The spawned engine process(es) (none in process)."""
+        _, manager = self._engine_processes()
+        return list(getattr(manager, "processes", None) or [])
+
     def _death(self) -> str | None:
         """Why the spawned engine process is gone (its exit code), or None while it runs."""
         _, manager = self._engine_processes()
-        for proc in getattr(manager, "processes", None) or []:
+        for proc in self._processes():
             if proc.exitcode is None and multiprocessing.connection.wait([proc.sentinel], timeout=0):
                 proc.join(timeout=5)  # its sentinel closes as it exits, a moment before it is reaped
         finished = manager.finished_procs() if hasattr(manager, "finished_procs") else {}
@@ -202,8 +207,7 @@ class VLLMEngine(RolloutEngine):
     @property
     def pid(self) -> int | None:
         """The spawned engine process's pid (None in process)."""
-        _, manager = self._engine_processes()
-        procs = getattr(manager, "processes", None) or []
+        procs = self._processes()
         return procs[0].pid if procs else None
 
     def _watch_engine_process(self) -> None:

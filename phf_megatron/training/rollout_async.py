@@ -60,8 +60,9 @@ class RolloutPrefetch:
         """This group's samples of ``requests.step`` (collective), then the prefetch of ``following``
         (None: nothing to prefetch)."""
         step = requests.step
-        if self._restored is not None and self._restored["step"] == step:
-            samples = self._from_restored(len(requests.prompts))
+        restored = self._restored_at(step)
+        if restored is not None:
+            samples = self._from_restored(restored, len(requests.prompts))
         elif self._pending is not None and self._pending[0] == step:
             samples = self.driver.share(self._result(), step)
         else:
@@ -89,8 +90,12 @@ class RolloutPrefetch:
         if self._pending is not None and self._pending[1] is not None:
             concurrent.futures.wait([self._pending[1]], timeout=self.wait_s)
 
-    def _from_restored(self, num_prompts: int) -> StepSamples:
-        saved, n = self._restored, self.driver.cfg.rollout.n
+    def _restored_at(self, step: int) -> dict | None:
+        """The checkpoint's samples if they are those of ``step``, else None."""
+        return self._restored if self._restored is not None and self._restored["step"] == step else None
+
+    def _from_restored(self, saved: dict, num_prompts: int) -> StepSamples:
+        n = self.driver.cfg.rollout.n
         rows = self.driver.groups.prompts(self.driver.engine_index, num_prompts)
         return StepSamples(saved["step"], saved["policy_version"],
                            completions={i: c for i, c in saved["completions"].items() if i // n in rows},
@@ -101,19 +106,17 @@ class RolloutPrefetch:
     def prepare_checkpoint(self, step: int) -> None:
         """Collective, before a save at ``step`` (steps done): gather every host's finished prefetch of
         that step into what the part saves (None unless every engine has one)."""
-        local = None
-        if self._restored is not None and self._restored["step"] == step:
-            local = self._restored
-        elif self.driver.is_host and self._pending is not None and self._pending[0] == step:
+        restored, local = self._restored_at(step), None
+        if restored is None and self.driver.is_host and self._pending is not None and self._pending[0] == step:
             self.settle()
             result = self._result()
             if isinstance(result, StepSamples):
                 local = dict(step=result.step, policy_version=result.policy_version,
                              completions=result.completions, analyses=result.analyses)
-        gathered = self.driver.gather((self.driver.is_host, local))
+        gathered = self.driver.gather((self.driver.is_host, local))  # every rank takes part, restored or not
         hosts = [s for is_host, s in gathered if is_host]
-        if self._restored is not None and self._restored["step"] == step:
-            self._saved = self._restored
+        if restored is not None:
+            self._saved = restored
         elif hosts and all(s is not None for s in hosts):
             self._saved = dict(step=step, policy_version=hosts[0]["policy_version"],
                                completions={i: c for s in hosts for i, c in s["completions"].items()},
