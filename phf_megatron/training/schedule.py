@@ -18,24 +18,29 @@ import math
 
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from .config import OptimizerConfig, TrainConfig, TrainingConfig, fail
+from .config import OptimizerConfig, TrainConfig, fail
 
 
-def steps_per_epoch(num_rows: int, global_batch_size: int) -> int:
-    """Optimizer steps in one pass over the data (the last, short batch counts, as in HF)."""
+def steps_per_epoch(num_rows: int, rows_per_step: int) -> int:
+    """Optimizer steps in one pass over the data (the last, short batch counts, as in HF).
+
+    ``rows_per_step`` is the number of dataset rows (prompts) one step consumes:
+    ``TrainConfig.prompts_per_step`` = ``global_batch_size / rollout.n`` (``global_batch_size``
+    counts completions; with ``rollout.n = G`` completions per prompt a step reads G times fewer rows).
+    """
     if num_rows <= 0:
         raise ValueError(f"num_rows: the dataset is empty ({num_rows} rows)")
-    if global_batch_size <= 0:
-        raise ValueError(f"global_batch_size: must be > 0, got {global_batch_size}")
-    return math.ceil(num_rows / global_batch_size)
+    if rows_per_step <= 0:
+        raise ValueError(f"rows_per_step: must be > 0, got {rows_per_step}")
+    return math.ceil(num_rows / rows_per_step)
 
 
-def lr_decay_iters(optim: OptimizerConfig, training: TrainingConfig, num_rows: int) -> int:
+def lr_decay_iters(optim: OptimizerConfig, rows_per_step: int, num_rows: int) -> int:
     """The cosine's length in steps: ``optimizer.lr_decay_iters`` or epochs x steps per epoch."""
     if optim.lr_decay_iters is not None:
         decay = optim.lr_decay_iters
     else:
-        decay = math.ceil(optim.num_train_epochs * steps_per_epoch(num_rows, training.global_batch_size))
+        decay = math.ceil(optim.num_train_epochs * steps_per_epoch(num_rows, rows_per_step))
     if decay <= optim.lr_warmup_iters:
         raise fail("optimizer.lr_decay_iters", f"the schedule spans {decay} steps, not more than "
                    f"lr_warmup_iters = {optim.lr_warmup_iters}")
@@ -71,7 +76,7 @@ def _check_param_groups(optimizer, optim: OptimizerConfig) -> None:
                                  f"{want!r}; build the Megatron optimizer with megatron_optimizer_config(cfg)")
 
 
-def build_scheduler(optimizer, optim: OptimizerConfig, training: TrainingConfig, num_rows: int) -> OptimizerParamScheduler:
+def build_scheduler(optimizer, optim: OptimizerConfig, rows_per_step: int, num_rows: int) -> OptimizerParamScheduler:
     """Megatron's scheduler over ``optimizer.param_groups`` (a Megatron or a torch optimizer).
 
     It sets ``lr`` of every param group at construction (step 0); call ``.step(1)`` after each
@@ -79,7 +84,7 @@ def build_scheduler(optimizer, optim: OptimizerConfig, training: TrainingConfig,
     ``state_dict()`` goes into the checkpoint.
     """
     _check_param_groups(optimizer, optim)
-    decay = lr_decay_iters(optim, training, num_rows)
+    decay = lr_decay_iters(optim, rows_per_step, num_rows)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if optim.lr_warmup_iters > 0 else optim.lr,
@@ -113,6 +118,6 @@ def load_scheduler_state(scheduler: OptimizerParamScheduler, state: dict) -> Non
     diffs = [f"{k}: checkpoint {state.get(k)!r}, now {current[k]!r}" for k in _SCHEDULE_KEYS if state.get(k) != current[k]]
     if diffs:
         raise ValueError("the learning-rate schedule differs from the checkpoint's (optimizer.* settings, "
-                         "training.global_batch_size, or the dataset's row count): " + "; ".join(diffs))
+                         "training.global_batch_size, rollout.n, or the dataset's row count): " + "; ".join(diffs))
     scheduler.num_steps = 0  # Megatron's load adds the saved count to the current one
     scheduler.load_state_dict(state)

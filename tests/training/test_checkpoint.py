@@ -13,7 +13,7 @@ from phf_megatron.training import checkpoint as ckpt
 from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, rng_part, stateful_part, tensors_part,
 )
-from phf_megatron.training.config import OptimizerConfig, TrainingConfig
+from phf_megatron.training.config import OptimizerConfig
 from phf_megatron.training.distributed import seed_everything
 from phf_megatron.training.schedule import build_scheduler, load_scheduler_state
 
@@ -31,7 +31,7 @@ class ToyRun:
                                          torch.nn.Linear(16, 1))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1.0, weight_decay=0.01)
         optim = OptimizerConfig(lr=1e-2, lr_decay_iters=6)
-        self.sched = build_scheduler(self.opt, optim, TrainingConfig(micro_batch_size=2, global_batch_size=4), 40)
+        self.sched = build_scheduler(self.opt, optim, 4, 40)
         self.sampler = ToySampler(num_rows=10, seed=3)
         self.ema = {n: p.detach().clone() for n, p in self.model.named_parameters()}
 

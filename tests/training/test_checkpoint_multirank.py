@@ -72,7 +72,7 @@ def _build(seed: int, dp_rank: int, scenario: str):
         optimizer=OptimizerConfig(lr=1e-2, lr_decay_iters=6, weight_decay=0.01, clip_grad=0.0),
         training=TrainingConfig(micro_batch_size=2, global_batch_size=BATCH))
     opt = get_megatron_optimizer(megatron_optimizer_config(run_cfg), [ddp])
-    sched = build_scheduler(opt, run_cfg.optimizer, run_cfg.training, 40)
+    sched = build_scheduler(opt, run_cfg.optimizer, run_cfg.prompts_per_step, 40)
     sampler = ToySampler(num_rows=10, seed=3)
     ema = {n: p.detach().clone() for n, p in module.named_parameters()}
     if scenario == "dp2":

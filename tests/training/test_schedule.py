@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from phf_megatron.training.config import OptimizerConfig, TrainConfig, TrainingConfig
+from phf_megatron.training.config import OptimizerConfig, RolloutConfig, TrainConfig, TrainingConfig
 from phf_megatron.training.schedule import (
     build_scheduler, current_lr, load_scheduler_state, lr_decay_iters, megatron_optimizer_config, steps_per_epoch,
 )
@@ -27,13 +27,13 @@ def _optimizer() -> torch.optim.Optimizer:
 def test_official_span_is_thirty_epochs_of_ceil_rows_over_batch():
     assert steps_per_epoch(OFFICIAL_ROWS, 32) == 920  # 919 full batches + 1 short one
     cfg = TrainConfig()
-    assert lr_decay_iters(cfg.optimizer, cfg.training, OFFICIAL_ROWS) == 27_600
+    assert lr_decay_iters(cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS) == 27_600
 
 
 def test_lr_at_steps_0_50_100_matches_closed_form():
     cfg = TrainConfig()
     opt = _optimizer()
-    sched = build_scheduler(opt, cfg.optimizer, cfg.training, OFFICIAL_ROWS)
+    sched = build_scheduler(opt, cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS)
     seen = {0: current_lr(sched)}
     for step in range(1, cfg.training.train_iters + 1):
         opt.step()
@@ -48,7 +48,7 @@ def test_lr_at_steps_0_50_100_matches_closed_form():
 def test_short_schedule_reaches_min_lr_and_stays():
     optim = OptimizerConfig(lr=1e-3, min_lr=1e-5, lr_decay_iters=100)
     opt = _optimizer()
-    sched = build_scheduler(opt, optim, TrainingConfig(), OFFICIAL_ROWS)
+    sched = build_scheduler(opt, optim, TrainConfig().prompts_per_step, OFFICIAL_ROWS)
     lrs = [current_lr(sched)]
     for _ in range(120):
         sched.step(1)
@@ -61,7 +61,7 @@ def test_short_schedule_reaches_min_lr_and_stays():
 
 def test_warmup_is_linear_from_zero():
     optim = OptimizerConfig(lr=1e-3, lr_warmup_iters=10, lr_decay_iters=110)
-    sched = build_scheduler(_optimizer(), optim, TrainingConfig(), OFFICIAL_ROWS)
+    sched = build_scheduler(_optimizer(), optim, TrainConfig().prompts_per_step, OFFICIAL_ROWS)
     lrs = [current_lr(sched)]
     for _ in range(20):
         sched.step(1)
@@ -72,16 +72,16 @@ def test_warmup_is_linear_from_zero():
 
 def test_scheduler_state_round_trip_and_mismatch():
     cfg = TrainConfig()
-    sched = build_scheduler(_optimizer(), cfg.optimizer, cfg.training, OFFICIAL_ROWS)
+    sched = build_scheduler(_optimizer(), cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS)
     for _ in range(37):
         sched.step(1)
     state = sched.state_dict()
     fresh_opt = _optimizer()
-    fresh = build_scheduler(fresh_opt, cfg.optimizer, cfg.training, OFFICIAL_ROWS)
+    fresh = build_scheduler(fresh_opt, cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS)
     fresh.step(5)  # a non-fresh scheduler must still land on the saved step
     load_scheduler_state(fresh, state)
     assert fresh.num_steps == 37 and current_lr(fresh) == current_lr(sched)
-    other = build_scheduler(_optimizer(), cfg.optimizer, cfg.training, 1000)  # another dataset size
+    other = build_scheduler(_optimizer(), cfg.optimizer, cfg.prompts_per_step, 1000)  # another dataset size
     with pytest.raises(ValueError, match=r"lr_decay_steps: checkpoint 27600, now 960"):
         load_scheduler_state(other, state)
 
@@ -94,9 +94,19 @@ def test_megatron_param_groups_must_agree_with_the_schedule():
     opt = _optimizer()
     opt.param_groups[0]["max_lr"], opt.param_groups[0]["min_lr"] = 5e-6, None  # Megatron's default min_lr
     with pytest.raises(ValueError, match=r"min_lr = None but the schedule uses 0.0.*megatron_optimizer_config"):
-        build_scheduler(opt, cfg.optimizer, cfg.training, OFFICIAL_ROWS)
+        build_scheduler(opt, cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS)
 
 
 def test_empty_dataset_is_an_error():
     with pytest.raises(ValueError, match="num_rows: the dataset is empty"):
         steps_per_epoch(0, 32)
+
+
+def test_epoch_counts_prompts_not_completions():
+    """With rollout.n = G completions per prompt, a step reads global_batch_size / G rows: the
+    epoch (and so the cosine's span) is G times longer in steps than a count of completions gives."""
+    cfg = TrainConfig(training=TrainingConfig(global_batch_size=32), rollout=RolloutConfig(n=8))
+    assert cfg.prompts_per_step == 4
+    assert lr_decay_iters(cfg.optimizer, cfg.prompts_per_step, OFFICIAL_ROWS) == 30 * math.ceil(OFFICIAL_ROWS / 4)
+    one = TrainConfig(training=TrainingConfig(global_batch_size=32), rollout=RolloutConfig(n=1))
+    assert lr_decay_iters(one.optimizer, one.prompts_per_step, OFFICIAL_ROWS) == 27_600  # n = 1: unchanged
