@@ -1,11 +1,13 @@
 """Benchmark loading: the sets shipped with the package, a data directory, the Hub; clear errors
 naming file and line on bad input, and a missing directory or file as one line at once (the CLI too)."""
 
+import fnmatch
 import json
 import os
 import shutil
 import socket
 import time
+import tomllib
 
 import pytest
 
@@ -27,6 +29,16 @@ def test_paper_benchmarks_are_shipped_with_the_package(name, tmp_path):
     assert len({p.id for p in problems}) == 30 and all(p.problem and p.answer for p in problems)
     if name != "hmmt25":
         assert all(p.answer.isdigit() and 0 <= int(p.answer) <= 999 for p in problems)
+
+
+def test_every_packaged_file_is_package_data():
+    """``pip install`` (not only a checkout) carries the sets: pyproject's package-data globs cover
+    every file of ``sets/``."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["phf_megatron.eval"]
+    files = sorted(os.listdir(PACKAGED_SETS))
+    assert {f"{name}.jsonl" for name in KNOWN_BENCHMARKS} | {"README.md"} == set(files)
+    assert [f for f in files if not any(fnmatch.fnmatch(f"sets/{f}", g) for g in globs)] == []
 
 
 def _write(tmp_path, lines, name="set.jsonl"):
