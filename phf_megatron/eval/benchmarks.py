@@ -1,16 +1,25 @@
 """Benchmarks by name (aime24, aime25, hmmt25) or any JSONL file with problem/answer fields.
 
-A name resolves to ``<data_dir>/<name>.jsonl`` when that file exists, else (online, with the
-``datasets`` package) to the Hugging Face dataset the official OPSD evaluation uses. Rows need
-``problem`` and ``answer`` (``question`` / ``gold`` are accepted aliases); ``id`` is optional.
-Every problem with a file is reported as ``path:line``.
+Where a name's problems come from (``data_dir``):
+
+* left out: the copy shipped with the package, ``sets/<name>.jsonl`` (provenance and licence in
+  ``sets/README.md``): no network, no extra package;
+* a directory: ``<data_dir>/<name>.jsonl``, which must exist;
+* ``hub``: the Hugging Face dataset the official OPSD evaluation uses (needs ``datasets`` and the
+  Hub, or its cache with ``HF_HUB_OFFLINE=1``).
+
+Rows need ``problem`` and ``answer`` (``question`` / ``gold`` are accepted aliases); ``id`` is
+optional. Every problem with a file is reported as ``path:line``. A missing directory or file is
+one line at once (``check_benchmarks``, before anything heavy is imported or the Hub is tried).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 from ..errors import ConfigError, InputFileError
 
@@ -20,8 +29,15 @@ KNOWN_BENCHMARKS = {
     "aime25": ("yentinglin/aime_2025", "train", "problem_idx"),
     "hmmt25": ("MathArena/hmmt_feb_2025", "train", "problem_idx"),
 }
+#: The paper's three sets as shipped with the package (``sets/README.md``: sources and licences).
+PACKAGED_SETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sets")
+#: ``data_dir`` value that loads the names from the Hugging Face Hub (a directory named so: ``./hub``).
+HUB = "hub"
+ROW_FIELDS = "JSON Lines, one problem per line, with fields problem and answer, id optional"
 _PROBLEM_KEYS = ("problem", "question")
 _ANSWER_KEYS = ("answer", "gold")
+#: Seconds to wait for the Hub's host before saying it cannot be reached (never a retry loop).
+HUB_PROBE_TIMEOUT = 1.5
 
 
 @dataclass(frozen=True)
@@ -36,22 +52,49 @@ def load_benchmark(spec: str, data_dir: str | None = None) -> tuple[str, list[Pr
     """Resolve ``spec`` (a known name or a ``.jsonl`` path) to (benchmark name, problems).
 
     Raises:
-        ValueError: unknown name, a bad row (naming ``file:line``), an empty file.
-        FileNotFoundError: a ``.jsonl`` path that does not exist.
+        ConfigError: an unknown name, a missing data directory or file in it, the Hub unreachable.
+        InputFileError: a ``.jsonl`` path that does not exist, a bad row (naming ``file:line``), an empty file.
     """
-    if spec.endswith(".jsonl") or os.path.sep in spec:
+    path = benchmark_file(spec, data_dir)
+    name = os.path.splitext(os.path.basename(spec))[0] if _is_path(spec) else spec
+    if path is None:
+        return name, _load_hf_dataset(name)
+    return name, read_problems_jsonl(path, name)
+
+
+def check_benchmarks(benchmarks: tuple[str, ...], data_dir: str | None) -> None:
+    """Every benchmark's file exists (or it comes from the Hub): cheap, a config's first check."""
+    for spec in benchmarks:
+        benchmark_file(spec, data_dir, benchmarks)
+
+
+def benchmark_file(spec: str, data_dir: str | None, benchmarks: tuple[str, ...] = ()) -> str | None:
+    """The JSONL file ``spec`` is read from (None: the Hub); a missing one is a one-line error
+    naming the files and fields expected (``benchmarks``: all the names asked for, for the message)."""
+    if _is_path(spec):
         if not os.path.isfile(spec):
-            raise FileNotFoundError(f"benchmark file {spec!r} does not exist")
-        name = os.path.splitext(os.path.basename(spec))[0]
-        return name, read_problems_jsonl(spec, name)
+            raise InputFileError(spec, f"does not exist (a benchmark file: {ROW_FIELDS})")
+        return spec
     if spec not in KNOWN_BENCHMARKS:
         raise ConfigError("benchmarks", f"unknown benchmark {spec!r}: use one of {sorted(KNOWN_BENCHMARKS)} or a "
                                         "path to a .jsonl file")
-    if data_dir is not None:
-        path = os.path.join(data_dir, f"{spec}.jsonl")
-        if os.path.isfile(path):
-            return spec, read_problems_jsonl(path, spec)
-    return spec, _load_hf_dataset(spec, data_dir)
+    if data_dir == HUB:
+        return None
+    if data_dir is None:
+        return os.path.join(PACKAGED_SETS, f"{spec}.jsonl")
+    names = [b for b in benchmarks if b in KNOWN_BENCHMARKS] or [spec]
+    expected = (f"it should hold {', '.join(f'{b}.jsonl' for b in names)} ({ROW_FIELDS}); leave --data_dir out "
+                f"to use the sets shipped with phf-megatron, or --data_dir={HUB} for the Hugging Face Hub")
+    if not os.path.isdir(data_dir):
+        raise ConfigError("data_dir", f"{data_dir} is not a directory: {expected}")
+    path = os.path.join(data_dir, f"{spec}.jsonl")
+    if not os.path.isfile(path):
+        raise ConfigError("data_dir", f"{path} does not exist: {expected}")
+    return path
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".jsonl") or os.path.sep in spec
 
 
 def read_problems_jsonl(path: str, benchmark: str) -> list[Problem]:
@@ -94,19 +137,22 @@ def _field(row: dict, keys: tuple[str, ...]):
     return None
 
 
-def _load_hf_dataset(name: str, data_dir: str | None) -> list[Problem]:
+def _load_hf_dataset(name: str) -> list[Problem]:
     repo, split, id_col = KNOWN_BENCHMARKS[name]
-    where = f"{data_dir}/{name}.jsonl does not exist" if data_dir else "no --data-dir given"
+    where = f"benchmark {name!r} from the Hub ({repo})"
     try:
         import datasets
     except ImportError:
-        raise ConfigError("data_dir", f"benchmark {name!r}: {where}, and the `datasets` package is not installed "
-                                      f"to fetch {repo} (pip install datasets, or pass --data-dir)") from None
+        raise ConfigError("data_dir", f"{where} needs the `datasets` package (pip install datasets); leave "
+                                      "--data_dir out to use the sets shipped with phf-megatron") from None
+    if not _hub_offline():
+        _probe_hub(where)
     try:
         rows = datasets.load_dataset(repo, split=split)
     except Exception as exc:
-        raise ConfigError("data_dir", f"benchmark {name!r}: {where}, and {repo} could not be loaded "
-                                      f"({type(exc).__name__}: {exc})") from exc
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError("data_dir", f"{where} could not be loaded ({type(exc).__name__}: {detail}); leave "
+                                      "--data_dir out to use the sets shipped with phf-megatron") from exc
     out = []
     for i, row in enumerate(rows):
         answer = row.get("answer")
@@ -114,3 +160,22 @@ def _load_hf_dataset(name: str, data_dir: str | None) -> list[Problem]:
             raise InputFileError(f"{repo}[{i}]", "row has no answer")
         out.append(Problem(name, str(row.get(id_col, i)), row["problem"], str(answer).strip()))
     return out
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: the cache only (``datasets`` then fails at once when a set is not in it)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _probe_hub(where: str) -> None:
+    """One connection to the Hub's host, ``HUB_PROBE_TIMEOUT`` seconds at most: without network
+    ``datasets`` would retry for half a minute before a vague error."""
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT).close()
+    except OSError as exc:
+        raise ConfigError("data_dir", f"{where}: {host}:{port} cannot be reached ({exc.strerror or exc}); "
+                                      "leave --data_dir out to use the sets shipped with phf-megatron, or set "
+                                      "HF_HUB_OFFLINE=1 to read the datasets cache") from None

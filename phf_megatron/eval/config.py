@@ -30,7 +30,9 @@ class EvalConfig:
     benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
     """names (aime24, aime25, hmmt25) or paths to .jsonl files with problem/answer fields."""
     data_dir: str | None = None
-    """directory of <name>.jsonl files; without it, names load from the HF Hub (needs `datasets`)."""
+    """where the names' problems come from: None = the copies shipped with the package
+    (phf_megatron/eval/sets/, offline); a directory holding <name>.jsonl; or hub = the HF datasets
+    official OPSD evaluates on (needs `datasets` and network, or the cache with HF_HUB_OFFLINE=1)."""
     n: int = 12
     """samples per problem (k of Average@k)."""
     temperature: float = 1.0
@@ -73,9 +75,12 @@ class EvalConfig:
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
 
     def __post_init__(self) -> None:
-        from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
+        from .benchmarks import check_benchmarks
 
         self.benchmarks = tuple(self.benchmarks)
+        check_benchmarks(self.benchmarks, self.data_dir)     # a missing file: one line at once, before torch
+        from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
+
         if not self.benchmarks:
             raise ValueError("benchmarks: give at least one")
         if self.n < 1:

@@ -1,8 +1,10 @@
 """Average@k of a checkpoint on AIME 2024, AIME 2025 and HMMT Feb 2025 (the paper's metric).
 
     # a HF model directory, paper settings (n=12, T=1.0, top-p 0.95, 38,912 new tokens, thinking),
-    # graded by the official OPSD grader and ours: columns Avg@12 (official) and Avg@12 (extended)
-    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --data_dir ../shared/data --out_dir runs/eval_q17b
+    # graded by the official OPSD grader and ours: columns Avg@12 (official) and Avg@12 (extended);
+    # the problems are the copies shipped with the package (phf_megatron/eval/sets/, offline); --data_dir DIR
+    # reads DIR/aime24.jsonl ... instead, --data_dir hub the HF datasets official OPSD evaluates on
+    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --out_dir runs/eval_q17b
 
     # base + PEFT adapter; a Megatron-Core checkpoint; any JSONL with problem/answer fields
     python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --adapter runs/phf/adapter --out_dir runs/eval_phf

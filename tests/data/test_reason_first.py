@@ -1,20 +1,17 @@
 """The reason-first teacher prompt, token for token with the real Qwen3 tokenizer, against a
-transcription of the official construction on rows of the shared math set."""
+transcription of the official construction on rows of the example math set (examples/data/)."""
 
 import json
-import os
 
 import pytest
 
 from phf_megatron.data import PromptConfig, generation_prompt
 from phf_megatron.data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
-from tests.helpers import SHARED_DATA
-
-DATA = os.path.join(SHARED_DATA, "train_math_small.jsonl")
+from tests.helpers import EXAMPLE_MATH
 
 
 def _rows(n=3):
-    with open(DATA) as f:
+    with open(EXAMPLE_MATH, encoding="utf-8") as f:
         return [json.loads(line) for line in f][:n]
 
 

@@ -1,13 +1,12 @@
 """Math-set loading: per-row validation names file and 1-based line; skipping counts; readers."""
 
 import json
-import os
 import sys
 
 import pytest
 
 from phf_megatron.data import BadRowError, FieldNames, MathRow, load_math_dataset, validate_row
-from tests.helpers import SHARED_DATA
+from tests.helpers import EXAMPLE_MATH
 
 GOOD = {"problem": "What is 1+1?", "solution": "1+1=2, so \\boxed{2}.", "answer": "2"}
 
@@ -116,8 +115,8 @@ def test_parquet_rows_name_file_and_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def opsd_rows():
-    """40 rows of the OPSD schema (problem, solution; no answer column), from the shared math set."""
-    with open(os.path.join(SHARED_DATA, "train_math_small.jsonl"), encoding="utf-8") as f:
+    """40 rows of the OPSD schema (problem, solution; no answer column), from the example math set."""
+    with open(EXAMPLE_MATH, encoding="utf-8") as f:
         rows = [json.loads(line) for _, line in zip(range(40), f)]
     return [{"problem": r["problem"], "solution": r["solution"]} for r in rows]
 
@@ -185,8 +184,6 @@ def test_hf_save_to_disk_directory(tmp_path):
     assert [r.origin for r in load_math_dataset(shard)] == [f"{shard} row 1", f"{shard} row 2"]
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(SHARED_DATA, "train_math_small.jsonl")),
-                    reason="shared data not present")
-def test_shared_math_set_loads():
-    ds = load_math_dataset(os.path.join(SHARED_DATA, "train_math_small.jsonl"))
+def test_example_math_set_loads():
+    ds = load_math_dataset(EXAMPLE_MATH)
     assert len(ds) == 399 and ds.skipped == 0 and all(r.answer for r in ds)

@@ -1,7 +1,6 @@
-"""Where the shared data lives (the repo's sibling ``shared/data``), for tests that read it."""
+"""Fixtures of the eval tests: the paper's sets as shipped with the package."""
 
 import importlib.util
-import os
 
 import pytest
 
@@ -9,22 +8,10 @@ import pytest
 # `pytest -m gpu tests`) these CPU-only tests are not collected instead of failing to import.
 collect_ignore_glob = [] if importlib.util.find_spec("math_verify") else ["test_*.py"]
 
-from tests.helpers import SHARED_DATA
-
-
-def find_shared_data() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.environ.get("PHF_SHARED_DATA"), SHARED_DATA,
-                  os.path.join(here, "..", "..", "..", "shared", "data"), "/work/shared/data"]
-    for c in candidates:
-        if c and os.path.isfile(os.path.join(c, "aime24.jsonl")):
-            return os.path.abspath(c)
-    return None
-
 
 @pytest.fixture(scope="session")
-def shared_data():
-    path = find_shared_data()
-    if path is None:
-        pytest.skip("shared/data not found (set PHF_SHARED_DATA)")
-    return path
+def eval_sets() -> str:
+    """The directory of aime24/aime25/hmmt25.jsonl inside the package (``phf_megatron/eval/sets``)."""
+    from phf_megatron.eval.benchmarks import PACKAGED_SETS
+
+    return PACKAGED_SETS

@@ -1,19 +1,44 @@
-"""Benchmark loading: the shared files, and clear errors naming file and line on bad input."""
+"""Benchmark loading: the sets shipped with the package, a data directory, the Hub; clear errors
+naming file and line on bad input, and a missing directory or file as one line at once (the CLI too)."""
 
+import fnmatch
 import json
+import os
+import shutil
+import socket
+import time
+import tomllib
 
 import pytest
 
-from phf_megatron.eval.benchmarks import KNOWN_BENCHMARKS, load_benchmark, read_problems_jsonl
+from phf_megatron.errors import ConfigError, InputFileError
+from phf_megatron.eval.benchmarks import KNOWN_BENCHMARKS, PACKAGED_SETS, load_benchmark, read_problems_jsonl
+from tests.helpers import REPO, run_python
+
+TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_BENCHMARKS))
-def test_paper_benchmarks_load_from_the_data_dir(name, shared_data):
-    bench, problems = load_benchmark(name, shared_data)
+def test_paper_benchmarks_are_shipped_with_the_package(name, tmp_path):
+    bench, problems = load_benchmark(name)
     assert bench == name and len(problems) == 30
+    with open(os.path.join(PACKAGED_SETS, f"{name}.jsonl"), encoding="utf-8") as f:
+        assert [p.id for p in problems] == [json.loads(line)["id"] for line in f]
+    shutil.copy(os.path.join(PACKAGED_SETS, f"{name}.jsonl"), tmp_path)
+    assert load_benchmark(name, str(tmp_path)) == (name, problems)        # a data directory reads the same
     assert len({p.id for p in problems}) == 30 and all(p.problem and p.answer for p in problems)
     if name != "hmmt25":
         assert all(p.answer.isdigit() and 0 <= int(p.answer) <= 999 for p in problems)
+
+
+def test_every_packaged_file_is_package_data():
+    """``pip install`` (not only a checkout) carries the sets: pyproject's package-data globs cover
+    every file of ``sets/``."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        globs = tomllib.load(f)["tool"]["setuptools"]["package-data"]["phf_megatron.eval"]
+    files = sorted(os.listdir(PACKAGED_SETS))
+    assert {f"{name}.jsonl" for name in KNOWN_BENCHMARKS} | {"README.md"} == set(files)
+    assert [f for f in files if not any(fnmatch.fnmatch(f"sets/{f}", g) for g in globs)] == []
 
 
 def _write(tmp_path, lines, name="set.jsonl"):
@@ -48,13 +73,67 @@ def test_bad_rows_are_named_by_file_and_line(tmp_path, lines, message):
 
 
 def test_unknown_benchmark_and_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="unknown benchmark 'aime23'.*aime24"):
+    with pytest.raises(ConfigError, match="unknown benchmark 'aime23'.*aime24"):
         load_benchmark("aime23", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    with pytest.raises(InputFileError, match=r"nope.jsonl: does not exist \(a benchmark file: .*problem and answer"):
         load_benchmark(str(tmp_path / "nope.jsonl"))
 
 
-def test_known_name_without_data_dir_file_needs_datasets_or_says_why(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["empty_dir", "no_dir"])
+def test_a_data_dir_without_the_file_is_an_error_naming_what_it_should_hold(tmp_path, where):
+    """Never a silent fallback to the Hub: the directory was asked for."""
+    data_dir = tmp_path if where == "empty_dir" else tmp_path / "missing"
+    with pytest.raises(ConfigError) as err:
+        load_benchmark("aime25", str(data_dir))
+    assert err.value.key == "data_dir" and "aime25.jsonl" in err.value.detail
+    assert "problem and answer" in err.value.detail and "leave --data_dir out" in err.value.detail
+
+
+def test_the_hub_offline_or_unreachable_fails_at_once(monkeypatch):
+    """--data_dir=hub: with HF_HUB_OFFLINE and no cached copy, and with the Hub's host refusing
+    the connection (a closed local port), one error in well under the retry loop's seconds."""
+    pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ValueError, match=r"benchmark 'aime24': .*aime24.jsonl does not exist"):
-        load_benchmark("aime24", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"benchmark 'aime24' from the Hub \(HuggingFaceH4/aime_2024\)"):
+        load_benchmark("aime24", "hub")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                 # closed again below: connecting to it is refused
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} cannot be reached .*HF_HUB_OFFLINE=1"):
+        load_benchmark("hmmt25", "hub")
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_cli_missing_data_dir_is_one_line_before_anything_loads(tmp_path):
+    """No torch, no model, no Hub: the config's first check (the subprocess, start to exit, in 2 s)."""
+    t0 = time.monotonic()
+    out = run_python([TOOL, "--model", str(tmp_path / "no_model"), "--data_dir", str(tmp_path / "nowhere"),
+                      "--out_dir", str(tmp_path / "o")], timeout=60, HF_HUB_OFFLINE="0")
+    seconds = time.monotonic() - t0
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"error: --data_dir: {tmp_path / 'nowhere'} is not a directory: it should hold aime24.jsonl, aime25.jsonl, "
+        "hmmt25.jsonl (JSON Lines, one problem per line, with fields problem and answer, id optional); leave "
+        "--data_dir out to use the sets shipped with phf-megatron, or --data_dir=hub for the Hugging Face Hub"]
+    assert seconds < 2.0 and not os.path.exists(tmp_path / "o")
+
+
+def test_cli_without_data_dir_evaluates_the_packaged_suite_offline(tmp_path, tiny_dir):
+    """The issue's command on a tiny model, offline, no --data_dir: the first 2 problems of each of
+    the paper's three sets, with the gold answers of the shipped files."""
+    out = tmp_path / "eval"
+    run = run_python([TOOL, "--model", tiny_dir, "--n", "1", "--max_new_tokens", "16", "--limit", "2",
+                      "--out_dir", str(out), "--backend", "hf", "--dtype", "float32"], timeout=300,
+                     HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    assert run.returncode == 0, run.stderr[-2000:]
+    with open(out / "samples.rank0.jsonl", encoding="utf-8") as f:
+        got = sorted((r["benchmark"], r["problem_id"], r["gold"]) for r in map(json.loads, f))
+    want = sorted((name, p.id, p.answer) for name in sorted(KNOWN_BENCHMARKS) for p in load_benchmark(name)[1][:2])
+    assert got == want
+    with open(out / "summary.json", encoding="utf-8") as f:
+        summary = json.load(f)
+    assert {b: s["problems"] for b, s in summary["benchmarks"].items()} == {b: 2 for b in KNOWN_BENCHMARKS}

@@ -60,9 +60,9 @@ def _check_run(config, summary):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_dir, shared_data):
+def reference(tmp_path_factory, tiny_dir, eval_sets):
     """One uninterrupted single-process run (n=2, 3 problems): (config, summary, outputs)."""
-    config = _config(tmp_path_factory.mktemp("reference"), tiny_dir, shared_data, plot=True)
+    config = _config(tmp_path_factory.mktemp("reference"), tiny_dir, eval_sets, plot=True)
     summary = run_eval(config)
     return config, summary, _check_run(config, summary)
 
@@ -95,17 +95,17 @@ def test_transformers_backend_end_to_end_and_resume(tmp_path, reference):
 
 
 @pytest.mark.vllm
-def test_vllm_backend_end_to_end_matches_transformers_greedy(tmp_path, tiny_dir, shared_data):
+def test_vllm_backend_end_to_end_matches_transformers_greedy(tmp_path, tiny_dir, eval_sets):
     pytest.importorskip("vllm")
-    config = _config(tmp_path, tiny_dir, shared_data, name="vllm", backend="vllm", temperature=0.0, batch_size=8)
+    config = _config(tmp_path, tiny_dir, eval_sets, name="vllm", backend="vllm", temperature=0.0, batch_size=8)
     vllm_out = _check_run(config, run_eval(config))
-    hf = _config(tmp_path, tiny_dir, shared_data, name="hf", temperature=0.0, batch_size=8)
+    hf = _config(tmp_path, tiny_dir, eval_sets, name="hf", temperature=0.0, batch_size=8)
     assert _check_run(hf, run_eval(hf)) == vllm_out          # greedy: same text from both backends
 
 
-def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_dir, shared_data, reference):
+def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_dir, eval_sets, reference):
     run_dir = str(tmp_path / "killed")
-    cmd = [sys.executable, TOOL, "--model", tiny_dir, "--data-dir", shared_data, "--benchmarks", "aime24",
+    cmd = [sys.executable, TOOL, "--model", tiny_dir, "--data-dir", eval_sets, "--benchmarks", "aime24",
            "--limit", "3", "--n", "2", "--max-new-tokens", "16", "--backend", "hf", "--dtype", "float32",
            "--batch-size", "1", "--out-dir", run_dir]
     proc = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -121,7 +121,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_dir, s
         before = f.read()
     kept = before[:before.rfind("\n") + 1]
     assert 2 <= kept.count("\n") < 6, "the run was not killed mid-way; lengthen the generation"
-    config = _config(tmp_path, tiny_dir, shared_data, name="killed")
+    config = _config(tmp_path, tiny_dir, eval_sets, name="killed")
     summary = run_eval(config)
     assert summary.generated == 6 - kept.count("\n")
     with open(shard) as f:
@@ -129,13 +129,13 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path, tiny_dir, s
     assert _check_run(config, summary) == reference[2]           # same samples as an uninterrupted run
 
 
-def test_data_parallel_replicas_split_the_work(tmp_path, tiny_dir, shared_data, reference):
-    config = _config(tmp_path, tiny_dir, shared_data, name="dp", data_parallel=2)
+def test_data_parallel_replicas_split_the_work(tmp_path, tiny_dir, eval_sets, reference):
+    config = _config(tmp_path, tiny_dir, eval_sets, name="dp", data_parallel=2)
     assert _check_run(config, run_eval(config)) == reference[2]
     assert all(os.path.getsize(shard_path(config.out_dir, r)) > 0 for r in (0, 1))
 
 
-def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, shared_data):
+def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets):
     peft = pytest.importorskip("peft")
     import torch
     from transformers import AutoModelForCausalLM
@@ -147,7 +147,7 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, shared_data):
                 p.normal_(0, 0.5)
     lora.save_pretrained(str(tmp_path / "adapter"))
     want = lora.merge_and_unload().state_dict()
-    config = _config(tmp_path, tiny_dir, shared_data, name="peft", adapter=str(tmp_path / "adapter"),
+    config = _config(tmp_path, tiny_dir, eval_sets, name="peft", adapter=str(tmp_path / "adapter"),
                      n=1, max_new_tokens=2)
     run_eval(config)
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(config.out_dir, "merged_model"), dtype=torch.float32)
@@ -155,7 +155,7 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, shared_data):
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
 
 
-def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, shared_data):
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_sets):
     """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
     samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
     pytest.importorskip("phf_megatron.convert.checkpoints")
@@ -163,26 +163,26 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, shared_
     run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_dir, "--out-dir",
                 mcore, "--dtype", "fp32"]).check_returncode()
     kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
-    from_mcore = _config(tmp_path, None, shared_data, name="from_mcore", megatron_checkpoint=mcore, **kw)
-    from_hf = _config(tmp_path, tiny_dir, shared_data, name="from_hf", **kw)
+    from_mcore = _config(tmp_path, None, eval_sets, name="from_mcore", megatron_checkpoint=mcore, **kw)
+    from_hf = _config(tmp_path, tiny_dir, eval_sets, name="from_hf", **kw)
     assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
     with pytest.raises(RuntimeError, match="converting the Megatron checkpoint .* failed"):
         (tmp_path / "not_mcore").mkdir()
-        run_eval(_config(tmp_path, None, shared_data, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
+        run_eval(_config(tmp_path, None, eval_sets, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
                          **kw))
     training_ckpt = tmp_path / "run" / "checkpoints" / "iter_0000002"    # what phf_megatron.train writes
     training_ckpt.mkdir(parents=True)
     (training_ckpt / "meta.json").write_text("{}")
     with pytest.raises(ValueError, match=r"training checkpoint of phf_megatron.train .* --adapter .*run/export/peft_adapter"):
-        run_eval(_config(tmp_path, None, shared_data, name="train_ckpt", megatron_checkpoint=str(training_ckpt), **kw))
+        run_eval(_config(tmp_path, None, eval_sets, name="train_ckpt", megatron_checkpoint=str(training_ckpt), **kw))
 
 
-def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp_path, tiny_dir, shared_data,
+def test_cli_prints_both_columns_and_uses_the_official_non_thinking_settings(tmp_path, tiny_dir, eval_sets,
                                                                            capsys):
     """--no-thinking: top-p 0.8 and a 32,768 context (here capped at the tiny model's 1,024), as
     official OPSD's evaluate_math.py picks them; the table shows both graders' Avg@k."""
     out = tmp_path / "nothink"
-    rc = _cli()(["--model", tiny_dir, "--data-dir", shared_data, "--out-dir", str(out), "--benchmarks", "aime24",
+    rc = _cli()(["--model", tiny_dir, "--data-dir", eval_sets, "--out-dir", str(out), "--benchmarks", "aime24",
                  "--limit", "1", "--n", "1", "--max-new-tokens", "2", "--backend", "hf", "--dtype", "float32",
                  "--no-thinking"])
     printed = capsys.readouterr().out
@@ -210,11 +210,11 @@ def _cli():
     ("{tmp}/empty.jsonl", "empty.jsonl: empty file"),
     ("{tmp}/bad.jsonl", "bad.jsonl:2: row has no answer"),
 ])
-def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_dir, shared_data, capsys,
+def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_dir, eval_sets, capsys,
                                                                bench, message):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text('{"problem": "1+1", "answer": 2}\n{"problem": "2+2"}\n')
-    rc = _cli()(["--model", tiny_dir, "--data-dir", shared_data, "--out-dir", str(tmp_path / "o"),
+    rc = _cli()(["--model", tiny_dir, "--data-dir", eval_sets, "--out-dir", str(tmp_path / "o"),
                  "--benchmarks", bench.format(tmp=tmp_path), "--backend", "hf"])
     assert rc == 2 and message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "run_config.json")

@@ -1,33 +1,33 @@
 """The grader against labelled cases, and its robustness to answer formats."""
 
 import json
-import os
 
 import pytest
 
 from phf_megatron.eval.grading import is_correct, last_boxed, normalize_answer
+from tests.helpers import GRADER_CASES
 
 #: Rows of grader_cases.jsonl the grader is allowed to get wrong, with the reason. Currently none:
 #: all 119 agree (the 4:30 p.m. case, wrong under math-verify, is right by the string step).
 KNOWN_DISAGREEMENTS: dict[str, str] = {}
 
 
-def _cases(shared_data):
-    with open(os.path.join(shared_data, "grader_cases.jsonl"), encoding="utf-8") as f:
+def _cases():
+    with open(GRADER_CASES, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def test_grader_agrees_with_labels_on_at_least_97_percent(shared_data):
-    rows = _cases(shared_data)
+def test_grader_agrees_with_labels_on_at_least_97_percent():
+    rows = _cases()
     wrong = {r["id"]: (r["gold_answer"], r["is_correct"]) for r in rows
              if is_correct(r["model_output_text"], r["gold_answer"]) != r["is_correct"]}
     assert set(wrong) <= set(KNOWN_DISAGREEMENTS), f"new disagreements: {wrong}"
     assert 1 - len(wrong) / len(rows) >= 0.97
 
 
-def test_official_rule_on_boxed_outputs_agrees_with_every_label(shared_data):
+def test_official_rule_on_boxed_outputs_agrees_with_every_label():
     """require_boxed=True (the eval tool's default) changes nothing for outputs that box an answer."""
-    rows = [r for r in _cases(shared_data) if "\\boxed" in r["model_output_text"]]
+    rows = [r for r in _cases() if "\\boxed" in r["model_output_text"]]
     assert len(rows) > 100
     wrong = [r["id"] for r in rows
              if is_correct(r["model_output_text"], r["gold_answer"], require_boxed=True) != r["is_correct"]]

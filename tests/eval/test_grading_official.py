@@ -6,13 +6,13 @@ vLLM output text).
 """
 
 import json
-import os
 
 import math_verify
 import pytest
 
 from phf_megatron.eval import grading
 from phf_megatron.eval.grading import grade, is_correct, is_correct_official, official_boxed_answer
+from tests.helpers import GRADER_CASES
 
 
 def transcribed_extract(text):
@@ -58,13 +58,13 @@ def official(output, gold):
     return bool(transcribed_grade(transcribed_extract(output), gold))
 
 
-def _cases(shared_data):
-    with open(os.path.join(shared_data, "grader_cases.jsonl"), encoding="utf-8") as f:
+def _cases():
+    with open(GRADER_CASES, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def test_identical_verdicts_on_every_grader_case(shared_data):
-    rows = _cases(shared_data)
+def test_identical_verdicts_on_every_grader_case():
+    rows = _cases()
     assert len(rows) == 119
     for r in rows:
         out, gold = r["model_output_text"], r["gold_answer"]
@@ -72,10 +72,10 @@ def test_identical_verdicts_on_every_grader_case(shared_data):
         assert is_correct_official(out, gold) == official(out, gold), r["id"]
 
 
-def test_extended_accepts_8_cases_the_official_rejects_never_the_reverse(shared_data):
+def test_extended_accepts_8_cases_the_official_rejects_never_the_reverse():
     """The official grader rejects 23 rows labelled correct (and accepts none labelled wrong); the
     extended grader, as the eval tool runs it (require_boxed), recovers 8 of them, all boxed."""
-    rows = _cases(shared_data)
+    rows = _cases()
     verdicts = [(r, grade(r["model_output_text"], r["gold_answer"], require_boxed=True)) for r in rows]
     assert not any(v["official"] and not v["extended"] for _, v in verdicts)
     recovered = [r for r, v in verdicts if v["extended"] and not v["official"]]

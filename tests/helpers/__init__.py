@@ -1,6 +1,6 @@
 """What several test packages share, in one place.
 
-* here: ``REPO`` and ``SHARED_DATA`` (the repository and its sibling ``shared/data``), and
+* here: ``REPO`` (the repository), ``EXAMPLE_MATH`` and ``GRADER_CASES`` (data files kept in it), and
   ``run_python`` / ``python_env``: a command run as a user runs it, from the repository root with
   this checkout first on the import path;
 * ``tiny_qwen3``: tiny random HF Qwen3 models (conversion shapes; real-vocabulary ones for the
@@ -21,7 +21,10 @@ import sys
 from typing import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
+#: The small OPSD-format training set (problem, solution, answer; ``examples/data/README.md``).
+EXAMPLE_MATH = os.path.join(REPO, "examples", "data", "train_math_small.jsonl")
+#: Labelled model outputs for the graders (``tests/data/README.md``).
+GRADER_CASES = os.path.join(REPO, "tests", "data", "grader_cases.jsonl")
 
 
 def python_env(**env: str) -> dict[str, str]:

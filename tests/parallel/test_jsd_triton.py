@@ -1,6 +1,7 @@
 """The Triton JSD kernels equal the reference ``objectives.opsd_token_divergence`` (values and gradients).
 
-* Where Triton is installed (not on the CPU CI machines, whose setup removes it): its
+* With Triton (installed, or on CPU machines the one ``scripts/setup_env.sh`` puts in
+  ``<venv>/triton-interp``, off the venv's import path: ``requirements/triton-interp.txt``), its
   interpreter runs the kernels on CPU tensors in a subprocess (``jsd_triton_check``), every beta
   branch and clip mode, float32 (1e-5 relative against float64) and bf16 logits (1e-2: the
   inputs' and the gradient's own rounding), single rank and vocabulary-split over TP=2 gloo ranks,
@@ -10,17 +11,35 @@
 
 import importlib.util
 import json
+import os
+import sys
 
 import pytest
 import torch
 
 from phf_megatron.parallel.vocab_parallel_jsd import vocab_parallel_jsd
-from tests.helpers import run_python
+from tests.helpers import python_env, run_python
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+#: Where scripts/setup_env.sh installs the interpreter check's Triton (not importable in the venv
+#: itself); PHF_TRITON_INTERP names another such ``pip install --target`` directory.
+TRITON_INTERP = os.environ.get("PHF_TRITON_INTERP") or os.path.join(sys.prefix, "triton-interp")
+
+
+def triton_path() -> str | None:
+    """What the check's subprocess needs on PYTHONPATH for Triton: "" when this environment has it,
+    ``TRITON_INTERP`` when it holds one, else None."""
+    if importlib.util.find_spec("triton") is not None:
+        return ""
+    return TRITON_INTERP if os.path.isdir(os.path.join(TRITON_INTERP, "triton")) else None
+
+
+@pytest.mark.skipif(triton_path() is None, reason=f"Triton is not installed, nor in {TRITON_INTERP} "
+                                                   "(bash scripts/setup_env.sh puts it there)")
 def test_interpreted_kernels_equal_the_reference(tmp_path):
     out = tmp_path / "errors.json"
-    proc = run_python(["-m", "tests.parallel.jsd_triton_check", str(out)], timeout=600, TRITON_INTERPRET="1")
+    path = os.pathsep.join(p for p in (python_env()["PYTHONPATH"], triton_path()) if p)
+    proc = run_python(["-m", "tests.parallel.jsd_triton_check", str(out)], timeout=600, TRITON_INTERPRET="1",
+                      PYTHONPATH=path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     errors = json.loads(out.read_text())
     assert len(errors) == 72

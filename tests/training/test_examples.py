@@ -62,7 +62,9 @@ def test_setup_check_of_an_installed_venv_is_quiet():
     deps = b"".join(open(os.path.join(REPO, f), "rb").read()
                     for f in ("pyproject.toml", "setup.py", "requirements/cpu-ci.txt"))
     stamp = os.path.join(sys.prefix, ".phf-deps-" + hashlib.sha256(deps).hexdigest()[:16])
-    if not os.path.isfile(stamp):
+    with open(os.path.join(REPO, "requirements", "triton-interp.txt"), "rb") as f:
+        triton_stamp = os.path.join(sys.prefix, "triton-interp", ".phf-triton-" + hashlib.sha256(f.read()).hexdigest()[:16])
+    if not (os.path.isfile(stamp) and os.path.isfile(triton_stamp)):
         pytest.skip("this venv was not installed by scripts/setup_env.sh for the current dependency files")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     proc = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=REPO, capture_output=True, text=True, timeout=300,
