@@ -26,8 +26,8 @@ reference solution in the official teacher template), rendered with the real Qwe
 preset's ``data`` settings; each completion is appended to both. Completion lengths: no real run's
 per-sample lengths exist yet, so they are drawn from a stated distribution, a log-normal with
 median ``--rollout-median`` (450) and shape ``--rollout-sigma`` (0.6), rounded and clipped to
-[1, ``rollout.max_tokens``] (1,024: the cap holds the ~9 % of draws above it, as truncated
-rollouts do), one draw per (seed, step, sample) so every preset sees the same completions.
+[1, ``rollout.max_tokens``] (1,024: the cap holds the draws above it, 8.5 % in expectation,
+as truncated rollouts do), one draw per (seed, step, sample) so every preset sees the same completions.
 
 Reported per preset and variant (means per step): tokens computed and the padding fraction
 (1 - useful / computed) for the student, the teacher and both; micro-batches per step; the
@@ -195,16 +195,17 @@ def epoch_order(cfg, num_rows: int, count: int) -> list[int]:
 
 
 def table(results: dict) -> str:
-    head = ("| preset (DP, micro, SP multiple, budget) | variant | padding: student | teacher | both | "
-            "tokens / step (both) | computed / useful | micro-batches / step | largest micro-batch S / T | "
-            "slowest rank / mean | slowest rank vs padded |")
-    lines = [head, "|" + "---|" * 11]
+    head = ("| preset (DP, micro, TP multiple, budget) | variant | padding: student | teacher | both | "
+            "tokens / step: student | teacher | both | computed / useful | micro-batches / step | "
+            "largest micro-batch S / T | slowest rank / mean | slowest rank vs padded |")
+    lines = [head, "|" + "---|" * 13]
     for name, r in results["presets"].items():
         lay = r["layout"]
         label = f"{name} ({lay['dp']}, {lay['micro_batch_size']}, {lay['pad_multiple']}, {lay['max_tokens']})"
         for v, s in r["variants"].items():
             lines.append(f"| {label} | {v} | {s['student']['padding_fraction']:.2%} | "
                          f"{s['teacher']['padding_fraction']:.2%} | {s['both']['padding_fraction']:.2%} | "
+                         f"{s['student']['tokens_per_step']:,.0f} | {s['teacher']['tokens_per_step']:,.0f} | "
                          f"{s['both']['tokens_per_step']:,.0f} | {s['both']['computed_over_useful']:.3f} | "
                          f"{s['microbatches_per_step']:.2f} | {s['peak_microbatch_tokens']['student']:,} / "
                          f"{s['peak_microbatch_tokens']['teacher']:,} | {s['slowest_rank_over_mean']:.3f} | "
