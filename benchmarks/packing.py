@@ -45,8 +45,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
-from phf_megatron.training.microbatch_plan import (MicroBatchPlan, fixed_plan, microbatch_tokens, sample_cost,
-                                                   token_budget_plan)
+from phf_megatron.training.microbatch_plan import MicroBatchPlan, microbatch_tokens, plan_microbatches, sample_cost
 
 PRESETS = ("configs/phf_qwen3_1p7b.yaml", "configs/phf_qwen3_4b.yaml", "configs/phf_qwen3_8b.yaml")
 DATA = "examples/data/train_math_small.jsonl"
@@ -118,10 +117,9 @@ def step_lengths(prompts: list[tuple[int, int]], rows: list[int], n: int, comple
 
 
 def plan_for(variant: str, layout: Layout, student: list[int], teacher: list[int]) -> MicroBatchPlan:
-    if variant == "packed+budget":
-        return token_budget_plan(student, teacher, dp_size=layout.dp, max_tokens=layout.max_tokens,
-                                 pad_multiple=layout.pad_multiple)
-    return fixed_plan(len(student), dp_size=layout.dp, micro_batch_size=layout.micro_batch_size)
+    return plan_microbatches(student, teacher, dp_size=layout.dp, micro_batch_size=layout.micro_batch_size,
+                             max_tokens=layout.max_tokens if variant == "packed+budget" else None,
+                             pad_multiple=layout.pad_multiple)
 
 
 def account(plan: MicroBatchPlan, lengths: dict[str, list[int]], variant: str, pad_multiple: int) -> dict:

@@ -15,7 +15,9 @@ computes the same plan and reads its own part. Two modes:
   forward and backward (a backward costs about two forwards: the gradients of the activations
   and of the weights), the teacher forward only; FLOPs of a dense transformer grow linearly in
   tokens while the sequences stay short beside the hidden size, so token counts stand in for
-  time (attention's quadratic term is left out). Then, inside each rank, first-fit decreasing:
+  time (attention's quadratic term is left out; with full activation recompute, as the GPU
+  presets run, the student's forward runs twice, ~4·L_student, which moves the weights, not the
+  method). Then, inside each rank, first-fit decreasing:
   the rank's samples in decreasing cost each go to the first micro-batch where both the
   student's and the teacher's tokens stay within the budget, or open a new one. A sample too
   long to share gets a micro-batch of its own; a sample over the budget alone is a one-line
@@ -27,7 +29,9 @@ multiple the layout rounds to (the TP size under sequence parallelism, else 1):
 * ``layout="packed"`` (sequences concatenated, THD): ``ceil(Σ L_i / m)·m``;
 * ``layout="padded"`` (right-padded ``[b, L]``): ``b·ceil(max L_i / m)·m``.
 
-Ties are broken by sample index (and rank index), so equal costs give one plan. The loss is
+Ties are broken by sample index (and rank index), so equal costs give one plan. Under a budget,
+ranks may run different numbers of micro-batches (Megatron all-reduces the per-token counts over
+data parallelism; the pipeline stages of one rank share its plan). The loss is
 normalized over the step's global counts, so any plan gives the same update; balancing is per
 engine group when rollouts come in groups (a rank holds only its group's completions): call the
 planner with that group's samples and data-parallel ranks.
@@ -83,6 +87,16 @@ def microbatch_tokens(lengths: Sequence[int], layout: str = "packed", pad_multip
     if layout == "packed":
         return _round_up(sum(lengths), pad_multiple)
     return len(lengths) * _round_up(max(lengths), pad_multiple)
+
+
+def plan_microbatches(student_lengths: Sequence[int], teacher_lengths: Sequence[int], *, dp_size: int,
+                      micro_batch_size: int, max_tokens: int | None = None, layout: str = "packed",
+                      pad_multiple: int = 1) -> MicroBatchPlan:
+    """The one call: :func:`token_budget_plan` when ``max_tokens`` is set, else :func:`fixed_plan`."""
+    if max_tokens is None:
+        return fixed_plan(len(student_lengths), dp_size=dp_size, micro_batch_size=micro_batch_size)
+    return token_budget_plan(student_lengths, teacher_lengths, dp_size=dp_size, max_tokens=max_tokens, layout=layout,
+                             pad_multiple=pad_multiple)
 
 
 def fixed_plan(num_samples: int, *, dp_size: int, micro_batch_size: int) -> MicroBatchPlan:

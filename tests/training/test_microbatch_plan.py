@@ -8,7 +8,8 @@ import pytest
 
 from phf_megatron.errors import ConfigError
 from phf_megatron.training.batches import build_microbatches
-from phf_megatron.training.microbatch_plan import (fixed_plan, microbatch_tokens, sample_cost, token_budget_plan)
+from phf_megatron.training.microbatch_plan import (fixed_plan, microbatch_tokens, plan_microbatches, sample_cost,
+                                                   token_budget_plan)
 from phf_megatron.data import PromptPair
 
 from ..helpers import run_python
@@ -173,3 +174,12 @@ def test_fixed_mode_refuses_what_the_trainers_split_refuses(n, dp, mbs):
     with pytest.raises(ConfigError) as planner:
         fixed_plan(n, dp_size=dp, micro_batch_size=mbs)
     assert str(builder.value).split(":")[0] == planner.value.key
+
+
+def test_one_call_picks_the_mode_by_the_budget():
+    student, teacher = random_lengths(3, 12)
+    assert plan_microbatches(student, teacher, dp_size=3, micro_batch_size=2) == fixed_plan(12, dp_size=3,
+                                                                                          micro_batch_size=2)
+    assert plan_microbatches(student, teacher, dp_size=3, micro_batch_size=2, max_tokens=900, layout="padded",
+                             pad_multiple=2) == token_budget_plan(student, teacher, dp_size=3, max_tokens=900,
+                                                                  layout="padded", pad_multiple=2)
