@@ -45,7 +45,7 @@ class EngineConfig:
     server_url: str | None = None
     """vllm_server: the server's base URL (http://host:port)."""
     server_weight_transport: str = "auto"
-    """vllm_server: how weights reach the server: auto (nccl with CUDA, else rpc) | rpc | nccl
+    """vllm_server: how weights reach the server: auto (nccl with CUDA on vLLM 0.32.x, else rpc) | rpc | nccl
     (see ``server_engine.py``)."""
     server_nccl_address: str | None = None
     """vllm_server + nccl: an address of this host the server's workers can reach (NCCL rank 0)."""

@@ -28,7 +28,9 @@ engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLL
 
 Start-up environment (``engine_start_environ``): ``VLLM_ENABLE_V1_MULTIPROCESSING`` and the
 spawn settings are set only while ``vllm.LLM`` starts (the spawned engine keeps them, this
-process does not: a later engine in the same process chooses afresh).
+process does not: a later engine in the same process chooses afresh). On CUDA without flashinfer
+``VLLM_USE_FLASHINFER_SAMPLER=0`` is part of it (``sampler_environ``: vLLM 0.24's default sampler
+imports flashinfer).
 ``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickled IPC rebuild functions) stays set: vLLM's RPC
 encoder reads it in this process at every call. A spawned engine on GPU
 gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and CUDA-IPC
@@ -89,10 +91,31 @@ def engine_visible_devices(current_device: int, tensor_parallel_size: int, envir
     return ",".join(chosen)
 
 
+def sampler_environ(*, on_gpu: bool, flashinfer: bool | None = None, environ=os.environ) -> dict[str, str]:
+    """``VLLM_USE_FLASHINFER_SAMPLER=0`` when vLLM runs on CUDA and flashinfer is not installed, else nothing.
+
+    vLLM 0.24 turns the FlashInfer top-k/top-p sampler on by default on CUDA and, when it builds
+    the sampler (after loading the weights), imports its FlashInfer attention backend, whose first
+    line is ``from flashinfer import ...``: without flashinfer every engine start dies there
+    (``ModuleNotFoundError``). With the variable at 0 vLLM samples with its own top-k/top-p (PyTorch,
+    Triton) instead. ``flashinfer``: whether it imports (None: look it up); a value the user set for the
+    variable is kept. The in-process engine, the spawned engine and the server all start under this.
+    """
+    if not on_gpu or "VLLM_USE_FLASHINFER_SAMPLER" in environ:
+        return {}
+    if flashinfer is None:
+        import importlib.util
+        flashinfer = importlib.util.find_spec("flashinfer") is not None
+    return {} if flashinfer else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def engine_start_environ(*, in_process: bool, on_gpu: bool, tensor_parallel_size: int,
-                         current_device: int = 0, environ=os.environ) -> dict[str, str]:
-    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring)."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+                         current_device: int = 0, environ=os.environ,
+                         flashinfer: bool | None = None) -> dict[str, str]:
+    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring);
+    ``flashinfer``: see :func:`sampler_environ`."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+           **sampler_environ(on_gpu=on_gpu, flashinfer=flashinfer, environ=environ)}
     if not in_process:
         env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn")
         if on_gpu:

@@ -123,7 +123,8 @@ class RolloutConfig:
     """Base URL of the rollout server for backend vllm_server (disaggregated set-ups; the server
     runs with VLLM_SERVER_DEV_MODE=1, see rollout/server_process.server_command)."""
     server_weight_transport: str = "auto"
-    """How weights reach a vllm_server: auto (nccl when the trainer has CUDA, else rpc) | nccl
+    """How weights reach a vllm_server: auto (nccl when the trainer has CUDA and vLLM is 0.32.x, whose
+    NCCL weight-transfer API the push speaks; else rpc) | nccl
     (vLLM's NCCL weight transfer; server started with --weight-transfer-config '{"backend": "nccl"}')
     | rpc (bytes through the server's /collective_rpc into our worker extension; CPU, small models)."""
     server_nccl_address: str | None = None
