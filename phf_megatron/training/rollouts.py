@@ -38,6 +38,7 @@ import torch.distributed as dist
 from ..convert.live_model import iter_hf_weights
 from ..lora import merged_weight_selector
 from ..rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
+from ..rollout.gpu_memory import release_cached_memory
 from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_node
 from ..rollout.seeds import sample_seed
 from .config import TrainConfig
@@ -108,6 +109,9 @@ class RolloutDriver:
         """per engine: wall time of its share of the last shared step."""
         self.control = control_group(cfg.rollout.timeout_s)
         rank = dist.get_rank()
+        # every rank, before the hosts start their engines (the gather below orders it): an engine's
+        # TP workers run on other ranks' GPUs, and vLLM checks the free memory on each of them
+        release_cached_memory()
         places = self.gather(RankPlace(rank, ps.get_data_parallel_rank(), this_node(),
                                         int(os.environ.get("LOCAL_RANK", 0))))
         self.groups: EngineGroups = plan_engine_groups(cfg.rollout.num_engines, places,

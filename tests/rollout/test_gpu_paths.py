@@ -75,6 +75,58 @@ def test_vllms_free_memory_refusal_becomes_an_error_naming_the_setting():
     assert other == "vLLM could not start on '/m': RuntimeError: no such model"
 
 
+def test_a_spawned_engines_start_failure_gets_the_same_explanation():
+    import inspect
+
+    from phf_megatron.rollout.gpu_memory import VLLM_SPAWNED_START_FAILURE
+    vllm_utils = pytest.importorskip("vllm.v1.engine.utils")
+    assert VLLM_SPAWNED_START_FAILURE in inspect.getsource(vllm_utils)      # what the parent of the engine sees
+    exc = RuntimeError(f"{VLLM_SPAWNED_START_FAILURE}. See root cause above. Failed core proc(s): {{'EngineCore': 1}}")
+    msg = explain_start_failure(exc, "/m", 0.4, 20 << 30)
+    assert msg.startswith("vLLM's engine process could not start on '/m': its own error is in the log above")
+    for part in ("rollout.gpu_memory_utilization=0.4", "20.0 GiB free", "model.recompute_granularity=full",
+                 str(exc)):
+        assert part in msg
+    assert "\n" not in msg
+    cpu = explain_start_failure(exc, "/m", 0.4, None)                         # no GPU: no memory advice
+    assert cpu == f"vLLM's engine process could not start on '/m': its own error is in the log above. vLLM said: " \
+                  f"RuntimeError: {exc}"
+
+
+def _engine_start_rank(rank, world, model_dir, run_dir):
+    import gc
+    import weakref
+
+    from phf_megatron.training.config_io import config_from_argv
+    from phf_megatron.training.rollouts import RolloutDriver
+
+    from ..helpers.spawn import megatron_layout
+    megatron_layout(1, 1)                                   # DP = 2: one engine, hosted by rank 0
+    cfg = config_from_argv([f"--model.hf_dir={model_dir}", "--data.path=unused.jsonl", f"--run_dir={run_dir}",
+                            "--rollout.backend=hf", "--model.dtype=float32"])
+
+    class Cached:                                           # stands for the allocator's cache: freed by the release
+        pass
+    gc.disable()                                            # only an explicit release frees it
+    try:
+        cached = Cached()
+        cached.cycle = cached
+        freed = weakref.ref(cached)
+        del cached
+        driver = RolloutDriver(cfg, None, model_dir, (0,))
+    finally:
+        gc.enable()
+    out = (driver.is_host, driver.engine is not None, freed() is None)
+    driver.close()
+    return out
+
+
+def test_every_rank_of_the_engine_group_releases_its_cache_before_the_engine_starts(tiny_dir, tmp_path):
+    """A TP > 1 engine's workers run on other ranks' GPUs, where vLLM checks the free memory too."""
+    from ..helpers.spawn import run_ranks
+    assert run_ranks(_engine_start_rank, 2, tiny_dir, str(tmp_path)) == [(True, True, True), (False, False, True)]
+
+
 # ----------------------------------------------------------------- 3: device numbering
 
 def test_spawned_engine_sees_the_trainers_gpu_first_and_ipc_maps_the_physical_device():
