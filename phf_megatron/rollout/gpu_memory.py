@@ -57,7 +57,8 @@ def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utiliza
                 f"{' (' + free + ')' if free else ''}. {fit} vLLM said: {text}")
     if VLLM_SPAWNED_START_FAILURE in str(exc):
         why = (f" (on a GPU shared with training most often less free memory than rollout.gpu_memory_utilization="
-               f"{gpu_memory_utilization:g} x the GPU's memory, {free}; if so, {fit[0].lower()}{fit[1:-1]})" if free else "")
+               f"{gpu_memory_utilization:g} x the GPU's memory, {free}; if so, {fit[0].lower()}{fit[1:-1]})"
+               if free else "")
         return (f"vLLM's engine process could not start on {model_dir!r}: its own error is in the log above"
                 f"{why}. vLLM said: {text}")
     return f"vLLM could not start on {model_dir!r}: {text}"

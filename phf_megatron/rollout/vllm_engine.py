@@ -19,6 +19,13 @@ while this process trains, instead of sharing this process's interpreter and thr
 After every update the prefix cache is reset (its KV blocks belong to the old weights), and
 for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
 prepacked copy of it that the reload would otherwise leave stale; the probe caught this).
+An in-process engine's side effects on the trainer are undone or guarded: vLLM's worker sets
+``torch.set_float32_matmul_precision("highest")`` for the whole process (restored after the
+start), and after every update the device is synchronized (the reload's copies may run on a
+CUDA stream of vLLM's, and the probe scores right after). vLLM also resets torch's peak-memory
+statistics when it starts: peak memory is measured by a counter of our own
+(``benchmarks/peak_memory.py``).
+
 ``sleep()``/``wake()`` map to vLLM's sleep mode on GPU (``enable_sleep_mode``, colocated
 training) and are no-ops on CPU. Before the engine starts and before every wake the trainer's
 cached CUDA blocks are released (``gpu_memory.release_cached_memory``): vLLM sizes itself from
@@ -192,12 +199,17 @@ class VLLMEngine(RolloutEngine):
         env = engine_start_environ(in_process=self.in_process, on_gpu=on_gpu, tensor_parallel_size=tensor_parallel_size,
                                    current_device=torch.cuda.current_device() if on_gpu else 0)
         free_before = release_cached_memory()
+        precision = torch.get_float32_matmul_precision()
         try:
             from vllm import LLM
             with scoped_environ(env):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)) from exc
+        finally:
+            # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
+            # TF32 off for the trainer too); the trainer keeps its own
+            torch.set_float32_matmul_precision(precision)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
@@ -290,6 +302,8 @@ class VLLMEngine(RolloutEngine):
                 self.llm.collective_rpc(refresh_tied_lm_head if self.in_process else "phf_refresh_tied_lm_head")
                 self._embedding_reloaded = False
             self.llm.reset_prefix_cache()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()   # the reload's copies may run on a stream of vLLM's: done before the probe
 
     def _sleep(self):
         if self.sleep_supported and not self.sleeping:

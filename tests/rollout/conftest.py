@@ -39,7 +39,9 @@ def tiny_tied_dir(tmp_path_factory):
 
 
 def start_engine(backend: str, model_dir: str, **overrides):
-    """An fp32 engine (logprobs are compared at 1e-4)."""
+    """An fp32 engine (logprobs are compared at 1e-4); vLLM in eager mode (on a GPU its default compiles
+    and captures CUDA graphs at every start: minutes over the module, for nothing a test checks)."""
     if backend == "vllm":
         pytest.importorskip("vllm")
-    return build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype="float32", **overrides))
+    return build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype="float32",
+                                     **{"enforce_eager": True, **overrides}))

@@ -188,6 +188,17 @@ def test_cuda_without_flashinfer_starts_every_engine_and_the_server_with_vllms_o
     assert server_env.items() >= off.items() and "--enforce-eager" not in argv
 
 
+def test_eager_mode_goes_from_the_trainer_config_to_the_engine():
+    from types import SimpleNamespace
+
+    from phf_megatron.training.config_io import config_from_argv
+    from phf_megatron.training.rollouts import RolloutDriver
+    for flag, want in (([], None), (["--rollout.enforce_eager=true"], True),
+                       (["--rollout.enforce_eager=false"], False)):
+        cfg = config_from_argv(["--model.hf_dir=m", "--data.path=d.jsonl", *flag])
+        assert RolloutDriver._engine_config(SimpleNamespace(cfg=cfg), "m").enforce_eager is want
+
+
 def test_vllm_reads_the_sampler_switch_the_start_environment_sets():
     pytest.importorskip("vllm")
     from vllm import envs
@@ -268,11 +279,17 @@ def test_fingerprints_catch_a_tensor_the_engine_did_not_load_however_small_the_u
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
-def test_vllm_engine_start_leaves_the_process_environment_and_the_fused_layout_matches(tiny_dir):
+def test_vllm_engine_start_leaves_the_process_environment_and_precision_and_the_fused_layout_matches(tiny_dir):
     from vllm import envs
 
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    engine = build_engine(EngineConfig(model_dir=tiny_dir, backend="vllm", dtype="float32"))
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")                          # the trainer's TF32 choice
+    try:
+        engine = build_engine(EngineConfig(model_dir=tiny_dir, backend="vllm", dtype="float32", enforce_eager=True))
+        assert engine.in_process and torch.get_float32_matmul_precision() == "high"   # vLLM's worker set "highest"
+    finally:
+        torch.set_float32_matmul_precision(precision)
     try:
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is True                # vLLM reads the restored default

@@ -70,7 +70,8 @@ def _train_and_sync(rank, world_size, model_dir, with_vllm):
     out = {}
     for backend in ("hf", "vllm") if with_vllm else ("hf",):
         if rank == 0:
-            engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype="float32"))
+            engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype="float32",
+                                               enforce_eager=True))
             try:
                 report = sync_weights(engine, iter_hf_weights(model, arch, select=select),
                                       probe=SyncProbe(probe_prompt, probe_completion, expected, atol=ATOL),
