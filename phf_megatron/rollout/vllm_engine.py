@@ -21,7 +21,8 @@ for tied embeddings the output head is re-derived from the new embedding (on CPU
 prepacked copy of it that the reload would otherwise leave stale; the probe caught this).
 An in-process engine's side effects on the trainer are undone or guarded: vLLM's worker sets
 ``torch.set_float32_matmul_precision("highest")`` for the whole process (restored after the
-start), and after every update the device is synchronized (the reload's copies may run on a
+start: the engine's float32 matmuls then follow the trainer's choice too; bf16 ones are not
+affected), and after every update the device is synchronized (the reload's copies may run on a
 CUDA stream of vLLM's, and the probe scores right after). vLLM also resets torch's peak-memory
 statistics when it starts: peak memory is measured by a counter of our own
 (``benchmarks/peak_memory.py``).
