@@ -7,8 +7,10 @@
 
 ``--check`` makes the run fail (exit 1, ``checks`` in the JSON) unless every step has a non-zero
 gradient norm and a verified sync (probe within tolerance, and on backends that read weights
-back, matching fingerprints). Peak memory and the sync times (``time_sync_s`` per step: wake,
-push, fingerprints, probe, sleep; ``sync_s``: the ``sync_weights`` call alone) are reported.
+back, matching fingerprints). Peak memory (``benchmarks/peak_memory.py``: per-step allocator peaks
+and the device's used memory, by our own counter, since vLLM resets torch's) and the sync times
+(``time_sync_s`` per step: wake, push, fingerprints, probe, sleep; ``sync_s``: the ``sync_weights``
+call alone) are reported. ``--eager``: vLLM without compilation and CUDA graphs (``rollout.enforce_eager``).
 
 Builds a random-weight HF Qwen3 at the chosen shape with the real Qwen3 tokenizer in
 ``OUTDIR/model``, writes the embedded toy math set, and runs the real trainer
@@ -26,6 +28,7 @@ import os
 import statistics
 import time
 
+from benchmarks.peak_memory import PeakMemory
 from benchmarks.shapes import QWEN3_COMMON, QWEN3_SIZES, QWEN3_VOCAB, qwen3_config
 
 PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time")
@@ -81,6 +84,8 @@ def main() -> None:
     p.add_argument("--recompute", action="store_true", help="full activation recomputation (8B on one GPU)")
     p.add_argument("--sleep-mode", action="store_true", help="colocated vLLM sleeps while the trainer steps")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of the GPU")
+    p.add_argument("--eager", action="store_true",
+                   help="vLLM in eager mode (rollout.enforce_eager: no compile / CUDA graphs; starts in seconds)")
     p.add_argument("--name", default=None, help="results file OUTDIR/breakdown_NAME.json (default: the shape)")
     p.add_argument("--check", action="store_true", help="fail unless grad_norm > 0 and the sync verified every step")
     p.add_argument("--extra", nargs="*", default=[], help="more --section.field=value overrides")
@@ -109,32 +114,37 @@ def main() -> None:
         f"--training.global_batch_size={args.batch}", f"--training.micro_batch_size={args.micro_batch or args.batch}",
         f"--training.train_iters={args.steps}", f"--rollout.max_tokens={args.max_tokens}",
         f"--rollout.backend={args.backend}", f"--rollout.enable_sleep_mode={str(args.sleep_mode).lower()}",
+        *(["--rollout.enforce_eager=true"] if args.eager else []),
         *([f"--rollout.gpu_memory_utilization={args.gpu_memory_utilization}"] if args.gpu_memory_utilization else []),
         "--checkpoint.save_interval=0", "--logging.progress_bar=false", "--data.max_prompt_length=4096",
         *args.extra])
     result = {"shape": f"qwen3-{args.shape}" if args.shape != "tiny" else "tiny", "dtype": dtype,
               "batch": args.batch, "micro_batch": args.micro_batch or args.batch, "recompute": args.recompute,
-              "sleep_mode": args.sleep_mode, "rollout_max_tokens": args.max_tokens, "model_setup_s": setup_s,
+              "sleep_mode": args.sleep_mode, "enforce_eager": args.eager or not torch.cuda.is_available(),
+              "rollout_max_tokens": args.max_tokens, "model_setup_s": setup_s,
               "device": torch.cuda.get_device_name() if gpu else "cpu", "torch": torch.__version__}
+    t_start = time.perf_counter()
     trainer = Trainer(cfg)
+    result["trainer_start_s"] = time.perf_counter() - t_start   # model, optimizer, engine start
+    peak = PeakMemory()   # after the engine started: vLLM resets torch's peak statistics then
     try:
         result["rollout_backend"] = type(trainer.rollouts.engine).__name__ if trainer.rollouts.engine else None
         steps = []
-        for _ in range(args.steps):
-            metrics = trainer.train_step()
-            trainer.step += 1
-            trainer.sync(metrics)
-            steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens", "grad_norm",
-                                                           "sync_probe_diff", "sync_fingerprint_diff",
-                                                           "sync_fingerprints_checked") if k in metrics})
-            steps[-1]["sync_s"] = max(s["seconds"] for s in trainer.rollouts.last_sync)
-            print(json.dumps(steps[-1]), flush=True)
+        with peak:
+            for _ in range(args.steps):
+                metrics = trainer.train_step()
+                trainer.step += 1
+                trainer.sync(metrics)
+                peak.step_done()
+                steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens",
+                                                               "grad_norm", "sync_probe_diff", "sync_fingerprint_diff",
+                                                               "sync_fingerprints_checked") if k in metrics})
+                steps[-1]["sync_s"] = max(s["seconds"] for s in trainer.rollouts.last_sync)
+                print(json.dumps(steps[-1]), flush=True)
         result["first_step"] = steps[0]
         later = steps[1:] or steps
         result["median_later_steps"] = {k: statistics.median(s[k] for s in later) for k in PARTS}
-        if gpu:
-            result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            result["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        result.update(peak.result())
         result["sync_s_median"] = statistics.median(s["sync_s"] for s in later)
         result["checks"] = step_checks(steps)
         result["steps"] = steps

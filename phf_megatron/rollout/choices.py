@@ -5,7 +5,8 @@ eval tool's command lines check them before anything heavy loads)."""
 #: (vLLM when it imports, else hf) | "vllm" (in-process vLLM) | "hf" (transformers generate, the
 #: fallback) | "vllm_server" (a running vLLM server).
 BACKENDS = ("auto", "vllm", "hf", "vllm_server")
-#: How weights reach a vllm_server (``server_engine``): "auto" (nccl with CUDA, else rpc) | "rpc" | "nccl".
+#: How weights reach a vllm_server (``server_engine``): "auto" (nccl with CUDA on vLLM 0.32.x, else rpc) |
+#: "rpc" | "nccl".
 WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 #: vllm_server + nccl: the default port of the weight push's rendezvous.
 DEFAULT_NCCL_PORT = 29600

@@ -38,6 +38,9 @@ class EngineConfig:
     """vLLM-CPU KV cache size (default 256 MiB)."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake on GPU (colocated mode: vLLM sleeps while the trainer steps)."""
+    enforce_eager: bool | None = None
+    """vLLM eager mode (no torch.compile, no CUDA graphs: starts in seconds, decodes slower);
+    None: eager on CPU, compiled with CUDA graphs on GPU (vLLM's default)."""
     max_batch_size: int = 64
     """transformers fallback: rows decoded together."""
     device: str | None = None
@@ -45,7 +48,7 @@ class EngineConfig:
     server_url: str | None = None
     """vllm_server: the server's base URL (http://host:port)."""
     server_weight_transport: str = "auto"
-    """vllm_server: how weights reach the server: auto (nccl with CUDA, else rpc) | rpc | nccl
+    """vllm_server: how weights reach the server: auto (nccl with CUDA on vLLM 0.32.x, else rpc) | rpc | nccl
     (see ``server_engine.py``)."""
     server_nccl_address: str | None = None
     """vllm_server + nccl: an address of this host the server's workers can reach (NCCL rank 0)."""
@@ -101,7 +104,8 @@ def build_engine(config: EngineConfig) -> RolloutEngine:
                           gpu_memory_utilization=config.gpu_memory_utilization,
                           kv_cache_bytes=config.kv_cache_bytes, enable_sleep_mode=config.enable_sleep_mode,
                           bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s,
-                          separate_process=config.separate_process, **config.vllm_kwargs)
+                          separate_process=config.separate_process,
+                          **{"enforce_eager": config.enforce_eager, **config.vllm_kwargs})
     from .hf_engine import HFEngine
     return HFEngine(config.model_dir, dtype=config.dtype, device=config.device,
                     max_batch_size=config.max_batch_size, bucket_bytes=config.bucket_bytes,

