@@ -115,6 +115,9 @@ ADVERSARIAL = [
     ("</think> \\boxed{  }", "  "),
     ("</think> \\boxed{ E }", "e"),                               # case and whitespace insensitive
     ("</think> \\boxed{\\text{(B) } 5}", "(b)5"),
+    ("</think> \\boxed{(B) 5}", "(b)5"),                           # whitespace inside the answer
+    ("</think> \\boxed{E F}", "ef"),
+    ("</think> \\boxed{\\text{odd} \\text{ prime}}", "\\text{odd}\\text{prime}"),
     ("</think> \\boxed{x \\in [0, 1)}", "[0,1)"),
     ("</think> \\boxed{1,2}", "2,1"),
     ("</think> \\boxed{\\{1,2\\}}", "\\{2, 1\\}"),
