@@ -36,6 +36,18 @@ L_flow (3.5)       flow.hidden_flow_loss       counts (pipeline_stats), loss    
 L_PHF (3.6)        phf.phf_objective           loss.phf_microbatch_loss         --                          objectives/test_ema_and_objective.py,
                                                                                                             parallel/test_phf_step.py (every layout)
 =================  ==========================  ===============================  ==========================  =========================================
+
+Baselines (references, not paper equations): the paper's SFT and GRPO rows, each an oracle for
+the trainer's code as the table's functions are for PHF's.
+
+* ``sft.sft_loss``: teacher-forced cross-entropy, the mean over the scored tokens (the response,
+  or the prompt too as the official baseline's TRL ``SFTTrainer`` on plain text); tests:
+  ``objectives/test_sft.py`` (vs ``F.cross_entropy`` and HF transformers' Qwen3 loss).
+* ``grpo``: TRL 0.26.0's ``GRPOTrainer`` loss, one function per step: ``group_advantages``,
+  ``log_importance_weights``, ``vllm_importance_ratio``, ``clipped_surrogate``, ``k3_kl``,
+  ``grpo_token_loss``, ``token_weights`` (grpo / bnpo / dr_grpo / dapo), ``grpo_loss``; tests:
+  ``objectives/test_grpo.py`` (vs a transcription of TRL's ``_compute_loss``). The reward is
+  ``eval.rewards.reward_correctness`` (official OPSD's ``grpo_train.py``).
 """
 
 from ..lazy_exports import lazy_exports
@@ -46,9 +58,11 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "flow": ("FlowTerms", "LayerPlan", "TermsFunction", "adjacent_layer_loss", "batch_mean", "cross_gram",
              "direction_loss", "flow_terms", "geometry_loss", "gram", "hidden_flow_loss", "layer_loss",
              "per_sample_flow", "pointwise_mse_loss", "transitions", "unit_directions"),
+    "grpo": ("group_advantages", "grpo_loss"),
     "phf": ("phf_objective",),
     "opsd": ("clip_statistics", "generalized_jsd_terms", "opsd_loss", "opsd_token_divergence", "restrict_to_top_k",
              "top_k_indices"),
+    "sft": ("sft_loss",),
     "sampled_token": ("sampled_token_loss", "sampled_token_terms", "token_log_probs"),
     "window": ("select_window",),
 })
