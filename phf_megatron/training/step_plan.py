@@ -48,9 +48,12 @@ class StepPlan:
 class StepPlanner:
     """Builds ``StepPlan``s and this rank's training samples (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, dataset, tokenizer, prompt_config: PromptConfig, dp_size: int):
+    def __init__(self, cfg: TrainConfig, dataset, tokenizer, prompt_config: PromptConfig, dp_size: int,
+                 row_inputs=None):
+        """``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (the method's; default PHF's)."""
         self.cfg, self.dataset, self.tokenizer, self.prompt_config = cfg, dataset, tokenizer, prompt_config
         self.dp_size = dp_size
+        self.row_inputs = row_inputs or (lambda tok, r, pc: build_prompt_pair(tok, r.problem, r.solution, pc))
 
     def plan(self, step: int, sampler, steps_ahead: int = 0) -> StepPlan:
         """The plan of ``step``, ``steps_ahead`` steps after the sampler's position."""
@@ -65,7 +68,7 @@ class StepPlanner:
             student = [encode_prompt(self.tokenizer, render_student_prompt(self.tokenizer, r.problem,
                                                                            self.prompt_config)) for r in rows]
             return StepPlan(step, indices, rows, None, StepRequests(step, student, on_policy, analysis))
-        pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
+        pairs = [self.row_inputs(self.tokenizer, r, self.prompt_config) for r in rows]
         self._check_lengths(step, rows, [q.teacher_ids for q in pairs])
         return StepPlan(step, indices, rows, pairs, StepRequests(step, [q.student_ids for q in pairs], on_policy))
 
