@@ -116,7 +116,8 @@ class Trainer:
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
-            print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}{more}", flush=True)
+            line = implementations(cfg, self.student, self.rollouts.engine, self.method.implementations())
+            print(f"phf_megatron.train: {line}{more}", flush=True)
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,

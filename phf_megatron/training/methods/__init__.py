@@ -9,7 +9,8 @@ A method supplies what differs between PHF and its baselines; the loop, the upda
 * ``microbatches(batch, micro_batch_size)``: the rank's padded batch cut into the method's micro-batches;
 * ``step(student)``: the forward-step object of one update (``parallel.PhfStep`` / ``SftStep``),
   ``passes(step, mbs)``: its forward-only ``update.ScoringPass``es before the student's (PHF: the teacher);
-* ``after_step()`` (PHF: the EMA), ``parts()`` (checkpoint parts of its own), ``step_metrics()``, ``close()``.
+* ``after_step()`` (PHF: the EMA), ``parts()`` (checkpoint parts of its own), ``step_metrics()``,
+  ``implementations()`` (its loss kernels, for the start-up line), ``close()``.
 
 GRPO fits the same shape: its passes are the old-policy and reference log-probs, its micro-batches
 carry per-sample scalars (advantages) and per-token tensors (sampler log-probs).

@@ -9,6 +9,7 @@ from ...parallel.capture import WindowCapture
 from ...parallel.step import PhfStep
 from ..batches import phf_microbatches
 from ..checkpoint_parts import Scope, stateful_part
+from ..model_setup import loss_kernels
 from ..rollouts import RolloutDriver
 from ..teacher import PrivilegedTeacher
 from ..update import ScoringPass
@@ -51,6 +52,9 @@ class PhfMethod:
 
     def parts(self) -> dict:
         return {"teacher": stateful_part(self.teacher, Scope.MODEL_PARALLEL)}
+
+    def implementations(self) -> list[str]:
+        return loss_kernels(self.cfg)
 
     def step_metrics(self) -> dict:
         return {}

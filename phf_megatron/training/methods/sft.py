@@ -119,6 +119,10 @@ class SftMethod:
     def parts(self) -> dict:
         return {}
 
+    @staticmethod
+    def implementations() -> list[str]:
+        return ["cross-entropy PyTorch (vocabulary-parallel)"]
+
     def step_metrics(self) -> dict:
         return {SFT_TRUNCATED: self.truncated}
 
