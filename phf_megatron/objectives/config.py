@@ -102,7 +102,7 @@ class SftConfig:
     """The SFT baseline (``--method sft``): teacher-forced cross-entropy on ``chat(problem) ; solution``.
 
     The paper's other SFT settings are existing ones, already at its values: LoRA r 64 / alpha 128
-    (``lora.rank``, ``lora.alpha``), lr 5e-6 (``optimizer.lr``), effective batch 32
+    (``lora.r``, ``lora.alpha``), lr 5e-6 (``optimizer.lr``), effective batch 32
     (``training.global_batch_size``; the official run: 64), step 100 (``training.train_iters``).
     """
 

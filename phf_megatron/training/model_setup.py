@@ -67,8 +67,11 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
             LayerPlan.build(hf_config.num_hidden_layers, cfg.objective.flow_variant, cfg.objective.flow_layers)
         except ValueError as exc:
             raise fail("objective.flow_layers", str(exc)) from exc
+    if cfg.method == "sft" and cfg.sft.max_length > hf_config.max_position_embeddings:
+        raise fail("sft.max_length", f"{cfg.sft.max_length} exceeds the model's max_position_embeddings "
+                   f"({hf_config.max_position_embeddings})")
     longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
-    if longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
+    if cfg.method == "phf" and longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
         raise fail("data.max_prompt_length", f"data.max_prompt_length + rollout.max_tokens = "
                    f"{cfg.data.max_prompt_length} + {cfg.rollout.max_tokens} = {longest} exceeds the model's "
                    f"max_position_embeddings ({hf_config.max_position_embeddings}); lower data.max_prompt_length")

@@ -67,3 +67,11 @@ def test_bad_sft_settings_are_one_line(flags, expected):
                        "--training.micro_batch_size=2", *flags], timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_maximum_length_past_the_model_is_one_line(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    proc = train(hf, data, str(tmp_path / "long"), "--method=sft", "--sft.max_length=2000")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("error: --sft.max_length: 2000 exceeds the model's "
+                                                    "max_position_embeddings (1024)")
