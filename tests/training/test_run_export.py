@@ -107,3 +107,26 @@ def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
         assert proc.returncode == 2 and line in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_full_fine_tuning_run_converts_to_the_trainers_own_hf_export(tiny_inputs, tmp_path):
+    """lora.enabled=false: the checkpoint holds the model as a dist checkpoint; mcore_to_hf writes
+    the weights the trainer exported at its end, bit for bit (and refuses --adapter_only)."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "full")
+    assert_ok(train(hf, data, run, "--training.train_iters=1", "--lora.enabled=false", "--teacher.mode=ema",
+                    "--lr=1e-4"))
+    out = str(tmp_path / "hf")
+    assert_ok(run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", out], timeout=300))
+    own_dir = os.path.join(run, "export", "hf")
+
+    def weights(directory):
+        return {k: v for f in sorted(os.listdir(directory)) if f.endswith(".safetensors")
+                for k, v in load_file(os.path.join(directory, f)).items()}
+
+    own, converted = weights(own_dir), weights(out)
+    base = weights(hf)
+    assert own.keys() == converted.keys() and all(torch.equal(own[k], converted[k]) for k in own)
+    assert any(not torch.equal(own[k], base[k]) for k in own if k in base)   # the step moved the weights
+    proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", str(tmp_path / "a"), "--adapter_only"])
+    assert proc.returncode == 2 and "error: --adapter_only: the run trained every weight" in proc.stderr
