@@ -22,7 +22,7 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
-from ..output_files import write_json
+from ..output_files import remove, write_json
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -164,6 +164,11 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
         raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")
 
 
+def _made_here(model_dir: str, out_dir: str) -> bool:
+    """Whether ``model_dir`` is a model the run made inside ``out_dir`` (merged or converted)."""
+    return os.path.dirname(os.path.abspath(model_dir)) == os.path.abspath(out_dir)
+
+
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     problems = load_problems(config)
@@ -184,5 +189,7 @@ def run_eval(config: EvalConfig) -> Summary:
         else:
             run_data_parallel(config, model_dir, backend, items, replicas)
     records, duplicates = load_records(config.out_dir)
+    if not config.keep_model and _made_here(model_dir, config.out_dir):
+        remove(model_dir)                                # --no-keep_model: only the samples and the summary stay
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
                      seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)

@@ -130,3 +130,32 @@ def test_a_full_fine_tuning_run_converts_to_the_trainers_own_hf_export(tiny_inpu
     assert any(not torch.equal(own[k], base[k]) for k in own if k in base)   # the step moved the weights
     proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", str(tmp_path / "a"), "--adapter_only"])
     assert proc.returncode == 2 and "error: --adapter_only: the run trained every weight" in proc.stderr
+
+
+def test_the_eval_takes_the_runs_checkpoint_as_its_help_says(trained, tmp_path, capsys):
+    """``eval_avg_at_k.py --megatron_checkpoint runs/x/checkpoints/iter_N --model BASE``: the student,
+    LoRA merged, in <out>/converted_model (the trainer's logits); it lists its outputs, and
+    --no-keep_model leaves only the samples and the summary."""
+    pytest.importorskip("math_verify")
+    from transformers import AutoModelForCausalLM
+
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    hf, run, student, *_ = trained
+    bench = tmp_path / "sums.jsonl"
+    bench.write_text('{"problem": "What is 2+3?", "answer": "5"}\n')
+    out = tmp_path / "eval"
+    argv = ["--megatron_checkpoint", os.path.join(run, "checkpoints", "iter_0000002"), "--model", hf,
+            "--benchmarks", str(bench), "--n", "1", "--max_new_tokens", "4", "--backend", "hf", "--dtype", "float32",
+            "--out_dir", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "Avg@1 (official) %" in printed and "pass@1 %" in printed
+    assert (f"outputs in {out}: converted_model/, run_config.json, samples.rank0.jsonl, summary.json"
+            in printed), printed
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(str(out / "converted_model"), dtype=torch.float32)(
+            torch.tensor(IDS)).logits
+    torch.testing.assert_close(logits, student, atol=1e-4, rtol=0)
+    assert main([*argv, "--no-keep_model"]) == 0   # resumes: nothing to generate, the model goes
+    assert sorted(os.listdir(out)) == ["run_config.json", "samples.rank0.jsonl", "summary.json"]
