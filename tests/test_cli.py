@@ -321,3 +321,15 @@ def test_a_run_cut_short_by_a_closed_pipe_is_quiet_but_no_success():
             "sys.exit(command(body)())")
     exit_code, err = _with_closed_stdout(["-c", code])
     assert (exit_code, err) == (141, "")
+
+
+def test_the_base_model_settings_say_what_the_trainer_does_with_them():
+    """--model.hf_dir is read for the config, tokenizer, engines and export; --model.pretrained_checkpoint
+    only replaces where the base weights come from (nothing is converted into the run)."""
+    from phf_megatron.training.config import TrainConfig
+
+    docs = {s.key: s.doc for s in Settings(TrainConfig).settings.values()}
+    assert "Required to run" in docs["model.hf_dir"] and "rollout engines' starting weights" in docs["model.hf_dir"]
+    assert "base weights under any TP/PP" in docs["model.pretrained_checkpoint"]
+    assert "nothing is converted" in docs["model.pretrained_checkpoint"] and "<run_dir>/base" not in docs[
+        "model.pretrained_checkpoint"]

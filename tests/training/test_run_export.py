@@ -54,6 +54,8 @@ def test_the_run_says_where_its_outputs_are_and_a_rerun_that_it_is_finished(trai
     assert rerun.returncode == 0 and rerun.stderr == "", rerun.stderr
     assert f"{run} is finished (step 2 of 2): nothing to train" in rerun.stdout
     assert f"PEFT adapter  {run}/export/peft_adapter" in rerun.stdout
+    # model.pretrained_checkpoint unset: the base weights are read from hf_dir, nothing converted (its --help)
+    assert not os.path.exists(os.path.join(run, "base"))
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == [
         "iter_0000001", "iter_0000002", "latest_checkpointed_iteration.txt"]
 
