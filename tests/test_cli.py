@@ -333,3 +333,29 @@ def test_the_base_model_settings_say_what_the_trainer_does_with_them():
     assert "base weights under any TP/PP" in docs["model.pretrained_checkpoint"]
     assert "nothing is converted" in docs["model.pretrained_checkpoint"] and "<run_dir>/base" not in docs[
         "model.pretrained_checkpoint"]
+
+
+def test_the_readme_after_training_commands_use_real_flags():
+    """README.md's "After training" commands: every flag of each tool command is one of its settings."""
+    import re
+
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.plot_run import PlotRun
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    section = readme.split("## After training", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    tools = {"tools/convert/mcore_to_hf.py": McoreToHf, "tools/eval_avg_at_k.py": EvalConfig,
+             "tools/plot_run.py": PlotRun}
+    checked = 0
+    for line in block.splitlines():
+        tool = next((t for t in tools if f"python {t}" in line), None)
+        if tool is None:
+            continue
+        settings = Settings(tools[tool])
+        for flag in re.findall(r"\s--([a-z_-]+)", line.split("#")[0]):
+            settings.resolve(flag.removeprefix("no-"))
+            checked += 1
+        assert os.path.isfile(os.path.join(REPO, tool))
+    assert checked >= 15

@@ -161,3 +161,29 @@ def test_the_eval_takes_the_runs_checkpoint_as_its_help_says(trained, tmp_path, 
     torch.testing.assert_close(logits, student, atol=1e-4, rtol=0)
     assert main([*argv, "--no-keep_model"]) == 0   # resumes: nothing to generate, the model goes
     assert sorted(os.listdir(out)) == ["run_config.json", "samples.rank0.jsonl", "summary.json"]
+
+
+def _documented_metrics() -> set[str]:
+    """The keys of docs/metrics.md's tables (first column, in backquotes)."""
+    import re
+
+    with open(os.path.join(REPO, "docs", "metrics.md")) as f:
+        return {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)` \|", f.read(), re.M)}
+
+
+def test_every_metric_the_trainer_writes_is_described_in_docs_metrics_md(trained):
+    """docs/metrics.md is the one place that says what each metrics.jsonl key means: a real run's
+    keys are all there, and every key there is one the trainer's code names."""
+    import json
+
+    _, run, *_ = trained
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        written = {k for line in f for k in json.loads(line)}
+    documented = _documented_metrics()
+    assert written - documented == set(), f"undocumented in docs/metrics.md: {sorted(written - documented)}"
+    source = ""
+    for directory, _, files in os.walk(os.path.join(REPO, "phf_megatron")):
+        source += "".join(open(os.path.join(directory, f)).read() for f in files if f.endswith(".py"))
+    stale = {k for k in documented if k not in source and k.removeprefix("flow_energy") not in source}
+    assert stale == set(), f"docs/metrics.md describes keys no code writes: {sorted(stale)}"
+    assert len(written) >= 30
