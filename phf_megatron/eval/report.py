@@ -1,8 +1,8 @@
 """The evaluation's outputs: a table on stdout, summary.json, and an optional bar plot.
 
 The table has one Average@k column per grader: ``Avg@k (official) %``, official OPSD's grader (the
-paper's numbers), and ``Avg@k (extended) %``, ours (every score in the table is a percentage, 0-100); pass@k, the plot and ``suite_average_at_k``
-follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
+paper's numbers), and ``Avg@k (extended) %``, ours; every score in it is a percentage (0-100).
+pass@k, the plot and ``suite_average_at_k`` follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
 official environment pins 0.8.0).
 """
 

@@ -164,11 +164,6 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
         raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")
 
 
-def _made_here(model_dir: str, out_dir: str) -> bool:
-    """Whether ``model_dir`` is a model the run made inside ``out_dir`` (merged or converted)."""
-    return os.path.dirname(os.path.abspath(model_dir)) == os.path.abspath(out_dir)
-
-
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     problems = load_problems(config)
@@ -189,7 +184,7 @@ def run_eval(config: EvalConfig) -> Summary:
         else:
             run_data_parallel(config, model_dir, backend, items, replicas)
     records, duplicates = load_records(config.out_dir)
-    if not config.keep_model and _made_here(model_dir, config.out_dir):
-        remove(model_dir)                                # --no-keep_model: only the samples and the summary stay
+    if not config.keep_model and (config.adapter or config.megatron_checkpoint):   # model_dir: the run's own
+        remove(model_dir)                                # --no-keep_model: the merged / converted copy goes
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
                      seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)
