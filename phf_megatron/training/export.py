@@ -19,6 +19,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import read_json
 from .checkpoint import LATEST_FILE, META_FILE, iter_dir_name, read_latest
@@ -28,8 +29,6 @@ from .config_io import CONFIG_FILE, load_config
 #: Where ``Trainer.export`` writes, below the run directory.
 ADAPTER_DIR = os.path.join("export", "peft_adapter")
 HF_DIR = os.path.join("export", "hf")
-#: The model-format marker of an ``hf_to_mcore`` checkpoint (``convert.mcore_checkpoint.METADATA_FILE``).
-_MODEL_MARKER = "phf_megatron.json"
 
 
 def export_dir(cfg: TrainConfig) -> str:
@@ -59,7 +58,7 @@ def outputs_message(cfg: TrainConfig, step: int) -> str:
     if cfg.lora.enabled:
         lines.append(f"  PEFT adapter  {export_dir(cfg)} (base model: {cfg.model.hf_dir})")
         lines.append(f"  merged model  python tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir "
-                     f"{os.path.join(run, 'export', 'merged')}")
+                     f"{os.path.join(run, 'merged')}")
     else:
         lines.append(f"  HF model      {export_dir(cfg)}")
     lines.append(f"  plots         python tools/plot_run.py {run}  (writes {os.path.join(run, 'plots')}/)")
@@ -139,7 +138,7 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
     not one of the trainer's (a model checkpoint of ``hf_to_mcore``, say)."""
     path = os.path.abspath(path)
     given = [run_config] if run_config else []
-    if os.path.isfile(os.path.join(path, META_FILE)) and not os.path.isfile(os.path.join(path, _MODEL_MARKER)):
+    if training_checkpoint_error(path) is not None:   # iter_N: meta.json, not a model checkpoint
         save_dir = os.path.dirname(path)
         cfg = _run_config(given or [os.path.join(os.path.dirname(save_dir), CONFIG_FILE),
                                     os.path.join(save_dir, CONFIG_FILE)], path)
