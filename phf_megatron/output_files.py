@@ -8,7 +8,8 @@ directory, so the new name survives a power cut too. On an exception the temp fi
 ``path`` is untouched. ``write_text`` / ``write_json`` / ``write_jsonl`` are the one-liners.
 
 One directory: ``atomic_dir(final)`` hands out ``<final>.tmp`` (a leftover of a killed run is
-removed first), fsyncs every file in it on success and renames it to ``final``
+removed first), gives every file in it the outputs' mode (``output_modes``), fsyncs them on success
+and renames it to ``final``
 (``replace_dir``); an existing ``final`` is swapped out and deleted only after the new one is in
 place. On an exception ``<final>.tmp`` is removed. Collective writers (every rank writes into
 one temp directory) call ``fresh_dir`` and ``replace_dir`` themselves.
@@ -42,6 +43,25 @@ def fsync_tree(root: str) -> None:
             with open(os.path.join(directory, name), "rb") as f:
                 os.fsync(f.fileno())
         fsync_dir(directory)
+
+
+def output_mode() -> int:
+    """The mode of every output file: 0o666 less the process's umask (what ``open`` gives)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def output_modes(root: str) -> None:
+    """Give every file below ``root`` the outputs' mode (``output_mode``): writers that create files
+    owner-only (safetensors' ``save_file``, hence ``save_pretrained``: 0o600) get the same
+    permissions as every other output (a weight file others cannot read is no shared model)."""
+    mode = output_mode()
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode)
 
 
 @contextlib.contextmanager
@@ -142,6 +162,7 @@ def atomic_dir(final: str, *, replace: bool = True, fsync: bool = True) -> Itera
     tmp = fresh_dir(f"{final}.tmp")
     try:
         yield tmp
+        output_modes(tmp)
         if fsync:
             fsync_tree(tmp)
         replace_dir(tmp, final, replace=replace)

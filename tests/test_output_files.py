@@ -83,6 +83,31 @@ def test_a_new_file_follows_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o644
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_weight_files_get_the_mode_of_every_other_output(tmp_path, umask):
+    """safetensors' save_file (and so transformers' save_pretrained) creates files owner-only (0o600):
+    in an output directory they get the umask's mode, as a text output does."""
+    import torch
+    from safetensors.torch import save_file
+
+    from phf_megatron.convert.hf_writer import write_hf_checkpoint
+
+    old = os.umask(umask)
+    try:
+        out.write_text(str(tmp_path / "note.txt"), "x")
+        with out.atomic_dir(str(tmp_path / "weights")) as tmp:
+            save_file({"w": torch.zeros(2)}, os.path.join(tmp, "model.safetensors"))
+        write_hf_checkpoint(iter([("w", torch.ones(3))]), str(tmp_path / "hf"), hf_config={"model_type": "qwen3"},
+                            dtype=torch.float32)
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    assert stat.S_IMODE(os.stat(tmp_path / "note.txt").st_mode) == expected
+    modes = {p: stat.S_IMODE(os.stat(os.path.join(d, p)).st_mode)
+             for d in (tmp_path / "weights", tmp_path / "hf") for p in os.listdir(d)}
+    assert "model-00001-of-00001.safetensors" in modes and set(modes.values()) == {expected}, modes
+
+
 def test_a_directory_appears_complete_or_not_at_all(tmp_path):
     final = tmp_path / "adapter"
     with out.atomic_dir(str(final)) as tmp:

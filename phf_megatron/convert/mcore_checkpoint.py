@@ -53,7 +53,8 @@ def training_checkpoint_error(ckpt_dir: str) -> InputFileError | None:
         return None
     run = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir)))
     return InputFileError(ckpt_dir, "is a training checkpoint of phf_megatron.train (optimizer, EMA, adapters), "
-                                    "not a model: use the run's export, --model <base HF dir> --adapter "
+                                    f"not a model: make one with tools/convert/mcore_to_hf.py --mcore_dir {ckpt_dir} "
+                                    "--out_dir DIR, or use the run's export, --model <base HF dir> --adapter "
                                     f"{os.path.join(run, 'export', 'peft_adapter')}")
 
 

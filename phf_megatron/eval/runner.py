@@ -22,7 +22,7 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
-from ..output_files import write_json
+from ..output_files import remove, write_json
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -184,5 +184,7 @@ def run_eval(config: EvalConfig) -> Summary:
         else:
             run_data_parallel(config, model_dir, backend, items, replicas)
     records, duplicates = load_records(config.out_dir)
+    if not config.keep_model and (config.adapter or config.megatron_checkpoint):   # model_dir: the run's own
+        remove(model_dir)                                # --no-keep_model: the merged / converted copy goes
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
                      seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)

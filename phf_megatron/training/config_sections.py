@@ -29,10 +29,13 @@ class ModelConfig:
     """The policy model and how Megatron-Core lays it out."""
 
     hf_dir: str | None = None
-    """HF Qwen3 checkpoint directory (config.json, tokenizer, safetensors). Required to run."""
+    """HF Qwen3 checkpoint directory (config.json, tokenizer, safetensors). Required to run: the model's
+    config, the tokenizer, the rollout engines' starting weights, the tokenizer of the export and the
+    PEFT adapter's base; the student's base weights too unless pretrained_checkpoint is set."""
     pretrained_checkpoint: str | None = None
-    """Megatron checkpoint of the base model (Megatron's --pretrained-checkpoint); None: convert
-    ``hf_dir`` once into ``<run_dir>/base``."""
+    """Megatron-Core checkpoint of the same base model (tools/convert/hf_to_mcore.py's; Megatron's
+    --pretrained-checkpoint), from which the student loads its base weights under any TP/PP; None:
+    the student reads them from hf_dir's safetensors (nothing is converted or written)."""
     dtype: str = "bfloat16"
     """Parameter dtype of the frozen base (official: torch_dtype bfloat16)."""
     tensor_model_parallel_size: int = 1

@@ -38,6 +38,7 @@ from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config, to_dict
 from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
+from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
 from .rollout_async import PART as PREFETCH_PART
@@ -119,6 +120,9 @@ class Trainer:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
             print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}{more}", flush=True)
+            if self.resumed_from:
+                print(f"phf_megatron.train: resuming from step {self.step} of {cfg.training.train_iters} "
+                      f"({self.resumed_from})", flush=True)
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
@@ -251,6 +255,9 @@ class Trainer:
         if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
             self.save()
         self.export()
+        if self.ctx.is_rank0:
+            print(f"phf_megatron.train: finished step {self.step} of {cfg.training.train_iters}; the run's "
+                  f"outputs:\n{outputs_message(cfg, self.step)}", flush=True)
 
     def _log(self, metrics: dict) -> None:
         cfg = self.cfg
@@ -265,35 +272,8 @@ class Trainer:
 
     def export(self) -> str:
         """The trained student for HF tools: a PEFT adapter (LoRA) or a full HF checkpoint."""
-        out = os.path.join(self.cfg.run_dir, "export")
-        if self.cfg.lora.enabled:
-            from ..lora.export import export_peft_adapter
-
-            path = os.path.join(out, "peft_adapter")
-            export_peft_adapter(self.student.chunks, path, self.cfg.lora,
-                                base_model_name_or_path=os.path.abspath(self.cfg.model.hf_dir))
-            return path
-        from megatron.core import parallel_state as ps
-
-        from ..convert.hf_writer import write_hf_checkpoint
-        from ..convert.live_model import iter_hf_weights
-
-        path = os.path.join(out, "hf")
-        items = (item for chunk in self.student.chunks
-                 for item in iter_hf_weights(chunk, self.student.arch,
-                                             pp_group=ps.get_pipeline_model_parallel_group()))
-        if ps.get_data_parallel_rank() == 0:
-            if self.ctx.is_rank0:
-                hf_dir = self.cfg.model.hf_dir
-                tokenizer_files = [f for f in os.listdir(hf_dir) if f.startswith(("tokenizer", "vocab", "merges",
-                                   "special_tokens", "generation_config", "chat_template"))]
-                write_hf_checkpoint(items, path, hf_config=self.student.hf_config.to_dict(),
-                                    dtype=self.student.config.params_dtype, tokenizer_src=hf_dir,
-                                    tokenizer_files=tokenizer_files)
-            else:
-                for _ in items:
-                    pass
-        return path
+        return write_student(self.student.chunks, self.student.arch, self.student.hf_config.to_dict(), self.cfg,
+                             export_dir(self.cfg), adapter=self.cfg.lora.enabled)
 
     def close(self) -> None:
         self.metrics.close()

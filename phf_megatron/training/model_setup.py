@@ -132,19 +132,12 @@ def _let_recompute_reach_the_adapters(model) -> None:
     embedding.register_forward_hook(require_grad)
 
 
-def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
-    """The student of this rank, ready to train (a collective over the model-parallel group).
-
-    ``num_rows``: the training set's size, which sets the cosine schedule's length (epochs x rows).
-    """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
-
+def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
+    """This rank's model chunks (one per virtual pipeline stage) with the base weights loaded and,
+    with LoRA, fresh adapters (seeded by ``training.seed``): the student before any wrapper. The
+    trainer trains them; ``training.export`` loads a checkpoint's weights into them."""
     from ..models import build_qwen3_model
 
-    hf_config = read_hf_config(cfg)
-    check_settings_fit_model(cfg, hf_config)
-    arch = Qwen3Arch.from_hf(hf_config)
     dtype = DTYPES[cfg.model.dtype]
     fused = cfg.model.fused_kernels and torch.cuda.is_available()
     lora = cfg.lora
@@ -159,6 +152,23 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
         _load_base_weights(model, cfg, arch)
         if lora.enabled:
             apply_lora(model, lora, seed=cfg.training.seed)
+        chunks.append(model)
+    return chunks
+
+
+def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
+    """The student of this rank, ready to train (a collective over the model-parallel group).
+
+    ``num_rows``: the training set's size, which sets the cosine schedule's length (epochs x rows).
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    hf_config = read_hf_config(cfg)
+    check_settings_fit_model(cfg, hf_config)
+    arch = Qwen3Arch.from_hf(hf_config)
+    chunks = []
+    for model in build_model_chunks(cfg, hf_config, arch):
         if cfg.model.recompute_granularity == "full":
             _let_recompute_reach_the_adapters(model)
         if torch.cuda.is_available():
