@@ -15,6 +15,12 @@ optimizer and LR schedule, the EMA teacher, the data position and every RNG (and
 the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is saved before the
 error propagates: at the last finished update (a failed sync comes after its step's update, which
 counts), so the resumed run repeats nothing and skips nothing.
+
+A step whose loss or gradient holds a NaN or inf on any rank changes nothing (``update``,
+``nonfinite``): it is counted (``nonfinite_steps`` in the metrics, cumulative over the run, and on
+the progress bar), the engines keep the weights they have (no push of unchanged weights), and
+``training.max_nonfinite_steps`` consecutive ones stop the run with one line naming the step and
+what was not finite. Checkpoints and exports refuse to write a non-finite tensor.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
+from .nonfinite import faults_from_env, nonfinite_stop
 from .rollout_async import PART as PREFETCH_PART
 from .rollout_async import RolloutPrefetch
 from .rollouts import RolloutDriver, RolloutFailure
@@ -110,11 +117,17 @@ class Trainer:
         self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size)
         self._plans = {}
         self.step = 0
+        self.nonfinite_steps = 0
+        """Steps skipped for a NaN/inf loss or gradient, over the whole run (resumes included)."""
+        self.nonfinite_run = 0
+        """Of them, how many in a row up to the current step."""
+        self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
         self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
         self.resumed_from = self._maybe_resume()
         self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+        self._engines_current = True  # the engines hold the student's weights (nothing to push)
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
@@ -149,7 +162,8 @@ class Trainer:
             self.prefetch.prepare_checkpoint(self.step)  # a collective: the hosts' prefetched rollouts
         return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
                                fingerprint=resume_fingerprint(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
-                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size})
+                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size,
+                                      "nonfinite_steps": self.nonfinite_steps, "nonfinite_run": self.nonfinite_run})
 
     def _maybe_resume(self) -> str | None:
         load_dir = self.cfg.load_dir
@@ -165,6 +179,8 @@ class Trainer:
         info = load_checkpoint(load_dir, parts, self.layout,
                                fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
         self.step = info.iteration
+        extra = info.meta.get("extra", {})
+        self.nonfinite_steps, self.nonfinite_run = extra.get("nonfinite_steps", 0), extra.get("nonfinite_run", 0)
         return info.path
 
     # ----------------------------------------------------------------- one step
@@ -200,7 +216,16 @@ class Trainer:
                                  window_budget=cfg.objective.flow_window)
         interval = cfg.logging.loss_tokens_interval
         metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective,
-                             collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0)
+                             collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0,
+                             faults=tuple(f for f in self.faults if f.step == self.step + 1))
+        if metrics["nonfinite"] is not None:
+            self.nonfinite_steps += 1
+            self.nonfinite_run += 1
+        else:
+            self.nonfinite_run = 0
+        if not metrics["update_skipped"]:
+            self._engines_current = False
+        metrics["nonfinite_steps"] = self.nonfinite_steps
         if self.sampler.take(len(plan.rows)) != plan.indices:
             raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
         t2 = time.perf_counter()
@@ -218,11 +243,14 @@ class Trainer:
         """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
         t0 = time.perf_counter()
         wait = 0.0
-        if self.step % self.cfg.rollout.sync_interval == 0:
+        if self.step % self.cfg.rollout.sync_interval == 0 and self._engines_current:
+            self.rollouts.policy_version = self.step  # no update since the last push: the same weights
+        elif self.step % self.cfg.rollout.sync_interval == 0:
             if self.prefetch is not None:
                 self.prefetch.settle()
                 wait = time.perf_counter() - t0
             self.rollouts.sync(self.step)
+            self._engines_current = True
         seconds = time.perf_counter() - t0
         metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **self.rollouts.sync_metrics())
         if self.prefetch is not None:
@@ -239,6 +267,9 @@ class Trainer:
                 self.step += 1  # the update is done: a failing sync below does not undo it
                 self.sync(metrics)
                 self._log(metrics)
+                limit = cfg.training.max_nonfinite_steps
+                if limit and self.nonfinite_run >= limit:
+                    raise nonfinite_stop(self.step, self.nonfinite_run, metrics["nonfinite"])
                 metrics = None
                 if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                     self.save()
@@ -261,7 +292,8 @@ class Trainer:
                 for i, share, count in loss_tokens])
         if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
             self.metrics.log(self.step, metrics)
-        self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")), step_time=metrics["step_time"])
+        shown = {"nonfinite": self.nonfinite_steps} if self.nonfinite_steps else {}
+        self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")), step_time=metrics["step_time"], **shown)
 
     def export(self) -> str:
         """The trained student for HF tools: a PEFT adapter (LoRA) or a full HF checkpoint."""

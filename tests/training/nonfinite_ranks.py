@@ -1,0 +1,96 @@
+"""What each rank runs for ``test_nonfinite.py``: the real student (``build_student``: Megatron Qwen3,
+LoRA, DDP, Megatron's optimizer, the LR schedule) and EMA teacher, trained with ``phf_update`` on
+a fixed batch, once with injected NaN/inf steps and once with those steps simply left out.
+
+Returns, per layout, this rank's final state (trainable weights, the optimizer's state dict, the
+schedule's step count and LR, the EMA shadow), every step's ``update_skipped`` / ``nonfinite``,
+and the global name of this rank's first trainable parameter (where grad faults land).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from phf_megatron.training.nonfinite import Fault
+
+from ..helpers import REPO
+from ..helpers.spawn import megatron_layout
+from ..parallel import reference
+
+VOCAB = 256
+
+#: (step, faults) of the poisoned run, steps numbered as metrics.jsonl numbers them
+POISONED = [
+    (1, ()),
+    (2, (Fault(2, "loss", float("nan"), rank=1),)),
+    (3, (Fault(3, "grad", float("inf"), rank=0),)),
+    (4, (Fault(4, "loss", float("inf")),)),
+    (5, (Fault(5, "grad", float("nan"), rank=1),)),
+    (6, ()),
+]
+#: the reference: the same run with the poisoned steps left out
+CLEAN = [(1, ()), (6, ())]
+
+
+def _config(hf_dir: str, tp: int, pp: int, sp: bool, dtype: str):
+    from phf_megatron.training.config_io import load_config
+
+    return load_config(os.path.join(REPO, "configs", "tiny_cpu.yaml"), [
+        f"--model.hf_dir={hf_dir}", f"--model.tensor_model_parallel_size={tp}",
+        f"--model.pipeline_model_parallel_size={pp}", f"--model.sequence_parallel={str(sp).lower()}",
+        f"--model.dtype={dtype}", "--data.max_prompt_length=64", "--rollout.max_tokens=16", "--optimizer.lr=1e-2",
+        "--optimizer.lr_decay_iters=8", "--objective.ema_decay=0.5", "--objective.flow_window=5"])
+
+
+def _plain(tree):
+    """Tensors to CPU clones, containers rebuilt (for returning and comparing)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu().clone()
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_plain(v) for v in tree]
+    return tree
+
+
+def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32") -> dict:
+    from megatron.core import parallel_state as ps
+
+    from phf_megatron.parallel.capture import WindowCapture
+    from phf_megatron.training.model_setup import build_student
+    from phf_megatron.training.nonfinite import _trainable
+    from phf_megatron.training.schedule import current_lr
+    from phf_megatron.training.teacher import PrivilegedTeacher
+    from phf_megatron.training.update import phf_update
+
+    megatron_layout(tp, pp)
+    cfg = _config(hf_dir, tp, pp, sp, dtype)
+    torch.manual_seed(0)
+    student = build_student(cfg, num_rows=64)
+    teacher = PrivilegedTeacher(student.chunks, "ema", cfg.objective.ema_decay, lora=True)
+    capture = WindowCapture(student.chunks)
+    mbs = reference.microbatches(VOCAB, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), num_micro=2)
+    log = []
+    for step, faults in steps:
+        m = phf_update(student, teacher, capture, mbs, cfg.objective, faults=faults)
+        log.append((step, m["update_skipped"], m["nonfinite"], m["grad_norm"]))
+    capture.remove()
+    return dict(
+        weights={name: p for name, p in _trainable(student.chunks)},
+        optimizer=student.optimizer.state_dict(),
+        scheduler=(student.scheduler.num_steps, current_lr(student.scheduler)),
+        shadow=teacher.state_dict()["shadow"],
+        log=log,
+        first_param=_trainable(student.chunks)[0][0],
+    )
+
+
+def poisoned_and_clean(rank: int, world_size: int, hf_dir: str, layouts, dtype: str = "float32") -> dict:
+    """``{layout name: {"poisoned": state, "clean": state}}`` of this rank (``layouts``: name, tp, pp, sp)."""
+    out = {}
+    for name, tp, pp, sp in layouts:
+        out[name] = {run: _plain(_train(hf_dir, tp, pp, sp, steps, dtype))
+                     for run, steps in (("poisoned", POISONED), ("clean", CLEAN))}
+    return out
