@@ -21,15 +21,17 @@ from ..parallel import reference
 
 VOCAB = 256
 
-#: (step, faults) of the poisoned run, steps numbered as metrics.jsonl numbers them
-POISONED = [
-    (1, ()),
-    (2, (Fault(2, "loss", float("nan"), rank=1),)),
-    (3, (Fault(3, "grad", float("inf"), rank=0),)),
-    (4, (Fault(4, "loss", float("inf")),)),
-    (5, (Fault(5, "grad", float("nan"), rank=1),)),
-    (6, ()),
-]
+
+
+def poisoned(world_size: int) -> list[tuple[int, tuple[Fault, ...]]]:
+    """(step, faults) of the poisoned run (steps numbered as metrics.jsonl numbers them): a NaN loss
+    on the last rank, an inf gradient entry on rank 0, an inf loss on every rank, a NaN gradient
+    entry on the last rank."""
+    last = world_size - 1
+    return [(1, ()), (2, (Fault(2, "loss", float("nan"), rank=last),)), (3, (Fault(3, "grad", float("inf"), rank=0),)),
+            (4, (Fault(4, "loss", float("inf")),)), (5, (Fault(5, "grad", float("nan"), rank=last),)), (6, ())]
+
+
 #: the reference: the same run with the poisoned steps left out
 CLEAN = [(1, ()), (6, ())]
 
@@ -92,5 +94,5 @@ def poisoned_and_clean(rank: int, world_size: int, hf_dir: str, layouts, dtype: 
     out = {}
     for name, tp, pp, sp in layouts:
         out[name] = {run: _plain(_train(hf_dir, tp, pp, sp, steps, dtype))
-                     for run, steps in (("poisoned", POISONED), ("clean", CLEAN))}
+                     for run, steps in (("poisoned", poisoned(world_size)), ("clean", CLEAN))}
     return out

@@ -126,15 +126,37 @@ def test_the_trainer_counts_skipped_steps_saves_finite_checkpoints_and_stops_aft
     assert not os.path.exists(os.path.join(stopped, "checkpoints", "iter_0000002"))
 
 
+def _gpu_worker(rank: int, port: int, hf_dir: str, out: str) -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.save(nonfinite_ranks.poisoned_and_clean(0, 1, hf_dir, [("gpu", 1, 1, False)], "bfloat16"), out)
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
 @pytest.mark.gpu
-def test_nonfinite_steps_are_skipped_in_bf16_on_a_gpu(small_hf):
-    """One rank on a GPU, bf16 weights with fp32 main grads (Megatron's Float16 optimizer, no loss
-    scaler): the poisoned run equals the reference run (to bf16 rounding: CUDA kernels may not be
-    bitwise repeatable), and nothing in it is non-finite."""
+def test_nonfinite_steps_are_skipped_in_bf16_on_a_gpu(small_hf, tmp_path):
+    """One rank on a GPU with NCCL, bf16 weights with fp32 main grads (Megatron's Float16 optimizer,
+    no loss scaler, so Megatron itself would not skip): the poisoned run equals the reference run
+    (to bf16 rounding: CUDA kernels need not be bitwise repeatable), nothing in it non-finite.
+
+        pytest -m gpu tests/training/test_nonfinite.py
+    """
+    import torch.multiprocessing as mp
+
+    from ..helpers.spawn import free_port
+
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    [result] = run_ranks(nonfinite_ranks.poisoned_and_clean, 1, small_hf, [("one_gpu", 1, 1, False)], "bfloat16")
-    poisoned, clean = result["one_gpu"]["poisoned"], result["one_gpu"]["clean"]
+    out = str(tmp_path / "result.pt")
+    mp.spawn(_gpu_worker, args=(free_port(), small_hf, out), nprocs=1, join=True)
+    result = torch.load(out, weights_only=False)
+    poisoned, clean = result["gpu"]["poisoned"], result["gpu"]["clean"]
     assert [s for s, skipped, *_ in poisoned["log"] if skipped] == [2, 3, 4, 5]
     assert poisoned["scheduler"] == clean["scheduler"]
     for key in ("weights", "shadow"):
