@@ -235,8 +235,9 @@ class Trainer:
                        **rollout_stats(self.rollouts.gather(local_rollout_record(completions, dp_rank, dp_size))))
         if cfg.rollout.lmbda < 1:
             metrics[ON_POLICY_FRACTION] = sum(plan.requests.on_policy) / len(plan.requests.on_policy)
-        if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
-            metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
+        energy = torch.tensor(metrics.get("layer_flow") or [], dtype=torch.float64)
+        if cfg.logging.log_layer_energy and energy.numel() and bool(energy.isfinite().all()):  # NaN: a skipped step
+            metrics.update(layer_energy_metrics(energy))
         return metrics
 
     def sync(self, metrics: dict) -> None:

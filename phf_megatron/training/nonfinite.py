@@ -133,21 +133,21 @@ class StepCheck:
 
     def found(self, chunks, check_grads: bool = True) -> str | None:
         """None if every rank's losses and gradients are finite, else what was not (a collective)."""
-        params = _trainable(chunks)
-        device = params[0][1].device if params else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        params = [p for chunk in chunks for p in chunk.parameters() if p.requires_grad]
+        device = params[0].device if params else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         flags = torch.zeros(2, device=device)
         if self._loss_bad is not None:
             flags[0] = self._loss_bad.to(device).float()
-        grads = [g for _, p in params if (g := _grad(p)) is not None] if check_grads else []
+        grads = [g for p in params if (g := _grad(p)) is not None] if check_grads else []
         if grads:
             flags[1] = (~torch.isfinite(torch.stack(torch._foreach_norm(grads, float("inf"))))).any().float()
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if not flags.any():  # the step's one host sync
             return None
-        return self._describe(params, check_grads)
+        return self._describe(chunks, check_grads)
 
-    def _describe(self, params, check_grads: bool) -> str:
+    def _describe(self, chunks, check_grads: bool) -> str:
         """What this rank found, joined over the ranks (one object all-gather; the rare path)."""
         rank = dist.get_rank() if dist.is_initialized() else 0
         local = []
@@ -155,7 +155,7 @@ class StepCheck:
         if bad_losses:
             local.append(f"loss ({_kind(bad_losses[0])}) on rank {rank}")
         if check_grads:
-            bad = [(name, g) for name, p in params if (g := _grad(p)) is not None and not bool(torch.isfinite(g).all())]
+            bad = [(name, g) for name, p in _trainable(chunks) if (g := _grad(p)) is not None and not bool(torch.isfinite(g).all())]
             if bad:
                 more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
                 local.append(f"gradient {bad[0][0]} ({_kind(bad[0][1])}){more} on rank {rank}")
@@ -170,5 +170,5 @@ class StepCheck:
 def nonfinite_stop(step: int, consecutive: int, what: str) -> NonFiniteError:
     """The one line that stops the run after ``training.max_nonfinite_steps`` consecutive skips."""
     return NonFiniteError(f"step {step}: {consecutive} consecutive steps with a non-finite loss or gradient "
-                          f"(training.max_nonfinite_steps), the last: {what}; none of them changed the weights, "
-                          f"so the last checkpoint is sound")
+                          f"(training.max_nonfinite_steps), the last: {what}; each was skipped (no weight, "
+                          f"optimizer, LR or EMA change)")
