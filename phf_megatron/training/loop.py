@@ -244,14 +244,15 @@ class Trainer:
         """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
         t0 = time.perf_counter()
         wait = 0.0
-        if self.step % self.cfg.rollout.sync_interval == 0 and self._engines_current:
-            self.rollouts.policy_version = self.step  # no update since the last push: the same weights
-        elif self.step % self.cfg.rollout.sync_interval == 0:
-            if self.prefetch is not None:
+        if self.step % self.cfg.rollout.sync_interval == 0:
+            if self.prefetch is not None:  # the prefetch in flight read the version it samples with
                 self.prefetch.settle()
                 wait = time.perf_counter() - t0
-            self.rollouts.sync(self.step)
-            self._engines_current = True
+            if self._engines_current:  # no update since the last push (skipped steps): the same weights
+                self.rollouts.policy_version = self.step
+            else:
+                self.rollouts.sync(self.step)
+                self._engines_current = True
         seconds = time.perf_counter() - t0
         metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **self.rollouts.sync_metrics())
         if self.prefetch is not None:

@@ -99,5 +99,6 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     step.finish()
     metrics = dict(_gather_metrics(metrics))
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
-                   update_skipped=not ok, nonfinite=nonfinite, time_teacher_s=t1 - t0, time_student_s=t2 - t1, time_optimizer_s=t3 - t2)
+                   update_skipped=not ok, nonfinite=nonfinite, time_teacher_s=t1 - t0, time_student_s=t2 - t1,
+                   time_optimizer_s=t3 - t2)
     return metrics
