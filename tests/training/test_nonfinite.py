@@ -55,6 +55,17 @@ def _assert_same(a, b, where):
         assert a == b, where
 
 
+def _dicts(tree):
+    """Every dict in a state tree (Adam's per-parameter states among them)."""
+    if isinstance(tree, dict):
+        yield tree
+        for v in tree.values():
+            yield from _dicts(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _dicts(v)
+
+
 def _all_finite(tree) -> bool:
     if isinstance(tree, torch.Tensor):
         return not tree.is_floating_point() or bool(torch.isfinite(tree).all())
@@ -77,6 +88,8 @@ def test_nonfinite_steps_are_skipped_on_every_rank_at_tp2_sp_pp2_dp2(small_hf):
                 assert _all_finite(poisoned[key]), (where, key)
                 _assert_same(poisoned[key], clean[key], f"{where} {key}")
             assert clean["scheduler"][0] == 2
+            adam = [v for v in _dicts(poisoned["optimizer"]) if isinstance(v, dict) and "exp_avg" in v]
+            assert adam and all(float(v["step"]) == 2 for v in adam), where  # two Adam steps, not six
             # the run moved: the comparison is not between two untouched models
             assert any(not torch.equal(s, w) for s, w in zip(clean["shadow"], clean["weights"].values())), where
         # every rank names the same finding; a fault on one rank is named with that rank
