@@ -1,6 +1,7 @@
 """What each rank runs for ``test_nonfinite.py``: the real student (``build_student``: Megatron Qwen3,
 LoRA, DDP, Megatron's optimizer, the LR schedule) and EMA teacher, trained with ``phf_update`` on
-a fixed batch, once with injected NaN/inf steps and once with those steps simply left out.
+a fixed batch (random prompts and rollouts through the trainer's ``build_microbatches``), once with
+injected NaN/inf steps and once with those steps simply left out.
 
 Returns, per layout, this rank's final state (trainable weights, the optimizer's state dict, the
 schedule's step count and LR, the EMA shadow), every step's ``update_skipped`` / ``nonfinite``,
@@ -17,9 +18,10 @@ from phf_megatron.training.nonfinite import Fault
 
 from ..helpers import REPO
 from ..helpers.spawn import megatron_layout
-from ..parallel import reference
 
 VOCAB = 256
+#: (student prompt length, extra teacher prompt length, rollout length) of the batch's 8 samples
+SAMPLES = [(3, 4, 9), (2, 6, 1), (4, 3, 2), (5, 5, 10), (3, 3, 6), (2, 4, 8), (4, 6, 3), (3, 5, 7)]
 
 
 
@@ -46,6 +48,26 @@ def _config(hf_dir: str, tp: int, pp: int, sp: bool, dtype: str):
         "--optimizer.lr_decay_iters=8", "--objective.ema_decay=0.5", "--objective.flow_window=5"])
 
 
+def _microbatches(tp: int, sp: bool, window: int):
+    """This DP rank's two micro-batches of the fixed global batch."""
+    from megatron.core import parallel_state as ps
+
+    from phf_megatron.data import PromptPair
+    from phf_megatron.training.batches import build_microbatches
+
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(0, VOCAB, (n,), generator=g).tolist()  # noqa: E731
+    pairs, completions = [], []
+    for prompt, extra, rollout in SAMPLES:
+        student = ids(prompt)
+        pairs.append(PromptPair(student, student + ids(extra)))
+        completions.append(ids(rollout))
+    dp = ps.get_data_parallel_world_size()
+    return build_microbatches(pairs, completions, pad_id=None, micro_batch_size=len(SAMPLES) // dp // 2,
+                              dp_rank=ps.get_data_parallel_rank(), dp_size=dp, pad_multiple=tp if sp else 1,
+                              window_budget=window)
+
+
 def _plain(tree):
     """Tensors to CPU clones, containers rebuilt (for returning and comparing)."""
     if isinstance(tree, torch.Tensor):
@@ -58,8 +80,6 @@ def _plain(tree):
 
 
 def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32") -> dict:
-    from megatron.core import parallel_state as ps
-
     from phf_megatron.parallel.capture import WindowCapture
     from phf_megatron.training.model_setup import build_student
     from phf_megatron.training.nonfinite import _trainable
@@ -73,7 +93,7 @@ def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32
     student = build_student(cfg, num_rows=64)
     teacher = PrivilegedTeacher(student.chunks, "ema", cfg.objective.ema_decay, lora=True)
     capture = WindowCapture(student.chunks)
-    mbs = reference.microbatches(VOCAB, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), num_micro=2)
+    mbs = _microbatches(tp, sp, cfg.objective.flow_window)
     log = []
     for step, faults in steps:
         m = phf_update(student, teacher, capture, mbs, cfg.objective, faults=faults)
