@@ -79,7 +79,22 @@ def _plain(tree):
     return tree
 
 
-def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32") -> dict:
+def _export_poisoned(chunks, cfg, out_dir: str) -> str | None:
+    """A NaN in this rank's last adapter tensor, then the PEFT export (a collective): the error
+    rank 0 raised (the other ranks write nothing), or None."""
+    from phf_megatron.errors import NonFiniteError
+    from phf_megatron.lora.export import export_peft_adapter
+
+    with torch.no_grad():
+        [p for p in (p for c in chunks for p in c.parameters()) if p.requires_grad][-1].view(-1)[0] = float("nan")
+    try:
+        export_peft_adapter(chunks, out_dir, cfg.lora)
+    except NonFiniteError as err:
+        return str(err)
+    return None
+
+
+def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32", export_to: str | None = None) -> dict:
     from phf_megatron.parallel.capture import WindowCapture
     from phf_megatron.training.model_setup import build_student
     from phf_megatron.training.nonfinite import _trainable
@@ -99,7 +114,7 @@ def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32
         m = phf_update(student, teacher, capture, mbs, cfg.objective, faults=faults)
         log.append((step, m["update_skipped"], m["nonfinite"], m["grad_norm"]))
     capture.remove()
-    return dict(
+    state = dict(
         weights={name: p for name, p in _trainable(student.chunks)},
         optimizer=student.optimizer.state_dict(),
         scheduler=(student.scheduler.num_steps, current_lr(student.scheduler)),
@@ -107,12 +122,19 @@ def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32
         log=log,
         first_param=_trainable(student.chunks)[0][0],
     )
+    if export_to is not None:  # after the state is taken: the export's own NaN is not the run's
+        state = _plain(state)
+        state["export_error"] = _export_poisoned(student.chunks, cfg, export_to)
+    return state
 
 
-def poisoned_and_clean(rank: int, world_size: int, hf_dir: str, layouts, dtype: str = "float32") -> dict:
-    """``{layout name: {"poisoned": state, "clean": state}}`` of this rank (``layouts``: name, tp, pp, sp)."""
+def poisoned_and_clean(rank: int, world_size: int, hf_dir: str, layouts, dtype: str = "float32",
+                       export_root: str | None = None) -> dict:
+    """``{layout name: {"poisoned": state, "clean": state}}`` of this rank (``layouts``: name, tp, pp, sp);
+    with ``export_root`` the clean run then exports a poisoned adapter to ``<export_root>/<layout>``."""
     out = {}
     for name, tp, pp, sp in layouts:
-        out[name] = {run: _plain(_train(hf_dir, tp, pp, sp, steps, dtype))
-                     for run, steps in (("poisoned", poisoned(world_size)), ("clean", CLEAN))}
+        export = os.path.join(export_root, name) if export_root else None
+        out[name] = {"poisoned": _plain(_train(hf_dir, tp, pp, sp, poisoned(world_size), dtype)),
+                     "clean": _plain(_train(hf_dir, tp, pp, sp, CLEAN, dtype, export_to=export))}
     return out

@@ -11,7 +11,6 @@ in the same order on the same process layout, so equality is bitwise.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -76,8 +75,8 @@ def _all_finite(tree) -> bool:
     return True
 
 
-def test_nonfinite_steps_are_skipped_on_every_rank_at_tp2_sp_pp2_dp2(small_hf):
-    results = run_ranks(nonfinite_ranks.poisoned_and_clean, 2, small_hf, LAYOUTS)
+def test_nonfinite_steps_are_skipped_on_every_rank_at_tp2_sp_pp2_dp2(small_hf, tmp_path):
+    results = run_ranks(nonfinite_ranks.poisoned_and_clean, 2, small_hf, LAYOUTS, "float32", str(tmp_path))
     for name, *_ in LAYOUTS:
         for rank, by_run in enumerate(results):
             poisoned, clean = by_run[name]["poisoned"], by_run[name]["clean"]
@@ -101,6 +100,11 @@ def test_nonfinite_steps_are_skipped_on_every_rank_at_tp2_sp_pp2_dp2(small_hf):
         assert found[3] == f"gradient {first[0]} (inf) on rank 0", found[3]
         assert "loss (inf) on rank 1" in found[4], found[4]
         assert found[5] == f"gradient {first[1]} (nan) on rank 1", found[5]
+        # a NaN adapter entry on one rank (of the gathered ones) stops the PEFT export: one line, nothing written
+        error = results[0][name]["clean"]["export_error"]
+        assert error is not None and error.startswith(f"{tmp_path / name}: not written: base_model.model."), error
+        assert "holds 1 NaN of" in error and results[1][name]["clean"]["export_error"] is None
+        assert not os.path.exists(tmp_path / name) and not os.path.exists(f"{tmp_path / name}.tmp")
 
 
 def _train(hf, data, run, faults, *overrides):
@@ -229,16 +233,3 @@ def test_hf_export_with_a_nonfinite_weight_is_not_written(tmp_path):
         write_hf_checkpoint(iter(items), out, hf_config={"model_type": "qwen3"}, dtype=torch.bfloat16)
     assert not os.path.exists(out) and not os.path.exists(out + ".tmp")
 
-
-def test_peft_export_with_a_nonfinite_adapter_is_not_written(tmp_path, monkeypatch):
-    from phf_megatron.lora import export
-    from phf_megatron.lora.config import LoraConfig
-
-    out = tmp_path / "peft"
-    out.mkdir()
-    (out / "adapter_config.json").write_text(json.dumps({"old": True}))
-    a, b = torch.ones(2, 4), torch.tensor([[0.0, float("nan")]] * 4)
-    monkeypatch.setattr(export, "full_adapters", lambda chunks: {"model.layers.0.self_attn.q_proj": (a, b)})
-    with pytest.raises(NonFiniteError, match=r"lora_B.weight holds 4 NaN of 8 values"):
-        export.export_peft_adapter([], str(out), LoraConfig())
-    assert json.loads((out / "adapter_config.json").read_text()) == {"old": True}
