@@ -44,6 +44,17 @@ class InputFileError(UserError):
         self.path, self.detail = path, detail
 
 
+class NonFiniteError(UserError):
+    """A NaN or inf where a run needs finite numbers: ``training.max_nonfinite_steps`` consecutive
+    steps with a non-finite loss or gradient (``training.nonfinite``), or a tensor about to be
+    written into a checkpoint or an export, which is then not written (``output_files.first_nonfinite``)."""
+
+    @classmethod
+    def not_written(cls, path: str, found: str) -> "NonFiniteError":
+        """``<path>: not written: <found>`` (``found``: what ``output_files.first_nonfinite`` said)."""
+        return cls(f"{path}: not written: {found} (the previous output, if any, is intact)")
+
+
 def as_config_error(err: ValueError, keys, section: str | None = None) -> ConfigError | None:
     """A plain ``ValueError("field: detail")`` raised by the checks of a config with fields ``keys``,
     as a ``ConfigError`` naming ``section.field``; None when the message names no such field."""

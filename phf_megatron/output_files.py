@@ -14,6 +14,10 @@ and renames it to ``final``
 place. On an exception ``<final>.tmp`` is removed. Collective writers (every rank writes into
 one temp directory) call ``fresh_dir`` and ``replace_dir`` themselves.
 
+No tensor that is not finite is ever written: the writers of tensors (checkpoints, exports) ask
+``first_nonfinite`` before the rename and raise ``errors.NonFiniteError`` naming the tensor, so a
+NaN or inf leaves the old output in place.
+
 The readers that name a damaged file are ``input_files``'s; these are their counterpart.
 """
 
@@ -88,6 +92,30 @@ def atomic_file(path: str, mode: str = "w", *, encoding: str | None = "utf-8") -
             os.unlink(tmp)
         raise
     fsync_dir(directory)
+
+
+def nonfinite_summary(tensor) -> str | None:
+    """``"3 NaN, 1 inf of 4096 values"`` for a float tensor holding NaN or inf, else None (one
+    reduction, no temporary the size of the tensor unless something is found)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    t = tensor.detach()
+    if torch.isfinite(torch.linalg.vector_norm(t, float("inf"))):
+        return None
+    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    return ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "inf")) if n) + f" of {t.numel()} values"
+
+
+def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """``"<name> holds 3 NaN of 4096 values"`` for the first tensor of ``(name, tensor)`` pairs that
+    is not finite, else None."""
+    for name, tensor in named:
+        summary = nonfinite_summary(tensor)
+        if summary is not None:
+            return f"{name} holds {summary}"
+    return None
 
 
 def write_text(path: str, text: str) -> None:

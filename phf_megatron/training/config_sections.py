@@ -332,10 +332,16 @@ class TrainingConfig:
     """Optimizer steps to run (paper: the watcher stops at step 100)."""
     seed: int = 42
     """Seed of the model init, dropout and sampling (HF TrainingArguments default 42)."""
+    max_nonfinite_steps: int = 3
+    """Stop the run (one line naming the step and the NaN/inf: the loss, or which gradient on
+    which rank) after this many consecutive steps with a non-finite loss or gradient. Each such
+    step is skipped on every rank (no weight, Adam, LR-schedule or EMA-teacher change) and counted
+    (``nonfinite_steps`` in metrics.jsonl); 0: never stop."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):
             _check_positive(f"training.{name}", getattr(self, name))
+        _check_positive("training.max_nonfinite_steps", self.max_nonfinite_steps, allow_zero=True)
         if self.global_batch_size % self.micro_batch_size:
             raise fail("training.global_batch_size",
                        f"{self.global_batch_size} is not a multiple of micro_batch_size = {self.micro_batch_size}")

@@ -2,7 +2,8 @@
 
     teacher forward (teacher weights, privileged prompt, no grad) ─ window rows per layer, logit rows
     student forward + backward (plain prompt)                     ─ L_OPSD + alpha * L_flow
-    optimizer step (grad clip), LR schedule step, EMA teacher update
+    finiteness check (every rank agrees)                          ─ ``nonfinite.StepCheck``
+    optimizer step (grad clip), LR schedule step, EMA teacher update ─ all skipped on a NaN/inf
 
 Both passes run through Megatron's ``forward_backward_func`` (any TP/SP/PP/VPP/DP layout, the
 step's micro-batches); ``parallel.PhfStep`` supplies the forward-step and loss functions.
@@ -20,6 +21,7 @@ from ..parallel.batch import PhfMicroBatch
 from ..parallel.capture import WindowCapture
 from ..parallel.step import PhfStep
 from .model_setup import StudentModel
+from .nonfinite import Fault, StepCheck
 from .schedule import current_lr
 from .teacher import PrivilegedTeacher
 
@@ -37,9 +39,15 @@ def _gather_metrics(metrics: dict | None) -> dict:
 
 
 def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: WindowCapture | None,
-               microbatches: list[PhfMicroBatch], objective: ObjectiveConfig, collect_loss_tokens: bool = False) -> dict:
+               microbatches: list[PhfMicroBatch], objective: ObjectiveConfig, collect_loss_tokens: bool = False,
+               faults: tuple[Fault, ...] = ()) -> dict:
     """Run one update; returns the step's metrics (loss parts, grad norm, lr, per-layer flow, clip
-    diagnostics, timings; with ``collect_loss_tokens`` the loss by rollout token, ``loss.LOSS_TOKENS``)."""
+    diagnostics, timings; with ``collect_loss_tokens`` the loss by rollout token, ``loss.LOSS_TOKENS``).
+
+    A NaN or inf in a loss or a gradient on any rank skips the update on every rank (``nonfinite``):
+    ``update_skipped`` is then True and ``nonfinite`` says what was not finite (else None).
+    ``faults``: NaN/inf to inject into this update (testing only, ``nonfinite.Fault``).
+    """
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -65,13 +73,23 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     for chunk in chunks:
         chunk.zero_grad_buffer()
     student.optimizer.zero_grad()
-    logs = fb(forward_step_func=step.student_forward_step, data_iterator=iterators(), model=model,
+    check = StepCheck(faults)
+    logs = fb(forward_step_func=check.wrap(step.student_forward_step), data_iterator=iterators(), model=model,
               num_microbatches=len(mbs), seq_length=step.student_seq_length(mbs[0].student_tokens.shape[1]),
               micro_batch_size=b, forward_only=False)
+    check.inject_grads(chunks)
     _sync()
     t2 = time.perf_counter()
     lr = current_lr(student.scheduler)
-    ok, grad_norm, _ = student.optimizer.step()
+    # fp16: a gradient overflow is the loss scaler's to find (its skips search the scale)
+    nonfinite = check.found(chunks, check_grads=not student.config.fp16)
+    if nonfinite is None:
+        ok, grad_norm, _ = student.optimizer.step()
+    else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher
+        ok, grad_norm = False, None
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        student.optimizer.zero_grad()
     if ok:
         student.scheduler.step(increment=1)
         teacher.update()
@@ -81,5 +99,6 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     step.finish()
     metrics = dict(_gather_metrics(metrics))
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
-                   update_skipped=not ok, time_teacher_s=t1 - t0, time_student_s=t2 - t1, time_optimizer_s=t3 - t2)
+                   update_skipped=not ok, nonfinite=nonfinite, time_teacher_s=t1 - t0, time_student_s=t2 - t1,
+                   time_optimizer_s=t3 - t2)
     return metrics
