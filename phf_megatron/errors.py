@@ -44,6 +44,16 @@ class InputFileError(UserError):
         self.path, self.detail = path, detail
 
 
+class OutputFileError(UserError):
+    """An output cannot be written: the disk is full, the file system is read-only, no permission.
+    The message starts with the path and names the cause as the system does ("No space left on
+    device"); whatever was half-written has been removed."""
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(f"{path}: {detail}")
+        self.path, self.detail = path, detail
+
+
 def as_config_error(err: ValueError, keys, section: str | None = None) -> ConfigError | None:
     """A plain ``ValueError("field: detail")`` raised by the checks of a config with fields ``keys``,
     as a ``ConfigError`` naming ``section.field``; None when the message names no such field."""

@@ -13,17 +13,98 @@ removed first), fsyncs every file in it on success and renames it to ``final``
 place. On an exception ``<final>.tmp`` is removed. Collective writers (every rank writes into
 one temp directory) call ``fresh_dir`` and ``replace_dir`` themselves.
 
+A write that fails for a reason the user can fix (a full disk, a read-only file system, no
+permission) is an ``OutputFileError`` naming the path and the cause (``write_failure``), raised
+after the temporary file or directory is removed: one line from the command lines.
+
 The readers that name a damaged file are ``input_files``'s; these are their counterpart.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
 import shutil
 from typing import IO, Any, Iterable, Iterator
+
+from .errors import OutputFileError, UserError
+
+#: Why a write fails that the user can fix: a full disk or quota, a read-only file system, no permission.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+#: Below this many free bytes a failed write is blamed on the full disk (torch's zip writer, for
+#: one, loses the errno: "unexpected pos 704 vs 598").
+FULL_DISK_BYTES = 1 << 20
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err``, its causes and contexts, and the per-rank errors a ``CheckpointException`` holds."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)   # {rank: exception or (exception, traceback)}
+        for failure in failures.values() if isinstance(failures, dict) else ():
+            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
+        todo += [e.__cause__, e.__context__]
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes on the file system holding ``path`` (or its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)  # root may use the reserve
+
+
+def write_failure(err: BaseException, path: str | None = None) -> OutputFileError | None:
+    """``err`` (raised while writing ``path``) as the ``OutputFileError`` a user can act on, or None
+    (a bug: keep the traceback). An ``OSError`` of ``WRITE_ERRNOS`` anywhere in its chain names
+    its own file; failing that (a library's own error, not an ``OSError``), a message that says
+    "No space left on device" or a file system left with less than ``FULL_DISK_BYTES`` free at
+    ``path`` is named as a full disk. Call it before removing the half-written output."""
+    if isinstance(err, UserError):
+        return err if isinstance(err, OutputFileError) else None
+    full = os.strerror(errno.ENOSPC)
+    for cause in _causes(err):
+        if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
+            return OutputFileError(cause.filename or path or "output", f"cannot write: {os.strerror(cause.errno)}")
+    if isinstance(err, OSError):  # an OSError's own errno is the truth
+        return None
+    said = next((c for c in _causes(err) if full in str(c)), None)  # a library that kept only the text
+    with contextlib.suppress(OSError):
+        if said is None and path is not None and free_bytes(path) < FULL_DISK_BYTES:
+            said = err
+    if said is None:
+        return None
+    text = str(said).strip().splitlines()[-1][:200] if str(said).strip() else ""
+    return OutputFileError(path or "output", f"cannot write: {full} ({type(said).__name__}: {text})")
+
+
+@contextlib.contextmanager
+def writing(path: str, cleanup: str | None = None) -> Iterator[None]:
+    """Around a write into ``path``: a failure the user can fix (``write_failure``) becomes an
+    ``OutputFileError``; ``cleanup`` (the temporary output) is removed on any failure."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        if cleanup is not None:
+            remove(cleanup)
+        raise
+    except BaseException as err:  # torch's CheckpointException is a BaseException
+        failure = write_failure(err, cleanup or path)
+        if cleanup is not None:
+            remove(cleanup)
+        if failure is not None and failure is not err:
+            raise failure from err
+        raise
 
 
 def fsync_dir(path: str) -> None:
@@ -53,20 +134,17 @@ def atomic_file(path: str, mode: str = "w", *, encoding: str | None = "utf-8") -
     if mode not in ("w", "wb"):
         raise ValueError(f"mode: 'w' or 'wb', got {mode!r}")
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     # a unique name; the mode follows the umask (mkstemp would make every output owner-only)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    with writing(path):
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with writing(path, cleanup=tmp):
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     fsync_dir(directory)
 
 
@@ -138,13 +216,11 @@ def atomic_dir(final: str, *, replace: bool = True, fsync: bool = True) -> Itera
     final = os.path.abspath(final)
     if not replace and os.path.lexists(final):
         raise FileExistsError(f"{final}: already exists")
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = fresh_dir(f"{final}.tmp")
-    try:
+    with writing(final):
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = fresh_dir(f"{final}.tmp")
+    with writing(final, cleanup=tmp):
         yield tmp
         if fsync:
             fsync_tree(tmp)
         replace_dir(tmp, final, replace=replace)
-    except BaseException:
-        remove(tmp)
-        raise
