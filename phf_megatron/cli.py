@@ -27,7 +27,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from .errors import ConfigError, UsageError, UserError, as_config_error
+from .errors import ConfigError, UsageError, UserError, as_config_error, write_failure
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -349,7 +349,7 @@ def report_error(err: BaseException) -> None:
 
 def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's body: a user error (``UserError``, a missing or already existing file, an
-    ``OSError`` of ``output_files.WRITE_ERRNOS``: a full disk, a read-only file system, no
+    ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
     permission) prints one line and returns exit code 2; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
@@ -357,8 +357,6 @@ def run_command(main: Callable[[], int | None]) -> int:
         report_error(err)
         return 2
     except OSError as err:  # a full disk, a read-only file system, no permission: named as such
-        from .output_files import write_failure
-
         failure = write_failure(err)
         if failure is None:
             raise

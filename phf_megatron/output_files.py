@@ -14,7 +14,7 @@ place. On an exception ``<final>.tmp`` is removed. Collective writers (every ran
 one temp directory) call ``fresh_dir`` and ``replace_dir`` themselves.
 
 A write that fails for a reason the user can fix (a full disk, a read-only file system, no
-permission) is an ``OutputFileError`` naming the path and the cause (``write_failure``), raised
+permission) is an ``OutputFileError`` naming the path and the cause (``errors.write_failure``), raised
 after the temporary file or directory is removed: one line from the command lines.
 
 The readers that name a damaged file are ``input_files``'s; these are their counterpart.
@@ -23,70 +23,13 @@ The readers that name a damaged file are ``input_files``'s; these are their coun
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
 import shutil
 from typing import IO, Any, Iterable, Iterator
 
-from .errors import OutputFileError, UserError
-
-#: Why a write fails that the user can fix: a full disk or quota, a read-only file system, no permission.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
-
-#: Below this many free bytes a failed write is blamed on the full disk (torch's zip writer, for
-#: one, loses the errno: "unexpected pos 704 vs 598").
-FULL_DISK_BYTES = 1 << 20
-
-
-def _causes(err: BaseException) -> Iterator[BaseException]:
-    """``err``, its causes and contexts, and the per-rank errors a ``CheckpointException`` holds."""
-    todo, seen = [err], set()
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        failures = getattr(e, "failures", None)   # {rank: exception or (exception, traceback)}
-        for failure in failures.values() if isinstance(failures, dict) else ():
-            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
-        todo += [e.__cause__, e.__context__]
-
-
-def free_bytes(path: str) -> int:
-    """Free bytes on the file system holding ``path`` (or its nearest existing parent)."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    st = os.statvfs(path)
-    return st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)  # root may use the reserve
-
-
-def write_failure(err: BaseException, path: str | None = None) -> OutputFileError | None:
-    """``err`` (raised while writing ``path``) as the ``OutputFileError`` a user can act on, or None
-    (a bug: keep the traceback). An ``OSError`` of ``WRITE_ERRNOS`` anywhere in its chain names
-    its own file; failing that (a library's own error, not an ``OSError``), a message that says
-    "No space left on device" or a file system left with less than ``FULL_DISK_BYTES`` free at
-    ``path`` is named as a full disk. Call it before removing the half-written output."""
-    if isinstance(err, UserError):
-        return err if isinstance(err, OutputFileError) else None
-    full = os.strerror(errno.ENOSPC)
-    for cause in _causes(err):
-        if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
-            return OutputFileError(cause.filename or path or "output", f"cannot write: {os.strerror(cause.errno)}")
-    if isinstance(err, OSError):  # an OSError's own errno is the truth
-        return None
-    said = next((c for c in _causes(err) if full in str(c)), None)  # a library that kept only the text
-    with contextlib.suppress(OSError):
-        if said is None and path is not None and free_bytes(path) < FULL_DISK_BYTES:
-            said = err
-    if said is None:
-        return None
-    text = str(said).strip().splitlines()[-1][:200] if str(said).strip() else ""
-    return OutputFileError(path or "output", f"cannot write: {full} ({type(said).__name__}: {text})")
-
+from .errors import write_failure
 
 @contextlib.contextmanager
 def writing(path: str, cleanup: str | None = None) -> Iterator[None]:

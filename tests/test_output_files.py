@@ -137,15 +137,17 @@ def test_a_full_disk_is_named_and_leaves_the_old_file_and_no_temp(tmp_path):
 
 
 def test_write_failure_finds_the_cause_a_library_wrapped():
+    from phf_megatron.errors import write_failure
+
     """An ENOSPC wrapped in another error (as torch's checkpoint writer does), or only its text
     (as safetensors does), is a full disk; an unrelated error is not a user's error."""
     import errno
 
     wrapped = RuntimeError("worker failed")
     wrapped.__cause__ = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/shard.bin")
-    assert out.write_failure(wrapped, "/out").line == "/out/shard.bin: cannot write: No space left on device"
-    text = out.write_failure(RuntimeError("I/O error: No space left on device (os error 28)"), None)
+    assert write_failure(wrapped, "/out").line == "/out/shard.bin: cannot write: No space left on device"
+    text = write_failure(RuntimeError("I/O error: No space left on device (os error 28)"), None)
     assert text.line.startswith("output: cannot write: No space left on device (RuntimeError: I/O error")
-    assert out.write_failure(RuntimeError("a bug"), None) is None
-    assert out.write_failure(OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/x")).line == \
+    assert write_failure(RuntimeError("a bug"), None) is None
+    assert write_failure(OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/x")).line == \
         "/ro/x: cannot write: Read-only file system"
