@@ -92,7 +92,6 @@ class Trainer:
         cfg.require_inputs()
         self.cfg = cfg
         self.ctx: DistributedContext = init_distributed(cfg)
-        save_run_config(cfg)
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
         self.dataset = _load_dataset(cfg)
         if cfg.data.max_rows:
@@ -112,9 +111,17 @@ class Trainer:
         self.step = 0
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
-        self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
-        self.resumed_from = self._maybe_resume()
-        self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+        self.prefetch = None
+        try:
+            self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
+            self.resumed_from = self._maybe_resume()
+            self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+        except BaseException:  # a refused or damaged resume: the engines stop now, not at exit (after the group)
+            if self.prefetch is not None:
+                self.prefetch.close()
+            self.rollouts.close()
+            raise
+        save_run_config(cfg)  # after the resume: a refused one leaves the run directory as it was
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""

@@ -1,0 +1,88 @@
+"""The trainer's faults a user can fix, as a user meets them: one line (``error: ...``), exit code
+2, no traceback (neither ours nor vLLM's shutdown at exit), and the run directory as it was.
+
+* a refused resume (settings that differ from the checkpoint's) leaves every byte of the run
+  directory as it was (``config.yaml`` was overwritten with the refused settings), and with the
+  vLLM engine up it stops it before the process group goes (vLLM's exit hook printed 17 lines of
+  "Invalid process group specified");
+* a truncated checkpoint file is named;
+* a full disk (a real 200 KiB tmpfs: config and metrics fit, the first checkpoint does not) says
+  "No space left on device" and that there is no earlier checkpoint, and leaves no temp directory;
+* a read-only run directory is named.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+
+from ..helpers.mounts import read_only_dir, small_tmpfs
+from ..helpers.tiny_run import assert_ok, train
+
+TWO_STEPS = ("--training.train_iters=2", "--checkpoint.save_interval=2")
+
+
+def _one_error_line(proc) -> str:
+    """The run's one line of stderr besides progress bars; exit code 2, no traceback."""
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines()
+             if line.strip() and not re.search(r"\d+%( Completed)? ?\|", line)]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, \
+        f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def _tree(root: str) -> dict[str, bytes]:
+    out = {}
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tiny_inputs, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("faults") / "run")
+    assert_ok(train(*tiny_inputs, run, *TWO_STEPS))
+    return run
+
+
+@pytest.mark.vllm
+def test_refused_resume_leaves_the_run_directory_as_it_was(tiny_inputs, two_step_run):
+    before = _tree(two_step_run)
+    proc = train(*tiny_inputs, two_step_run, "--training.train_iters=3", "--rollout.backend=vllm")
+    line = _one_error_line(proc)
+    assert "the run's settings differ from the checkpoint's: rollout.backend: 'hf' -> 'vllm'" in line
+    assert _tree(two_step_run) == before
+
+
+def test_truncated_checkpoint_is_named(tiny_inputs, two_step_run, tmp_path):
+    run = shutil.copytree(two_step_run, str(tmp_path / "run"))
+    damaged = os.path.join(run, "checkpoints", "iter_0000002", "rank_tp00_pp000_dp000.pt")
+    with open(damaged, "r+b") as f:
+        f.truncate(os.path.getsize(damaged) // 2)
+    line = _one_error_line(train(*tiny_inputs, run, "--training.train_iters=3"))
+    assert line.startswith(f"error: {damaged}: not a readable torch file, truncated or corrupt")
+
+
+def test_full_disk_at_the_first_checkpoint(tiny_inputs, tmp_path):
+    with small_tmpfs(str(tmp_path / "full"), size="200k") as full:
+        run = os.path.join(full, "run")
+        line = _one_error_line(train(*tiny_inputs, run, *TWO_STEPS))
+        save_dir = os.path.join(run, "checkpoints")
+        assert line == (f"error: {save_dir}: cannot write: No space left on device; checkpoint iter_0000002 not "
+                        "saved: writing per-rank files failed on rank(s) [0]; there is no earlier checkpoint")
+        assert os.listdir(save_dir) == []
+
+
+def test_read_only_run_directory(tiny_inputs, tmp_path):
+    with read_only_dir(str(tmp_path / "ro")) as ro:
+        run = os.path.join(ro, "run")
+        line = _one_error_line(train(*tiny_inputs, run, *TWO_STEPS))
+        why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+        assert line == f"error: {run}: cannot write: {why}"
