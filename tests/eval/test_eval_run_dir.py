@@ -6,6 +6,8 @@
 * a start that failed before any sample (a model that is not a Qwen3: one line naming its
   ``config.json`` and its own model_type, 'mistral', not what transformers makes of it) leaves no
   ``run_config.json`` that blocks the corrected rerun;
+* a PEFT adapter of another shape and a truncated --megatron_checkpoint are one line naming the
+  file (the spawned conversion prints no traceback either);
 * a full disk (a real 8 KiB tmpfs) and a read-only output directory: one line naming the file
   and the cause ("No space left on device").
 
@@ -35,9 +37,9 @@ def problems(tmp_path_factory) -> str:
     return str(path)
 
 
-def _config(out_dir: str, model: str, problems: str) -> EvalConfig:
+def _config(out_dir: str, model: str | None, problems: str, **kw) -> EvalConfig:
     return EvalConfig(out_dir=out_dir, model=model, benchmarks=(problems,), n=1, max_new_tokens=4, backend="hf",
-                      dtype="float32", batch_size=2, pass_ks=(1,))
+                      dtype="float32", batch_size=2, pass_ks=(1,), **kw)
 
 
 def test_the_run_directory_resumes_under_any_name(tmp_path, tiny_dir, problems, monkeypatch):
@@ -90,3 +92,30 @@ def test_read_only_output_directory_is_one_line(tmp_path, tiny_dir, problems):
         out_dir = os.path.join(ro, "run")
         why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
         assert _error_line(tiny_dir, problems, out_dir) == f"error: {out_dir}: cannot write: {why}"
+
+
+def test_an_adapter_of_another_shape_is_one_line(tmp_path, tiny_dir, problems):
+    peft = pytest.importorskip("peft")
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+
+    other = build_tiny_qwen3(hidden_size=32, head_dim=16)     # the tiny Qwen3 has hidden 64
+    peft.get_peft_model(other, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])).save_pretrained(
+        str(tmp_path / "adapter"))
+    config = _config(str(tmp_path / "run"), tiny_dir, problems, adapter=str(tmp_path / "adapter"))
+    with pytest.raises(UserError, match=rf"{tmp_path / 'adapter'}: does not fit the base model {tiny_dir}: "
+                                        r"size mismatch for .*q_proj.lora_A"):
+        run_eval(config)
+
+
+def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, tiny_dir, problems, capfd):
+    mcore = str(tmp_path / "mcore")
+    run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf_dir", tiny_dir, "--out_dir", mcore,
+                "--dtype", "fp32"]).check_returncode()
+    shard = sorted(f for f in os.listdir(mcore) if f.endswith(".distcp"))[0]
+    with open(os.path.join(mcore, shard), "r+b") as f:
+        f.truncate(100)
+    config = _config(str(tmp_path / "run"), None, problems, megatron_checkpoint=mcore)
+    capfd.readouterr()
+    with pytest.raises(UserError, match=rf"{os.path.join(mcore, shard)}: truncated"):
+        run_eval(config)
+    assert "Traceback" not in capfd.readouterr().err            # nor from the spawned conversion

@@ -86,3 +86,22 @@ def test_read_only_run_directory(tiny_inputs, tmp_path):
         line = _one_error_line(train(*tiny_inputs, run, *TWO_STEPS))
         why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
         assert line == f"error: {run}: cannot write: {why}"
+
+
+def test_a_non_qwen3_model_is_named_by_its_own_model_type(tiny_inputs, tmp_path):
+    """config.json says 'mistral'; transformers loads it as a 'ministral' config, which the
+    message named."""
+    import json
+
+    from phf_megatron.errors import ConfigError
+    from phf_megatron.training.config_io import load_config
+    from phf_megatron.training.model_setup import read_hf_config
+
+    hf = shutil.copytree(tiny_inputs[0], str(tmp_path / "mistral"))
+    with open(os.path.join(hf, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(hf, "config.json"), "w") as f:
+        json.dump({**config, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, f)
+    with pytest.raises(ConfigError) as err:
+        read_hf_config(load_config(argv=[f"--model.hf_dir={hf}"]))
+    assert err.value.line == "--model.hf_dir: model_type 'mistral' is not 'qwen3'"
