@@ -107,6 +107,7 @@ class Trainer:
         self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
         self.layout = RankLayout.from_parallel_state()
         self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size)
+        self.planner.check_rows()  # a row over data.max_prompt_length: named now, before any training
         self._plans = {}
         self.step = 0
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.

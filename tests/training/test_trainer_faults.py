@@ -8,11 +8,14 @@
 * a truncated checkpoint file is named;
 * a full disk (a real 200 KiB tmpfs: config and metrics fit, the first checkpoint does not) says
   "No space left on device" and that there is no earlier checkpoint, and leaves no temp directory;
-* a read-only run directory is named.
+* a read-only run directory is named;
+* a data row whose prompt can never fit ``data.max_prompt_length`` is named (file and line) before
+  any step; a model that is not a Qwen3 is named by its config.json's own model_type.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,8 +94,6 @@ def test_read_only_run_directory(tiny_inputs, tmp_path):
 def test_a_non_qwen3_model_is_named_by_its_own_model_type(tiny_inputs, tmp_path):
     """config.json says 'mistral'; transformers loads it as a 'ministral' config, which the
     message named."""
-    import json
-
     from phf_megatron.errors import ConfigError
     from phf_megatron.training.config_io import load_config
     from phf_megatron.training.model_setup import read_hf_config
@@ -105,3 +106,20 @@ def test_a_non_qwen3_model_is_named_by_its_own_model_type(tiny_inputs, tmp_path)
     with pytest.raises(ConfigError) as err:
         read_hf_config(load_config(argv=[f"--model.hf_dir={hf}"]))
     assert err.value.line == "--model.hf_dir: model_type 'mistral' is not 'qwen3'"
+
+
+def test_a_row_over_the_prompt_limit_is_named_at_load(tiny_inputs, tmp_path):
+    """Row 3 of the data can never fit ``data.max_prompt_length``: the run stops before any step
+    (it was found when step 2 was planned, two trained steps later), naming the file and line."""
+    data = str(tmp_path / "long.jsonl")
+    with open(tiny_inputs[1]) as f:
+        rows = f.read().splitlines()
+    row = json.loads(rows[2])
+    rows[2] = json.dumps({**row, "solution": row["solution"] + " 1 + 1 = 2." * 200})
+    with open(data, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    run = str(tmp_path / "run")
+    line = _one_error_line(train(tiny_inputs[0], data, run, *TWO_STEPS, "--data.max_prompt_length=400"))
+    assert line == (f"error: --data.max_prompt_length: 1 row(s) have a prompt over 400 tokens, which the run could "
+                    f"never train on: {data}:3; raise it, or remove the rows")
+    assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
