@@ -107,7 +107,10 @@ def test_an_adapter_of_another_shape_is_one_line(tmp_path, tiny_dir, problems):
         run_eval(config)
 
 
-def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, tiny_dir, problems, capfd):
+def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, tiny_dir, problems, capfd,
+                                                                       monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # an earlier test's group
+        monkeypatch.delenv(var, raising=False)     # (the spawned conversion would take its port)
     mcore = str(tmp_path / "mcore")
     run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf_dir", tiny_dir, "--out_dir", mcore,
                 "--dtype", "fp32"]).check_returncode()
