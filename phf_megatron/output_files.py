@@ -18,6 +18,10 @@ No tensor that is not finite is ever written: the writers of tensors (checkpoint
 ``first_nonfinite`` before the rename and raise ``errors.NonFiniteError`` naming the tensor, so a
 NaN or inf leaves the old output in place.
 
+A write that fails for a reason the user can fix (a full disk, a read-only file system, no
+permission) is an ``OutputFileError`` naming the path and the cause (``errors.write_failure``), raised
+after the temporary file or directory is removed: one line from the command lines.
+
 The readers that name a damaged file are ``input_files``'s; these are their counterpart.
 """
 
@@ -29,6 +33,26 @@ import os
 import secrets
 import shutil
 from typing import IO, Any, Iterable, Iterator
+
+from .errors import write_failure
+
+@contextlib.contextmanager
+def writing(path: str, cleanup: str | None = None) -> Iterator[None]:
+    """Around a write into ``path``: a failure the user can fix (``write_failure``) becomes an
+    ``OutputFileError``; ``cleanup`` (the temporary output) is removed on any failure."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        if cleanup is not None:
+            remove(cleanup)
+        raise
+    except BaseException as err:  # torch's CheckpointException is a BaseException
+        failure = write_failure(err, cleanup or path)
+        if cleanup is not None:
+            remove(cleanup)
+        if failure is not None and failure is not err:
+            raise failure from err
+        raise
 
 
 def fsync_dir(path: str) -> None:
@@ -77,20 +101,17 @@ def atomic_file(path: str, mode: str = "w", *, encoding: str | None = "utf-8") -
     if mode not in ("w", "wb"):
         raise ValueError(f"mode: 'w' or 'wb', got {mode!r}")
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     # a unique name; the mode follows the umask (mkstemp would make every output owner-only)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    with writing(path):
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with writing(path, cleanup=tmp):
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     fsync_dir(directory)
 
 
@@ -186,14 +207,12 @@ def atomic_dir(final: str, *, replace: bool = True, fsync: bool = True) -> Itera
     final = os.path.abspath(final)
     if not replace and os.path.lexists(final):
         raise FileExistsError(f"{final}: already exists")
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = fresh_dir(f"{final}.tmp")
-    try:
+    with writing(final):
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = fresh_dir(f"{final}.tmp")
+    with writing(final, cleanup=tmp):
         yield tmp
         output_modes(tmp)
         if fsync:
             fsync_tree(tmp)
         replace_dir(tmp, final, replace=replace)
-    except BaseException:
-        remove(tmp)
-        raise

@@ -138,3 +138,41 @@ def test_a_killed_runs_temp_directory_is_cleared_and_an_existing_output_can_be_r
     with pytest.raises(FileExistsError, match="hf: already exists"):
         out.replace_dir(str(tmp_path / "x.tmp"), str(tmp_path / "hf"), replace=False)
     assert (tmp_path / "x.tmp").is_dir() and _entries(tmp_path / "hf") == ["config.json"]
+
+
+def test_a_full_disk_is_named_and_leaves_the_old_file_and_no_temp(tmp_path):
+    """A real ENOSPC (a 64 KiB tmpfs): ``OutputFileError`` "No space left on device" naming the
+    file; the old content stays and no temp file is left."""
+    from phf_megatron.errors import OutputFileError
+
+    from .helpers.mounts import small_tmpfs
+
+    with small_tmpfs(str(tmp_path / "full")) as full:
+        path = os.path.join(full, "state.bin")
+        out.write_text(path, "old")
+        with pytest.raises(OutputFileError, match=r"state.bin: cannot write: No space left on device"):
+            with out.atomic_file(path, "wb") as f:
+                f.write(os.urandom(1 << 20))
+        assert open(path).read() == "old" and _entries(full) == ["state.bin"]
+        with pytest.raises(OutputFileError, match=r"/d.tmp: cannot write: No space left on device"):
+            with out.atomic_dir(os.path.join(full, "d")) as tmp:
+                with open(os.path.join(tmp, "x"), "wb") as f:
+                    f.write(os.urandom(1 << 20))
+        assert _entries(full) == ["state.bin"]
+
+
+def test_write_failure_finds_the_cause_a_library_wrapped():
+    from phf_megatron.errors import write_failure
+
+    """An ENOSPC wrapped in another error (as torch's checkpoint writer does), or only its text
+    (as safetensors does), is a full disk; an unrelated error is not a user's error."""
+    import errno
+
+    wrapped = RuntimeError("worker failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/shard.bin")
+    assert write_failure(wrapped, "/out").line == "/out/shard.bin: cannot write: No space left on device"
+    text = write_failure(RuntimeError("I/O error: No space left on device (os error 28)"), None)
+    assert text.line.startswith("output: cannot write: No space left on device (RuntimeError: I/O error")
+    assert write_failure(RuntimeError("a bug"), None) is None
+    assert write_failure(OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/x")).line == \
+        "/ro/x: cannot write: Read-only file system"

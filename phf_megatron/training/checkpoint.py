@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import InputFileError, NonFiniteError
+from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
@@ -53,7 +53,8 @@ _ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 
 class CheckpointSaveError(RuntimeError):
-    """A save failed on some rank; the previous checkpoint is intact."""
+    """A save failed on some rank; the previous checkpoint (if any) is intact. A failure the user can
+    fix (a full disk, a read-only directory) is an ``OutputFileError`` instead: one line."""
 
 
 @dataclass
@@ -133,9 +134,16 @@ def _all_ranks_agree(phase: str, name: str, group, cleanup: str | None, is_rank0
     failed = _failed_ranks(error is None, group)
     if not failed:
         return
+    failure = write_failure(error, cleanup) if error is not None else None  # a full disk: before the removal
     if is_rank0 and cleanup is not None:
         remove(cleanup)
-    message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; the previous checkpoint is intact"
+    done = list_checkpoints(os.path.dirname(cleanup)) if cleanup is not None else []
+    kept = f"the previous checkpoint {iter_dir_name(done[-1])} is intact" if done else "there is no earlier checkpoint"
+    message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; {kept}"
+    if failure is not None:   # one line: what the user can fix, then what it cost
+        inside = cleanup and os.path.abspath(failure.path).startswith(os.path.abspath(cleanup))
+        path = os.path.dirname(cleanup) if inside else failure.path   # not the removed temp file's name
+        raise OutputFileError(path, f"{failure.detail}; {message}") from error
     if error is not None:
         raise CheckpointSaveError(f"{message}: {type(error).__name__}: {error}") from error
     raise CheckpointSaveError(message)

@@ -100,7 +100,6 @@ class Trainer:
         cfg.require_inputs()
         self.cfg = cfg
         self.ctx: DistributedContext = init_distributed(cfg)
-        save_run_config(cfg)
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
         self.dataset = _load_dataset(cfg)
         if cfg.data.max_rows:
@@ -116,6 +115,7 @@ class Trainer:
         self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
         self.layout = RankLayout.from_parallel_state()
         self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size)
+        self.planner.check_rows()  # a row over data.max_prompt_length: named now, before any training
         self._plans = {}
         self.step = 0
         self.nonfinite_steps = 0
@@ -125,10 +125,18 @@ class Trainer:
         self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
-        self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
-        self.resumed_from = self._maybe_resume()
-        self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
-        self._engines_current = True  # the engines hold the student's weights (nothing to push)
+        self.prefetch = None
+        try:
+            self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
+            self.resumed_from = self._maybe_resume()
+            self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+            self._engines_current = True  # the engines hold the student's weights (nothing to push)
+        except BaseException:  # a refused or damaged resume: the engines stop now, not at exit (after the group)
+            if self.prefetch is not None:
+                self.prefetch.close()
+            self.rollouts.close()
+            raise
+        save_run_config(cfg)  # after the resume: a refused one leaves the run directory as it was
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""

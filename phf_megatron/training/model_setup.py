@@ -15,7 +15,7 @@ import torch
 from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
-from ..input_files import check_hf_model_dir
+from ..input_files import check_hf_model_dir, read_json
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
 
@@ -45,6 +45,10 @@ def read_hf_config(cfg: TrainConfig):
         if not os.path.isfile(os.path.join(cfg.model.hf_dir, "config.json")):
             raise fail("model.hf_dir", f"no config.json in {cfg.model.hf_dir}")
         check_hf_model_dir(cfg.model.hf_dir)  # a damaged config.json or safetensors file is named here
+        # the file's own model_type: transformers may load it as a relative ('mistral' as 'ministral')
+        model_type = read_json(os.path.join(cfg.model.hf_dir, "config.json")).get("model_type")
+        if model_type != "qwen3":
+            raise fail("model.hf_dir", f"model_type {model_type!r} is not 'qwen3'")
         hf_config = AutoConfig.from_pretrained(cfg.model.hf_dir)
     elif cfg.model.pretrained_checkpoint:
         from ..convert.mcore_checkpoint import read_metadata
