@@ -7,7 +7,9 @@
 # the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (8),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
-# a rollout engine per node).
+# a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
+# DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
+# converts the base model and stops (a multi-node job converts once, before the nodes start).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${CONFIG:?set CONFIG to a configs/*.yaml file}"
@@ -18,15 +20,20 @@ NGPU=${NGPU:-8}
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 [ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
 
+run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
+
 if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
-  mkdir -p "$(dirname "$MCORE_DIR")"
-  python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16
+  run mkdir -p "$(dirname "$MCORE_DIR")"
+  run python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16
 fi
+[ -z "${PREPARE_ONLY:-}" ] || exit 0
 LAUNCH=(torchrun --nproc-per-node "$NGPU")
 if [ "${NNODES:-1}" -gt 1 ]; then
   LAUNCH+=(--nnodes "$NNODES" --node-rank "${NODE_RANK:?set NODE_RANK}" --master-addr "${MASTER_ADDR:?}" --master-port "${MASTER_PORT:-29500}")
 else
   LAUNCH+=(--standalone)
 fi
-exec "${LAUNCH[@]}" -m phf_megatron.train --config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" \
-  --model.pretrained_checkpoint="$MCORE_DIR" --data.path="$DATA" "$@"
+CMD=("${LAUNCH[@]}" -m phf_megatron.train --config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL"
+     --model.pretrained_checkpoint="$MCORE_DIR" --data.path="$DATA" "$@")
+if [ -n "${DRY_RUN:-}" ]; then run "${CMD[@]}"; exit 0; fi
+exec "${CMD[@]}"

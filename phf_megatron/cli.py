@@ -27,7 +27,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from .errors import ConfigError, UsageError, UserError, as_config_error
+from .errors import ConfigError, UsageError, UserError, as_config_error, write_failure
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -348,23 +348,58 @@ def report_error(err: BaseException) -> None:
 
 
 def run_command(main: Callable[[], int | None]) -> int:
-    """Run a command's body: a user error (``UserError``, a missing or already existing file)
-    prints one line and returns exit code 2; any other exception keeps its traceback."""
+    """Run a command's body: a user error (``UserError``, a missing or already existing file, an
+    ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
+    permission) prints one line and returns exit code 2; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
         report_error(err)
         return 2
+    except OSError as err:  # a full disk, a read-only file system, no permission: named as such
+        failure = write_failure(err)
+        if failure is None:
+            raise
+        report_error(failure)
+        return 2
+
+
+#: Exit code of a command whose output pipe closed before it finished (``phf-train ... | head``):
+#: the shell's code for a process killed by SIGPIPE (128 + 13), as ``yes | head`` reports it.
+CLOSED_PIPE_EXIT = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the reader is gone, and Python's final flush must not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def command(body: Callable[[list[str], bool], int | None]) -> Callable[..., int]:
     """A command's ``main(argv=None) -> exit code`` (what ``[project.scripts]`` names) from its
     ``body(argv, quiet)``: ``argv=None`` is this process's command line, whose start is made quiet
     (``quiet=True``; a test passes ``argv`` and keeps the warnings); user errors are one line
-    with exit code 2, any other exception keeps its traceback (``run_command``)."""
+    with exit code 2, any other exception keeps its traceback (``run_command``).
+
+    A reader that closes the output pipe early (``--help | head -1``) ends the command quietly, not
+    with a ``BrokenPipeError`` traceback: exit code 0 when it was answering ``--help`` or had
+    finished (only the last flush failed), else ``CLOSED_PIPE_EXIT`` (a run cut short is no success).
+    """
 
     def main(argv: Sequence[str] | None = None) -> int:
-        return run_command(lambda: body(sys.argv[1:] if argv is None else list(argv), argv is None))
+        args = sys.argv[1:] if argv is None else list(argv)
+        finished = False
+        try:
+            code = run_command(lambda: body(args, argv is None))
+            finished = True
+            sys.stdout.flush()   # here, not at exit: a closed pipe is then caught below
+            return code
+        except BrokenPipeError:
+            _silence_stdout()
+            return 0 if finished or wants_help(args) else CLOSED_PIPE_EXIT
 
     main.__doc__ = f"The command ``{body.__module__}`` (``argv=None``: this process's command line)."
     return main

@@ -2,10 +2,17 @@
 
 The command lines (``phf_megatron.cli.run_command``) print these as one line, ``error: ...``,
 and exit with code 2; every other exception keeps its traceback. All are ``ValueError``s, so
-library callers catch them as before. Imports nothing heavy.
+library callers catch them as before. ``write_failure(err, path)`` tells a failed write the user
+can fix (a full disk, a read-only file system, no permission: ``OutputFileError``) from a bug,
+even when a library wrapped the ``OSError`` or kept only its text. Imports nothing heavy.
 """
 
 from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from typing import Iterator
 
 
 class UserError(ValueError):
@@ -44,6 +51,27 @@ class InputFileError(UserError):
         self.path, self.detail = path, detail
 
 
+class NonFiniteError(UserError):
+    """A NaN or inf where a run needs finite numbers: ``training.max_nonfinite_steps`` consecutive
+    steps with a non-finite loss or gradient (``training.nonfinite``), or a tensor about to be
+    written into a checkpoint or an export, which is then not written (``output_files.first_nonfinite``)."""
+
+    @classmethod
+    def not_written(cls, path: str, found: str) -> "NonFiniteError":
+        """``<path>: not written: <found>`` (``found``: what ``output_files.first_nonfinite`` said)."""
+        return cls(f"{path}: not written: {found} (the previous output, if any, is intact)")
+
+
+class OutputFileError(UserError):
+    """An output cannot be written: the disk is full, the file system is read-only, no permission.
+    The message starts with the path and names the cause as the system does ("No space left on
+    device"); whatever was half-written has been removed."""
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(f"{path}: {detail}")
+        self.path, self.detail = path, detail
+
+
 def as_config_error(err: ValueError, keys, section: str | None = None) -> ConfigError | None:
     """A plain ``ValueError("field: detail")`` raised by the checks of a config with fields ``keys``,
     as a ``ConfigError`` naming ``section.field``; None when the message names no such field."""
@@ -53,3 +81,59 @@ def as_config_error(err: ValueError, keys, section: str | None = None) -> Config
     if not colon or name not in keys:
         return None
     return ConfigError(f"{section}.{name}" if section else name, detail.strip())
+
+
+#: Why a write fails that the user can fix: a full disk or quota, a read-only file system, no permission.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+#: Below this many free bytes a failed write is blamed on the full disk (torch's zip writer, for
+#: one, loses the errno: "unexpected pos 704 vs 598").
+FULL_DISK_BYTES = 1 << 20
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err``, its causes and contexts, and the per-rank errors a ``CheckpointException`` holds."""
+    todo, seen = [err], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        failures = getattr(e, "failures", None)   # {rank: exception or (exception, traceback)}
+        for failure in failures.values() if isinstance(failures, dict) else ():
+            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
+        todo += [e.__cause__, e.__context__]
+
+
+def free_bytes(path: str) -> int:
+    """Free bytes on the file system holding ``path`` (or its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)  # root may use the reserve
+
+
+def write_failure(err: BaseException, path: str | None = None) -> OutputFileError | None:
+    """``err`` (raised while writing ``path``) as the ``OutputFileError`` a user can act on, or None
+    (a bug: keep the traceback). An ``OSError`` of ``WRITE_ERRNOS`` anywhere in its chain names
+    its own file; failing that (a library's own error, not an ``OSError``), a message that says
+    "No space left on device" or a file system left with less than ``FULL_DISK_BYTES`` free at
+    ``path`` is named as a full disk. Call it before removing the half-written output."""
+    if isinstance(err, UserError):
+        return err if isinstance(err, OutputFileError) else None
+    full = os.strerror(errno.ENOSPC)
+    for cause in _causes(err):
+        if isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS:
+            return OutputFileError(cause.filename or path or "output", f"cannot write: {os.strerror(cause.errno)}")
+    if isinstance(err, OSError):  # an OSError's own errno is the truth
+        return None
+    said = next((c for c in _causes(err) if full in str(c)), None)  # a library that kept only the text
+    with contextlib.suppress(OSError):
+        if said is None and path is not None and free_bytes(path) < FULL_DISK_BYTES:
+            said = err
+    if said is None:
+        return None
+    text = str(said).strip().splitlines()[-1][:200] if str(said).strip() else ""
+    return OutputFileError(path or "output", f"cannot write: {full} ({type(said).__name__}: {text})")

@@ -8,10 +8,19 @@ directory, so the new name survives a power cut too. On an exception the temp fi
 ``path`` is untouched. ``write_text`` / ``write_json`` / ``write_jsonl`` are the one-liners.
 
 One directory: ``atomic_dir(final)`` hands out ``<final>.tmp`` (a leftover of a killed run is
-removed first), fsyncs every file in it on success and renames it to ``final``
+removed first), gives every file in it the outputs' mode (``output_modes``), fsyncs them on success
+and renames it to ``final``
 (``replace_dir``); an existing ``final`` is swapped out and deleted only after the new one is in
 place. On an exception ``<final>.tmp`` is removed. Collective writers (every rank writes into
 one temp directory) call ``fresh_dir`` and ``replace_dir`` themselves.
+
+No tensor that is not finite is ever written: the writers of tensors (checkpoints, exports) ask
+``first_nonfinite`` before the rename and raise ``errors.NonFiniteError`` naming the tensor, so a
+NaN or inf leaves the old output in place.
+
+A write that fails for a reason the user can fix (a full disk, a read-only file system, no
+permission) is an ``OutputFileError`` naming the path and the cause (``errors.write_failure``), raised
+after the temporary file or directory is removed: one line from the command lines.
 
 The readers that name a damaged file are ``input_files``'s; these are their counterpart.
 """
@@ -24,6 +33,26 @@ import os
 import secrets
 import shutil
 from typing import IO, Any, Iterable, Iterator
+
+from .errors import write_failure
+
+@contextlib.contextmanager
+def writing(path: str, cleanup: str | None = None) -> Iterator[None]:
+    """Around a write into ``path``: a failure the user can fix (``write_failure``) becomes an
+    ``OutputFileError``; ``cleanup`` (the temporary output) is removed on any failure."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        if cleanup is not None:
+            remove(cleanup)
+        raise
+    except BaseException as err:  # torch's CheckpointException is a BaseException
+        failure = write_failure(err, cleanup or path)
+        if cleanup is not None:
+            remove(cleanup)
+        if failure is not None and failure is not err:
+            raise failure from err
+        raise
 
 
 def fsync_dir(path: str) -> None:
@@ -44,6 +73,25 @@ def fsync_tree(root: str) -> None:
         fsync_dir(directory)
 
 
+def output_mode() -> int:
+    """The mode of every output file: 0o666 less the process's umask (what ``open`` gives)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def output_modes(root: str) -> None:
+    """Give every file below ``root`` the outputs' mode (``output_mode``): writers that create files
+    owner-only (safetensors' ``save_file``, hence ``save_pretrained``: 0o600) get the same
+    permissions as every other output (a weight file others cannot read is no shared model)."""
+    mode = output_mode()
+    for directory, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, mode)
+
+
 @contextlib.contextmanager
 def atomic_file(path: str, mode: str = "w", *, encoding: str | None = "utf-8") -> Iterator[IO]:
     """``with atomic_file(path) as f: f.write(...)``: ``path`` holds all of it or its old content.
@@ -53,21 +101,42 @@ def atomic_file(path: str, mode: str = "w", *, encoding: str | None = "utf-8") -
     if mode not in ("w", "wb"):
         raise ValueError(f"mode: 'w' or 'wb', got {mode!r}")
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     # a unique name; the mode follows the umask (mkstemp would make every output owner-only)
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    with writing(path):
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with writing(path, cleanup=tmp):
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     fsync_dir(directory)
+
+
+def nonfinite_summary(tensor) -> str | None:
+    """``"3 NaN, 1 inf of 4096 values"`` for a float tensor holding NaN or inf, else None (one
+    reduction, no temporary the size of the tensor unless something is found)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    t = tensor.detach()
+    if torch.isfinite(torch.linalg.vector_norm(t, float("inf"))):
+        return None
+    nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+    return ", ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "inf")) if n) + f" of {t.numel()} values"
+
+
+def first_nonfinite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """``"<name> holds 3 NaN of 4096 values"`` for the first tensor of ``(name, tensor)`` pairs that
+    is not finite, else None."""
+    for name, tensor in named:
+        summary = nonfinite_summary(tensor)
+        if summary is not None:
+            return f"{name} holds {summary}"
+    return None
 
 
 def write_text(path: str, text: str) -> None:
@@ -138,13 +207,12 @@ def atomic_dir(final: str, *, replace: bool = True, fsync: bool = True) -> Itera
     final = os.path.abspath(final)
     if not replace and os.path.lexists(final):
         raise FileExistsError(f"{final}: already exists")
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    tmp = fresh_dir(f"{final}.tmp")
-    try:
+    with writing(final):
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = fresh_dir(f"{final}.tmp")
+    with writing(final, cleanup=tmp):
         yield tmp
+        output_modes(tmp)
         if fsync:
             fsync_tree(tmp)
         replace_dir(tmp, final, replace=replace)
-    except BaseException:
-        remove(tmp)
-        raise

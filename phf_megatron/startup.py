@@ -14,6 +14,7 @@ this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 
@@ -35,5 +36,7 @@ def quiet_start(verbose: bool = False) -> None:
     os.environ.setdefault("TORCH_LOGS", "-all")             # torch's Python log ("Triton not available")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")  # inherited by the processes vLLM spawns
     warnings.filterwarnings("ignore", module=f"(?!{OWN_MODULES})")
+    # Megatron's checkpoint writer logs a failed write before raising it (we name it, one line)
+    logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").setLevel(logging.CRITICAL)
     for message in FOREIGN_MESSAGES:
         warnings.filterwarnings("ignore", message=message)

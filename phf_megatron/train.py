@@ -34,6 +34,14 @@ def train(argv: list[str], quiet: bool = True) -> int:
             print(to_yaml(cfg), end="")
         return 0
     cfg.require_inputs()
+    from .training.export import finished_step, outputs_message
+
+    if (step := finished_step(cfg)) is not None:
+        if process_rank() == 0:
+            print(f"phf_megatron.train: {cfg.run_dir} is finished (step {step} of {cfg.training.train_iters}): "
+                  f"nothing to train; raise --training.train_iters to go on. The run's outputs:\n"
+                  f"{outputs_message(cfg, step)}", flush=True)
+        return 0
 
     if quiet:
         from .startup import quiet_start

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import typing
 from dataclasses import dataclass, field
 
@@ -279,3 +280,82 @@ def test_every_setting_of_every_command_has_its_docstring(config):
 
     cls = locals()[config]
     assert [s.key for s in Settings(cls).settings.values() if not s.doc] == []
+
+
+# ----------------------------------------------------------------------------- a closed output pipe
+
+COMMANDS = [["-m", "phf_megatron.train"], [os.path.join(TOOLS, "convert", "hf_to_mcore.py")],
+            [os.path.join(TOOLS, "convert", "mcore_to_hf.py")], [os.path.join(TOOLS, "eval_avg_at_k.py")],
+            [os.path.join(TOOLS, "plot_run.py")]]
+
+
+def _with_closed_stdout(args: list[str]) -> tuple[int, str]:
+    """Run ``python ARGS`` whose stdout pipe has no reader from the start (every write fails with
+    EPIPE, as after ``| head -1`` took its line): exit code and stderr."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=python_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: os.path.basename(a[-1]))
+def test_help_into_a_closed_pipe_exits_quietly_with_0(args):
+    """``phf-* --help | head -1``: no BrokenPipeError traceback, exit code 0 (was 1 or 120, by chance)."""
+    code, err = _with_closed_stdout([*args, "--help"])
+    assert (code, err) == (0, "")
+
+
+def test_help_piped_to_head_has_exit_status_0_in_the_shell():
+    script = " ".join(f"{sys.executable} {' '.join(a)} --help | head -1 >/dev/null; echo ${{PIPESTATUS[0]}};"
+                      for a in COMMANDS)
+    proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=python_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.stdout.split() == ["0"] * len(COMMANDS) and proc.stderr == "", proc.stderr
+
+
+def test_a_run_cut_short_by_a_closed_pipe_is_quiet_but_no_success():
+    """Output that fails mid-command (not --help, not the final flush): exit code 141, like SIGPIPE."""
+    code = ("import sys\nfrom phf_megatron.cli import command\n"
+            "def body(argv, quiet):\n    for _ in range(1000):\n        print('x' * 1000, flush=True)\n"
+            "sys.exit(command(body)())")
+    exit_code, err = _with_closed_stdout(["-c", code])
+    assert (exit_code, err) == (141, "")
+
+
+def test_the_base_model_settings_say_what_the_trainer_does_with_them():
+    """--model.hf_dir is read for the config, tokenizer, engines and export; --model.pretrained_checkpoint
+    only replaces where the base weights come from (nothing is converted into the run)."""
+    from phf_megatron.training.config import TrainConfig
+
+    docs = {s.key: s.doc for s in Settings(TrainConfig).settings.values()}
+    assert "Required to run" in docs["model.hf_dir"] and "rollout engines' starting weights" in docs["model.hf_dir"]
+    assert "base weights under any TP/PP" in docs["model.pretrained_checkpoint"]
+    assert "nothing is converted" in docs["model.pretrained_checkpoint"] and "<run_dir>/base" not in docs[
+        "model.pretrained_checkpoint"]
+
+
+def test_the_readme_after_training_commands_use_real_flags():
+    """README.md's "After training" commands: every flag of each tool command is one of its settings."""
+    import re
+
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.plot_run import PlotRun
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    section = readme.split("## After training", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    tools = {"tools/convert/mcore_to_hf.py": McoreToHf, "tools/eval_avg_at_k.py": EvalConfig,
+             "tools/plot_run.py": PlotRun}
+    checked = 0
+    for line in block.splitlines():
+        tool = next((t for t in tools if f"python {t}" in line), None)
+        if tool is None:
+            continue
+        settings = Settings(tools[tool])
+        for flag in re.findall(r"\s--([a-z_-]+)", line.split("#")[0]):
+            settings.resolve(flag.removeprefix("no-"))
+            checked += 1
+        assert os.path.isfile(os.path.join(REPO, tool))
+    assert checked >= 15

@@ -2,8 +2,8 @@
 
 The order, lowest first (a module imports only its own package and strictly lower layers):
 
- 0. ``errors``, ``lazy_exports``, ``startup``, ``output_files``   leaves: import nothing of ours
- 1. ``config_errors``, ``input_files``, ``cli``, ``tokenizer``   the command lines' and files' helpers
+ 0. ``errors``, ``lazy_exports``, ``startup``   leaves: import nothing of ours
+ 1. ``config_errors``, ``input_files``, ``output_files``, ``cli``, ``tokenizer``   the command lines' and files' helpers
  2. ``runtime``      process group, Megatron session, CPU shims
  3. ``objectives``   the math: pure PyTorch, the reference for everything above
  4. ``kernels``      the fused CUDA kernels and the choice between them and the reference
@@ -37,8 +37,8 @@ PACKAGE = REPO / "phf_megatron"
 #: Packages whose module graph must have no cycle: ours, and the benchmarks' (``python -m benchmarks.x``).
 ACYCLIC = ("phf_megatron", "benchmarks")
 LAYERS = (
-    ("errors", "lazy_exports", "startup", "output_files"),
-    ("config_errors", "input_files", "cli", "tokenizer"),
+    ("errors", "lazy_exports", "startup"),
+    ("config_errors", "input_files", "output_files", "cli", "tokenizer"),
     ("runtime",),
     ("objectives",),
     ("kernels",),

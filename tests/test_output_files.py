@@ -83,6 +83,31 @@ def test_a_new_file_follows_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "a").st_mode) == 0o644
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_weight_files_get_the_mode_of_every_other_output(tmp_path, umask):
+    """safetensors' save_file (and so transformers' save_pretrained) creates files owner-only (0o600):
+    in an output directory they get the umask's mode, as a text output does."""
+    import torch
+    from safetensors.torch import save_file
+
+    from phf_megatron.convert.hf_writer import write_hf_checkpoint
+
+    old = os.umask(umask)
+    try:
+        out.write_text(str(tmp_path / "note.txt"), "x")
+        with out.atomic_dir(str(tmp_path / "weights")) as tmp:
+            save_file({"w": torch.zeros(2)}, os.path.join(tmp, "model.safetensors"))
+        write_hf_checkpoint(iter([("w", torch.ones(3))]), str(tmp_path / "hf"), hf_config={"model_type": "qwen3"},
+                            dtype=torch.float32)
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    assert stat.S_IMODE(os.stat(tmp_path / "note.txt").st_mode) == expected
+    modes = {p: stat.S_IMODE(os.stat(os.path.join(d, p)).st_mode)
+             for d in (tmp_path / "weights", tmp_path / "hf") for p in os.listdir(d)}
+    assert "model-00001-of-00001.safetensors" in modes and set(modes.values()) == {expected}, modes
+
+
 def test_a_directory_appears_complete_or_not_at_all(tmp_path):
     final = tmp_path / "adapter"
     with out.atomic_dir(str(final)) as tmp:
@@ -113,3 +138,41 @@ def test_a_killed_runs_temp_directory_is_cleared_and_an_existing_output_can_be_r
     with pytest.raises(FileExistsError, match="hf: already exists"):
         out.replace_dir(str(tmp_path / "x.tmp"), str(tmp_path / "hf"), replace=False)
     assert (tmp_path / "x.tmp").is_dir() and _entries(tmp_path / "hf") == ["config.json"]
+
+
+def test_a_full_disk_is_named_and_leaves_the_old_file_and_no_temp(tmp_path):
+    """A real ENOSPC (a 64 KiB tmpfs): ``OutputFileError`` "No space left on device" naming the
+    file; the old content stays and no temp file is left."""
+    from phf_megatron.errors import OutputFileError
+
+    from .helpers.mounts import small_tmpfs
+
+    with small_tmpfs(str(tmp_path / "full")) as full:
+        path = os.path.join(full, "state.bin")
+        out.write_text(path, "old")
+        with pytest.raises(OutputFileError, match=r"state.bin: cannot write: No space left on device"):
+            with out.atomic_file(path, "wb") as f:
+                f.write(os.urandom(1 << 20))
+        assert open(path).read() == "old" and _entries(full) == ["state.bin"]
+        with pytest.raises(OutputFileError, match=r"/d.tmp: cannot write: No space left on device"):
+            with out.atomic_dir(os.path.join(full, "d")) as tmp:
+                with open(os.path.join(tmp, "x"), "wb") as f:
+                    f.write(os.urandom(1 << 20))
+        assert _entries(full) == ["state.bin"]
+
+
+def test_write_failure_finds_the_cause_a_library_wrapped():
+    from phf_megatron.errors import write_failure
+
+    """An ENOSPC wrapped in another error (as torch's checkpoint writer does), or only its text
+    (as safetensors does), is a full disk; an unrelated error is not a user's error."""
+    import errno
+
+    wrapped = RuntimeError("worker failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/shard.bin")
+    assert write_failure(wrapped, "/out").line == "/out/shard.bin: cannot write: No space left on device"
+    text = write_failure(RuntimeError("I/O error: No space left on device (os error 28)"), None)
+    assert text.line.startswith("output: cannot write: No space left on device (RuntimeError: I/O error")
+    assert write_failure(RuntimeError("a bug"), None) is None
+    assert write_failure(OSError(errno.EROFS, os.strerror(errno.EROFS), "/ro/x")).line == \
+        "/ro/x: cannot write: Read-only file system"

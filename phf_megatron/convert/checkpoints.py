@@ -44,16 +44,27 @@ def _check_new_dir(path: str) -> None:
         raise FileNotFoundError(f"out-dir: parent directory {parent} does not exist")
 
 
+def has_tokenizer(files) -> bool:
+    """Tokenizer files enough for ``AutoTokenizer`` (what the export copies)."""
+    return "tokenizer.json" in files or "tokenizer_config.json" in files
+
+
 def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
-                        dtype: Optional[torch.dtype] = None, progress: bool = True) -> None:
+                        dtype: Optional[torch.dtype] = None, progress: bool = True,
+                        require_tokenizer: bool = False) -> None:
     """HF Qwen3 checkpoint -> Megatron-Core dist checkpoint loadable under any TP/PP.
 
     ``tp``/``pp`` are the layout the checkpoint is meant for (checked against the model's
     heads, query groups, FFN, vocabulary and layers); a one-process run saves it unsharded.
+    ``require_tokenizer``: refuse an ``hf_dir`` without tokenizer files (the export needs them).
     """
     from phf_megatron.models import build_qwen3_model
 
     source = HFCheckpoint(hf_dir)  # validates names, shards and shapes against config.json
+    if require_tokenizer and not has_tokenizer(source.tokenizer_files()):
+        raise InputFileError(source.path, "no tokenizer files (tokenizer.json or tokenizer_config.json), which "
+                                          "mcore_to_hf needs to export the checkpoint; copy them in, or pass "
+                                          "--require_tokenizer=false and give mcore_to_hf --tokenizer_dir later")
     arch = source.arch
     try:
         arch.check_tensor_parallel(tp)
@@ -85,7 +96,7 @@ def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) 
     for path in candidates:
         if path and os.path.isdir(path):
             files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
-            if "tokenizer.json" in files or "tokenizer_config.json" in files:
+            if has_tokenizer(files):
                 return path, files
             if tokenizer_dir:
                 raise FileNotFoundError(f"tokenizer-dir: no tokenizer files in {tokenizer_dir}")
@@ -119,10 +130,11 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
         items = iter_hf_weights(model, arch, pp_group=parallel_state.get_pipeline_model_parallel_group())
         if dist.get_rank() == 0:
             names = list(hf_shapes(arch))
-            write_hf_checkpoint(tqdm(items, total=len(names), desc="mcore->hf", disable=not progress),
-                                out_dir, hf_config=meta["hf_config"], dtype=dtype or stored,
-                                tokenizer_src=tok_src, tokenizer_files=tok_files,
-                                max_shard_bytes=max_shard_bytes, expected_names=names)
+            # closed on an error too, so the error's line starts a line of its own
+            with tqdm(items, total=len(names), desc="mcore->hf", disable=not progress) as bar:
+                write_hf_checkpoint(bar, out_dir, hf_config=meta["hf_config"], dtype=dtype or stored,
+                                    tokenizer_src=tok_src, tokenizer_files=tok_files,
+                                    max_shard_bytes=max_shard_bytes, expected_names=names)
         else:
             for _ in items:  # the gathers and broadcasts are collective
                 pass

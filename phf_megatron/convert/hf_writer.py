@@ -17,7 +17,8 @@ from typing import Iterable, Optional
 import torch
 from safetensors.torch import save_file
 
-from ..output_files import atomic_dir
+from ..errors import NonFiniteError
+from ..output_files import atomic_dir, nonfinite_summary
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -35,15 +36,20 @@ def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str,
     if os.path.exists(out_dir):
         raise FileExistsError(f"out-dir: {out_dir} already exists")
     with atomic_dir(out_dir, replace=False) as tmp:
-        _write_into(tmp, items, hf_config, dtype, tokenizer_src, tokenizer_files, max_shard_bytes, expected_names)
+        nonfinite = _write_into(tmp, items, hf_config, dtype, tokenizer_src, tokenizer_files, max_shard_bytes,
+                                expected_names)
+        if nonfinite is not None:  # raised inside: the temp directory goes, out_dir never appears
+            raise NonFiniteError.not_written(out_dir, nonfinite)
     return out_dir
 
 
 def _write_into(tmp: str, items, hf_config: dict, dtype: torch.dtype, tokenizer_src: Optional[str],
-                tokenizer_files: Iterable[str], max_shard_bytes: int, expected_names: Optional[Iterable[str]]) -> None:
-    """The checkpoint's files, into the (temporary) directory ``tmp``."""
+                tokenizer_files: Iterable[str], max_shard_bytes: int, expected_names: Optional[Iterable[str]]) -> Optional[str]:
+    """The checkpoint's files, into the (temporary) directory ``tmp``; returns what the first tensor
+    that is not finite holds (in the written dtype), or None."""
     shard: dict[str, torch.Tensor] = {}
     shard_bytes, files, weight_map, total = 0, [], {}, 0
+    nonfinite = None  # the first tensor that is not finite (the stream is finished first: it may be collective)
 
     def flush():
         nonlocal shard, shard_bytes
@@ -57,6 +63,8 @@ def _write_into(tmp: str, items, hf_config: dict, dtype: torch.dtype, tokenizer_
         if name in weight_map or name in shard:
             raise ValueError(f"{name}: produced twice by the conversion")
         tensor = tensor.detach().to("cpu", dtype).contiguous()
+        if nonfinite is None and (summary := nonfinite_summary(tensor)) is not None:
+            nonfinite = f"{name} holds {summary}"
         size = tensor.numel() * tensor.element_size()
         if shard and shard_bytes + size > max_shard_bytes:
             flush()
@@ -65,6 +73,8 @@ def _write_into(tmp: str, items, hf_config: dict, dtype: torch.dtype, tokenizer_
         total += size
         weight_map[name] = None
     flush()
+    if nonfinite is not None:
+        return nonfinite
     if expected_names is not None:
         missing = sorted(set(expected_names) - set(weight_map))
         if missing:
@@ -82,3 +92,4 @@ def _write_into(tmp: str, items, hf_config: dict, dtype: torch.dtype, tokenizer_
         json.dump(config, f, indent=2, sort_keys=True)
     for name in tokenizer_files:
         shutil.copy2(os.path.join(tokenizer_src, name), os.path.join(tmp, name))
+    return None

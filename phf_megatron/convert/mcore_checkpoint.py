@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..errors import InputFileError
 from ..input_files import load_dist_checkpoint, read_json, reading_dist_checkpoint
-from ..output_files import fresh_dir, fsync_tree, replace_dir
+from ..output_files import fresh_dir, fsync_tree, replace_dir, writing
 
 METADATA_FILE = "phf_megatron.json"
 TOKENIZER_DIR = "hf_tokenizer"
@@ -53,7 +53,8 @@ def training_checkpoint_error(ckpt_dir: str) -> InputFileError | None:
         return None
     run = os.path.dirname(os.path.dirname(os.path.abspath(ckpt_dir)))
     return InputFileError(ckpt_dir, "is a training checkpoint of phf_megatron.train (optimizer, EMA, adapters), "
-                                    "not a model: use the run's export, --model <base HF dir> --adapter "
+                                    f"not a model: make one with tools/convert/mcore_to_hf.py --mcore_dir {ckpt_dir} "
+                                    "--out_dir DIR, or use the run's export, --model <base HF dir> --adapter "
                                     f"{os.path.join(run, 'export', 'peft_adapter')}")
 
 
@@ -81,18 +82,19 @@ def save_checkpoint(model, ckpt_dir: str, write_extra=None) -> None:
     ckpt_dir = os.path.abspath(ckpt_dir)
     tmp = ckpt_dir + ".tmp"
     rank = dist.get_rank()
-    if rank == 0:
-        if os.path.exists(ckpt_dir):
-            raise FileExistsError(f"out-dir: {ckpt_dir} already exists")
-        fresh_dir(tmp)
-    dist.barrier()
-    dist_checkpointing.save(model.sharded_state_dict(), tmp)
-    dist.barrier()
-    if rank == 0:
-        if write_extra is not None:
-            write_extra(tmp)
-        fsync_tree(tmp)
-        replace_dir(tmp, ckpt_dir, replace=False)
+    if rank == 0 and os.path.exists(ckpt_dir):
+        raise FileExistsError(f"out-dir: {ckpt_dir} already exists")
+    with writing(ckpt_dir, cleanup=tmp if rank == 0 else None):  # a full disk: named, tmp removed
+        if rank == 0:
+            fresh_dir(tmp)
+        dist.barrier()
+        dist_checkpointing.save(model.sharded_state_dict(), tmp)
+        dist.barrier()
+        if rank == 0:
+            if write_extra is not None:
+                write_extra(tmp)
+            fsync_tree(tmp)
+            replace_dir(tmp, ckpt_dir, replace=False)
     dist.barrier()
 
 
@@ -100,8 +102,7 @@ def load_checkpoint(model, ckpt_dir: str) -> None:
     """Collectively load ``ckpt_dir`` into ``model`` under the current TP/PP layout."""
     from megatron.core import dist_checkpointing
 
-    if not os.path.isdir(ckpt_dir):
-        raise FileNotFoundError(f"mcore-dir: {ckpt_dir} is not a directory")
+    check_dist_checkpoint(ckpt_dir)
     state = load_dist_checkpoint(model.sharded_state_dict(), ckpt_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
@@ -109,10 +110,19 @@ def load_checkpoint(model, ckpt_dir: str) -> None:
         raise InputFileError(ckpt_dir, f"the checkpoint lacks {len(missing)} model tensor(s), e.g. {missing[:5]}")
 
 
+def check_dist_checkpoint(ckpt_dir: str) -> None:
+    """``ckpt_dir`` is a Megatron-Core dist checkpoint (Megatron's own test: ``metadata.json``)."""
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"mcore-dir: {ckpt_dir} is not a directory")
+    if not os.path.isfile(os.path.join(ckpt_dir, "metadata.json")):
+        raise InputFileError(ckpt_dir, "not a Megatron-Core dist checkpoint (no metadata.json)")
+
+
 def checkpoint_dtype(ckpt_dir: str) -> torch.dtype:
     """The dtype of the stored weights (from the tensor metadata of the dist checkpoint)."""
     from megatron.core import dist_checkpointing
 
+    check_dist_checkpoint(ckpt_dir)
     with reading_dist_checkpoint(ckpt_dir):
         meta = dist_checkpointing.load_tensors_metadata(ckpt_dir)
     for key, value in meta.items():

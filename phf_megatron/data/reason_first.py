@@ -56,11 +56,15 @@ def analysis_user_message(problem: str, solution: str) -> str:
             f"{REASON_FIRST_INSTRUCTION}")
 
 
-def analysis_prompt_ids(tokenizer, problem: str, solution: str) -> list[int]:
-    """Token ids of the analysis prompt: the chat template with the generation prompt, template-default thinking."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": analysis_user_message(problem, solution)}],
+def analysis_prompt_text(tokenizer, problem: str, solution: str) -> str:
+    """The analysis prompt: the chat template with the generation prompt, template-default thinking."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": analysis_user_message(problem, solution)}],
                                          tokenize=False, add_generation_prompt=True)
-    return encode_prompt(tokenizer, text)
+
+
+def analysis_prompt_ids(tokenizer, problem: str, solution: str) -> list[int]:
+    """Token ids of ``analysis_prompt_text``."""
+    return encode_prompt(tokenizer, analysis_prompt_text(tokenizer, problem, solution))
 
 
 def reason_first_teacher_ids(tokenizer, prompt_ids: list[int], analysis_ids: list[int],

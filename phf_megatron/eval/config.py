@@ -20,13 +20,16 @@ class EvalConfig:
     (top-p 0.8, context 32,768)."""
 
     out_dir: str
-    """run directory: samples.rank*.jsonl, summary.json, run_config.json (a rerun resumes it)."""
+    """run directory (a rerun resumes it): samples.rank*.jsonl, summary.json, run_config.json, and
+    merged_model/ (with adapter), converted_model/ (with megatron_checkpoint), avg_at_k.png (with plot)."""
     model: str | None = None
-    """HF model directory (or the base model when ``adapter`` is given)."""
+    """HF model directory (the base model when ``adapter`` or a training run's checkpoint is given)."""
     adapter: str | None = None
-    """PEFT adapter directory, merged into ``model`` before evaluation."""
+    """PEFT adapter directory, merged into ``model`` (into <out_dir>/merged_model) before evaluation."""
     megatron_checkpoint: str | None = None
-    """Megatron-Core checkpoint, converted to HF on the fly (phf_megatron.convert)."""
+    """Megatron-Core checkpoint converted to HF on the fly into <out_dir>/converted_model: hf_to_mcore's,
+    or a training run's (runs/x/checkpoints/iter_N: LoRA merged; ``model``, else the run's
+    model.hf_dir, is its base)."""
     benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
     """names (aime24, aime25, hmmt25) or paths to .jsonl files with problem/answer fields."""
     data_dir: str | None = None
@@ -71,6 +74,9 @@ class EvalConfig:
     """pass@k values reported besides pass@n."""
     plot: bool = False
     """also write avg_at_k.png (needs matplotlib)."""
+    keep_model: bool = True
+    """keep the HF model the run made (merged_model/, converted_model/) in out_dir; false: delete it at
+    the end (a rerun that has samples to generate makes it again)."""
     engine_kwargs: dict = field(default_factory=dict)
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
 

@@ -3,7 +3,9 @@
 - a HF model directory: used as is;
 - a base HF directory + a PEFT (LoRA) adapter: merged with ``peft`` into ``<run>/merged_model``;
 - a Megatron-Core checkpoint: converted to HF into ``<run>/converted_model`` by
-  ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`).
+  ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`); a training run's
+  checkpoint (``runs/x/checkpoints/iter_N``) by the converter's command, LoRA merged (``model``: its
+  base model, default the run's ``model.hf_dir``).
 
 Outputs are written to a temporary directory and renamed when complete (``output_files``), and
 marked with what they were made from (``phf_source.json``, written last), so a kill never leaves a
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
-from phf_megatron.errors import ConfigError
+from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
 from phf_megatron.input_files import check_hf_model_dir
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -72,7 +75,14 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
     if _reusable(final, marker):
         return final
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
-    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    except RuntimeError as err:           # "Error(s) in loading state_dict ... size mismatch for ..."
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        shown = next((line for line in lines if "mismatch" in line), lines[0] if lines else type(err).__name__)
+        more = sum("mismatch" in line for line in lines) - 1
+        raise InputFileError(adapter_dir, f"does not fit the base model {base_dir}: {shown}"
+                                          + (f" (and {more} more)" if more > 0 else "")) from None
     with atomic_dir(final) as tmp:
         merged.save_pretrained(tmp)
         _save_tokenizer([adapter_dir, base_dir], tmp)
@@ -85,8 +95,30 @@ def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, erro
         from phf_megatron.convert.checkpoints import convert_mcore_to_hf
         convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir, progress=False)
     except BaseException as exc:          # report to the parent, then fail the process
-        errors.put(f"{type(exc).__name__}: {exc}")
-        raise
+        user = exc if isinstance(exc, (UserError, FileNotFoundError, FileExistsError)) else write_failure(exc)
+        if user is None:                  # a bug: its traceback stays
+            errors.put((False, f"{type(exc).__name__}: {exc}"))
+            raise
+        errors.put((True, user.line if isinstance(user, UserError) else str(user)))
+        sys.exit(2)                       # a user's error: the parent names it, no traceback here
+
+
+def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str | None) -> None:
+    """A checkpoint of ``phf_megatron.train`` -> the merged HF model, by the converter's command
+    (``tools/convert/mcore_to_hf.py``: the run's config, base model and adapters); its one-line
+    errors stay one line."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "phf_megatron.tools.mcore_to_hf", "--mcore_dir", ckpt_dir, "--out_dir", out_dir,
+           *(["--base_model", base_model] if base_model else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 2:
+        why = proc.stderr.strip().splitlines()[-1].removeprefix("error: ")
+        raise UserError(f"--megatron_checkpoint: a training checkpoint; tools/convert/mcore_to_hf.py says: {why}")
+    if proc.returncode:
+        raise RuntimeError(f"converting the training checkpoint {ckpt_dir!r} to HF failed (exit code "
+                           f"{proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None = None) -> str:
@@ -103,21 +135,24 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
         raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
     from ..convert.mcore_checkpoint import training_checkpoint_error
 
-    if (error := training_checkpoint_error(mcore_dir)) is not None:
-        raise error
     final = os.path.join(run_dir, "converted_model")
     marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
     if _reusable(final, marker):
         return final
     remove(final)                                     # another checkpoint's, or unfinished
+    if training_checkpoint_error(mcore_dir) is not None:   # a training run's: its student, LoRA merged
+        _convert_training_checkpoint(mcore_dir, final, base_model=tokenizer_dir)
+        write_json(os.path.join(final, MARKER), marker, indent=1)
+        return final
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     proc = ctx.Process(target=_convert_entry, args=(mcore_dir, final, tokenizer_dir, errors), name="mcore_to_hf")
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        why = errors.get() if not errors.empty() else f"exit code {proc.exitcode}"
-        raise RuntimeError(f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}")
+        user, why = errors.get() if not errors.empty() else (False, f"exit code {proc.exitcode}")
+        message = f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}"
+        raise UserError(message) if user else RuntimeError(message)
     write_json(os.path.join(final, MARKER), marker, indent=1)  # last: an output without it is never reused
     return final
 

@@ -10,12 +10,14 @@ the first record of each key ``(benchmark, problem_id, sample_index)`` wins; lat
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 from collections.abc import Iterable
 
 from ..errors import InputFileError
+from ..output_files import writing
 from .grading import GRADERS, grade, official_boxed_answer
 
 SHARD_GLOB = "samples.rank*.jsonl"
@@ -84,12 +86,14 @@ class SampleWriter:
     def write(self, records: Iterable[dict]) -> None:
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         if lines:
-            self._f.write(lines)
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            with writing(self.path):            # a full disk names the shard (a torn line is cut on resume)
+                self._f.write(lines)
+                self._f.flush()
+                os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        with contextlib.suppress(OSError):      # the failed flush of a full disk is already reported
+            self._f.close()
 
     def __enter__(self):
         return self

@@ -1,8 +1,8 @@
 """The evaluation's outputs: a table on stdout, summary.json, and an optional bar plot.
 
-The table has one Average@k column per grader: ``Avg@k (official)``, official OPSD's grader (the
-paper's numbers), and ``Avg@k (extended)``, ours; pass@k, the plot and ``suite_average_at_k``
-follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
+The table has one Average@k column per grader: ``Avg@k (official) %``, official OPSD's grader (the
+paper's numbers), and ``Avg@k (extended) %``, ours; every score in it is a percentage (0-100).
+pass@k, the plot and ``suite_average_at_k`` follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
 official environment pins 0.8.0).
 """
 
@@ -43,8 +43,8 @@ class Summary:
 
     def table(self) -> str:
         ks = sorted({k for s in self.scores for k in s.pass_at_k})
-        head = ["benchmark", "problems", *[f"Avg@{self.k} ({g})" for g in GRADERS], *[f"pass@{k}" for k in ks],
-                "boxed%", "truncated%"]
+        head = ["benchmark", "problems", *[f"Avg@{self.k} ({g}) %" for g in GRADERS], *[f"pass@{k} %" for k in ks],
+                "boxed %", "truncated %"]                                  # every score is a percentage
         rows = [[s.benchmark, str(s.problems), *[f"{s.average_at_k_by_grader[g]:.2f}" for g in GRADERS],
                  *[f"{s.pass_at_k[k]:.2f}" for k in ks], f"{s.boxed_rate:.1f}", f"{s.truncated_rate:.1f}"]
                 for s in self.scores]

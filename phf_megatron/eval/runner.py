@@ -22,7 +22,7 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
-from ..output_files import write_json
+from ..output_files import remove, write_json
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -56,12 +56,32 @@ def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[
             if (p.benchmark, p.id, i) not in done]
 
 
-def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None) -> None:
-    """Refuse to mix samples of different generation settings in one run directory."""
+#: Fingerprint fields that are paths: compared as the files they name, not as typed.
+PATH_KEYS = ("model_dir", "adapter", "megatron_checkpoint")
+
+
+def _same_path_form(fingerprint: dict, out_dir: str) -> dict:
+    """``fingerprint`` with its paths resolved (relative, absolute, through a symlink: one form);
+    a path inside ``out_dir`` (the merged or converted model) relative to it, so the run directory
+    resumes under any name."""
+    run = os.path.realpath(out_dir)
+    out = dict(fingerprint)
+    for key in PATH_KEYS:
+        if isinstance(out.get(key), str):
+            real = os.path.realpath(out[key])
+            out[key] = os.path.relpath(real, run) if os.path.commonpath([real, run]) == run else real
+    return out
+
+
+def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None,
+                       has_samples: bool = True) -> None:
+    """Refuse to mix samples of different generation settings in one run directory (a
+    ``run_config.json`` with no sample beside it, left by a failed start, is replaced)."""
     path = os.path.join(out_dir, RUN_CONFIG)
-    if os.path.isfile(path):
+    fingerprint = _same_path_form(fingerprint, out_dir)
+    if os.path.isfile(path) and has_samples:
         with open(path) as f:
-            old = json.load(f)
+            old = _same_path_form(json.load(f), out_dir)
         if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
             old["max_model_len"] = model_limit
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
@@ -164,6 +184,19 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
         raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")
 
 
+def _check_qwen3(model_dir: str) -> None:
+    """The model is a Qwen3 (the prompts and the tokenizer are Qwen3's), named from its own
+    ``config.json`` before an engine loads it."""
+    from ..input_files import read_json
+    from ..models.qwen3_arch import SUPPORTED_MODEL_TYPES
+
+    path = os.path.join(model_dir, "config.json")
+    model_type = read_json(path).get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InputFileError(path, f"model_type {model_type!r} is not a Qwen3 model (expected one of "
+                                   f"{SUPPORTED_MODEL_TYPES}); the evaluator runs Qwen3 models")
+
+
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     problems = load_problems(config)
@@ -171,10 +204,12 @@ def run_eval(config: EvalConfig) -> Summary:
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
                                   dtype=config.dtype)
+    _check_qwen3(model_dir)
     backend = resolve_backend(config.backend)
     limit = model_context_limit(model_dir)
-    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend, limit), limit)
     done, _ = load_records(config.out_dir)
+    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend, limit), limit,
+                       has_samples=bool(done))
     items = pending_work(problems, config.n, set(done))
     t0 = time.perf_counter()
     if items:
@@ -184,5 +219,7 @@ def run_eval(config: EvalConfig) -> Summary:
         else:
             run_data_parallel(config, model_dir, backend, items, replicas)
     records, duplicates = load_records(config.out_dir)
+    if not config.keep_model and (config.adapter or config.megatron_checkpoint):   # model_dir: the run's own
+        remove(model_dir)                                # --no-keep_model: the merged / converted copy goes
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
                      seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)

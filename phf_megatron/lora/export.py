@@ -14,7 +14,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-from ..output_files import atomic_dir, write_json
+from ..errors import NonFiniteError
+from ..output_files import atomic_dir, first_nonfinite, write_json
 from .config import LoraConfig
 from .inject import lora_modules
 from .layers import LoRAColumnParallelLinear
@@ -115,6 +116,8 @@ def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_
     for name, (a, b) in adapters.items():
         tensors[f"base_model.model.{name}.lora_A.weight"] = a.contiguous()
         tensors[f"base_model.model.{name}.lora_B.weight"] = b.contiguous()
+    if (found := first_nonfinite(tensors.items())) is not None:
+        raise NonFiniteError.not_written(out_dir, found)
     with atomic_dir(out_dir) as tmp:
         save_file(tensors, os.path.join(tmp, "adapter_model.safetensors"), metadata={"format": "pt"})
         write_json(os.path.join(tmp, "adapter_config.json"), peft_adapter_config(cfg, base_model_name_or_path), indent=2)

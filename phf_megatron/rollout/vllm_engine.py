@@ -62,7 +62,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing.connection
+import multiprocessing.process
 import os
+import signal
 import threading
 
 import torch
@@ -165,6 +167,30 @@ def _inside_multi_rank_group() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _describe(proc) -> str:
+    """``name pid N exit code C`` of a finished engine process (reaped first: its sentinel closes a
+    moment before it can be joined, when vLLM still sees no exit code)."""
+    if proc.exitcode is None and multiprocessing.connection.wait([proc.sentinel], timeout=0):
+        proc.join(timeout=5)
+    code = proc.exitcode
+    signal_name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 and -code in signal.valid_signals() else ""
+    return f"{proc.name} pid {proc.pid} exit code {code}{signal_name}"
+
+
+def _failed_start_processes(exc: BaseException) -> str:
+    """The engine process(es) of a failed ``LLM(...)``, found in the failing frames (vLLM's
+    process manager, ``launch.engine_manager``), described; "" when none was started."""
+    procs, tb = [], exc.__traceback__
+    while tb is not None:
+        for value in list(tb.tb_frame.f_locals.values()):
+            manager = getattr(value, "engine_manager", value)
+            for proc in getattr(manager, "processes", None) or []:
+                if isinstance(proc, multiprocessing.process.BaseProcess) and proc not in procs:
+                    procs.append(proc)
+        tb = tb.tb_next
+    return "; ".join(_describe(p) for p in procs)
+
+
 class VLLMEngine(RolloutEngine):
     """Rollouts with vLLM (see the module docstring for the weight transport)."""
 
@@ -206,7 +232,9 @@ class VLLMEngine(RolloutEngine):
             with scoped_environ(env):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
-            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)) from exc
+            died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
+            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)
+                                   + (f" (engine process: {died})" if died else "")) from exc
         finally:
             # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
             # TF32 off for the trainer too); the trainer keeps its own

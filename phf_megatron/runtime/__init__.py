@@ -7,6 +7,7 @@ benchmarks and the tests; it imports nothing of ours above ``errors``, so every 
   local port; NCCL with CUDA, gloo and the CPU shims without), ``free_port()``;
 * ``megatron_session``: ``init_model_parallel(tp, pp, vpp, seed)`` (Megatron's groups and RNG
   tracker), ``shutdown()``, and ``megatron_session(tp, pp)``, the two as a context manager;
+* ``children``: ``bind_children()``: helper processes die with this one, even on SIGKILL;
 * ``cpu_shims``: Megatron-Core on CPU torch + gloo (tests and the tiny CPU runs only).
 
 Submodules load on first use (``lazy_exports``).

@@ -14,6 +14,7 @@ import contextlib
 
 import torch.distributed as dist
 
+from .children import bind_children
 from .process_group import join_default_group
 
 
@@ -26,6 +27,7 @@ def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, seed: 
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+    bind_children()  # Megatron's checkpoint writers (forked) die with this process, even on SIGKILL
     world = dist.get_world_size()
     if world % (tp * pp):
         raise ValueError(f"tp x pp = {tp * pp} does not divide the world size {world}")

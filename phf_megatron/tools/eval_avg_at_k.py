@@ -6,22 +6,25 @@
     # reads DIR/aime24.jsonl ... instead, --data_dir hub the HF datasets official OPSD evaluates on
     python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --out_dir runs/eval_q17b
 
-    # base + PEFT adapter; a Megatron-Core checkpoint; any JSONL with problem/answer fields
-    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --adapter runs/phf/adapter --out_dir runs/eval_phf
-    python tools/eval_avg_at_k.py --megatron_checkpoint runs/phf/iter_0000200 --model /models/Qwen3-1.7B ...
+    # base + PEFT adapter; a training run's checkpoint (LoRA merged); any JSONL with problem/answer fields
+    python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --adapter runs/phf/export/peft_adapter --out_dir runs/eval_phf
+    python tools/eval_avg_at_k.py --megatron_checkpoint runs/phf/checkpoints/iter_0000100 --model /models/Qwen3-1.7B ...
     python tools/eval_avg_at_k.py --model DIR --benchmarks my_set.jsonl --n 4 --out_dir runs/eval_mine
     python tools/eval_avg_at_k.py ... --engine_kwargs "{gpu_memory_utilization: 0.8, tensor_parallel_size: 2}"
     phf-eval ...                              # the same command, installed by pip
 
 Rerunning the same command resumes: finished samples are kept, only missing ones are generated.
-Outputs in --out_dir: samples.rank*.jsonl (one line per sample), summary.json, and with --plot
-avg_at_k.png. Backend: vLLM when installed, otherwise transformers; one engine replica per GPU
+Outputs in --out_dir: samples.rank*.jsonl (one line per sample), summary.json (the scores, in
+percent), run_config.json (the generation settings a resume must match), merged_model/ (--adapter)
+or converted_model/ (--megatron_checkpoint): the HF model evaluated (--no-keep_model deletes it at
+the end), and with --plot avg_at_k.png. Backend: vLLM when installed, otherwise transformers; one engine replica per GPU
 (data parallel) unless --data_parallel says otherwise. Every field of ``EvalConfig``
 (``phf_megatron/eval/config.py``) is a flag; a bad flag or value is one line and exit code 2.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..cli import command, tool_config
@@ -36,7 +39,10 @@ def evaluate(argv: list[str], quiet: bool) -> int:
 
     summary = run_eval(config)
     print(summary.table())
-    print(f"\nsummary: {summary.summary_path}" + (f"\nplot: {summary.plot_path}" if summary.plot_path else ""))
+    out = config.out_dir
+    outputs = sorted(f"{f}/" if os.path.isdir(os.path.join(out, f)) else f for f in os.listdir(out))
+    print(f"\noutputs in {out}: {', '.join(outputs)}")
+    print(f"summary: {summary.summary_path}" + (f"\nplot: {summary.plot_path}" if summary.plot_path else ""))
     return 0
 
 

@@ -10,7 +10,8 @@ intended layout). ``torchrun --nproc-per-node TP*PP tools/convert/hf_to_mcore.py
 same checkpoint from a truly sharded model. On a GPU machine the model is built on the GPU; set
 ``CUDA_VISIBLE_DEVICES=`` to convert on the CPU. Peak memory ≈ the model once in ``--dtype``.
 Writes ``OUT.tmp`` and renames it to ``OUT`` when complete. Also stores the HF config and
-tokenizer files (for ``mcore_to_hf.py``).
+tokenizer files (for ``mcore_to_hf.py``); a ``--hf_dir`` without tokenizer files is refused
+unless ``--require_tokenizer=false``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class HfToMcore:
     """Intended pipeline-parallel size (checked against the number of layers)."""
     dtype: str | None = None
     """Stored dtype: bf16 | fp16 | fp32; None: the HF checkpoint's."""
+    require_tokenizer: bool = True
+    """Refuse a --hf_dir without tokenizer files (mcore_to_hf copies them into the export); false:
+    convert anyway and give mcore_to_hf --tokenizer_dir."""
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
@@ -53,7 +57,8 @@ def convert(argv: list[str], quiet: bool) -> int:
     from ..models.config import as_dtype
 
     convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
-                        dtype=as_dtype(args.dtype) if args.dtype else None)
+                        dtype=as_dtype(args.dtype) if args.dtype else None,
+                        require_tokenizer=args.require_tokenizer)
     print(f"wrote {os.path.abspath(args.out_dir)}")
     return 0
 

@@ -1,16 +1,28 @@
-"""Convert a Megatron-Core dist checkpoint of Qwen3 to a Hugging Face checkpoint.
+"""Convert a Megatron-Core checkpoint of Qwen3 to a Hugging Face checkpoint: a converted base model
+(hf_to_mcore's), or a training run's student (LoRA merged, or the PEFT adapter).
 
     python tools/convert/mcore_to_hf.py --mcore_dir ckpt/qwen3-1.7b-mcore --out_dir Qwen3-1.7B-export \\
         [--tokenizer_dir Qwen3-1.7B] [--dtype bf16|fp32] [--max_shard_size_gb 2]
+    python tools/convert/mcore_to_hf.py --mcore_dir runs/phf --out_dir runs/phf/export/merged     # latest checkpoint
+    python tools/convert/mcore_to_hf.py --mcore_dir runs/phf/checkpoints/iter_0000100 --out_dir H
+    python tools/convert/mcore_to_hf.py --mcore_dir runs/phf --out_dir A --adapter_only           # PEFT adapter
     phf-mcore-to-hf ...                       # the same command, installed by pip
 
-Writes safetensors shards + index, ``config.json`` and the tokenizer files, loadable by
-``transformers`` and vLLM. The HF config and tokenizer come from the checkpoint (stored by
-``hf_to_mcore.py``); the tokenizer falls back to the recorded source directory, or give
-``--tokenizer_dir``. For a dist checkpoint written elsewhere (e.g. by training), pass
-``--hf_config path/to/config.json``. One process loads the checkpoint unsharded (peak memory ≈
-the model once + one shard); ``torchrun --nproc-per-node TP*PP ... --tp TP --pp PP`` loads it
-sharded and gathers tensor by tensor. Writes ``OUT.tmp`` and renames it when complete.
+A model checkpoint: writes safetensors shards + index, ``config.json`` and the tokenizer files,
+loadable by ``transformers`` and vLLM. The HF config and tokenizer come from the checkpoint (stored
+by ``hf_to_mcore.py``); the tokenizer falls back to the recorded source directory, or give
+``--tokenizer_dir``. For a dist checkpoint written elsewhere, pass ``--hf_config path/to/config.json``.
+One process loads the checkpoint unsharded (peak memory ≈ the model once + one shard);
+``torchrun --nproc-per-node TP*PP ... --tp TP --pp PP`` loads it sharded and gathers tensor by tensor.
+
+A training run (its directory, its ``checkpoints/`` directory or one ``iter_N`` in it): the student
+is rebuilt from the run's ``config.yaml`` and base model (``--base_model`` when the run's
+``model.hf_dir`` is elsewhere here), the checkpoint's adapters (or weights) are loaded, and the
+student is written as a HF model with every LoRA adapter merged into its base weight (what vLLM
+serves, what ``eval_avg_at_k.py --model`` takes), or with ``--adapter_only`` as a PEFT adapter
+(``adapter_config.json`` + ``adapter_model.safetensors``, for ``--model BASE --adapter A``). A run
+saved at TP x PP > 1 converts under ``torchrun --nproc-per-node TP*PP``. Writes ``OUT.tmp`` and
+renames it when complete; an existing ``--out_dir`` is refused.
 """
 
 from __future__ import annotations
@@ -30,21 +42,28 @@ class McoreToHf:
     """What to export, and how."""
 
     mcore_dir: str
-    """Megatron-Core dist checkpoint directory."""
+    """Megatron-Core dist checkpoint directory (hf_to_mcore's), or a training run: its directory (the
+    latest checkpoint), its checkpoints directory, or one checkpoint (runs/x/checkpoints/iter_0000100)."""
     out_dir: str
-    """New directory for the HF checkpoint."""
+    """New directory for the HF checkpoint (or the PEFT adapter)."""
+    adapter_only: bool = False
+    """Training run with LoRA: write the PEFT adapter instead of the merged model."""
+    base_model: str | None = None
+    """Training run: the base HF model directory it was trained from; None: the run's model.hf_dir."""
+    run_config: str | None = None
+    """Training run: its config.yaml; None: found in the run directory above the checkpoint."""
     tokenizer_dir: str | None = None
     """Take the tokenizer files from here; None: the checkpoint's own (or its recorded source)."""
     hf_config: str | None = None
-    """HF config.json, for checkpoints without our metadata."""
+    """HF config.json, for model checkpoints without our metadata."""
     dtype: str | None = None
-    """dtype of the HF weights: bf16 | fp16 | fp32; None: the stored one."""
+    """dtype of the HF weights: bf16 | fp16 | fp32; None: the stored one (a run's: model.dtype)."""
     max_shard_size_gb: float = 2.0
     """safetensors shard size in GiB."""
     tp: int = 1
-    """TP size when launched with torchrun."""
+    """TP size when launched with torchrun (model checkpoints; a run's checkpoint uses its own layout)."""
     pp: int = 1
-    """PP size when launched with torchrun."""
+    """PP size when launched with torchrun (model checkpoints; a run's checkpoint uses its own layout)."""
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
@@ -56,14 +75,28 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(McoreToHf, argv, __doc__, quiet)
     if args is None:
         return 0
+    from ..errors import ConfigError
+    from ..models.config import as_dtype
+    from ..training.export import export_run_checkpoint, find_run_checkpoint
+
+    dtype = as_dtype(args.dtype) if args.dtype else None
+    shard_bytes = int(args.max_shard_size_gb * (1 << 30))
+    run = find_run_checkpoint(args.mcore_dir, args.run_config)
+    if run is not None:
+        export_run_checkpoint(run, args.out_dir, adapter=args.adapter_only, base_model=args.base_model, dtype=dtype,
+                              max_shard_bytes=shard_bytes)
+        what = "PEFT adapter" if args.adapter_only else "HF model (LoRA merged)" if run.cfg.lora.enabled else "HF model"
+        print(f"wrote {os.path.abspath(args.out_dir)}: the {what} of {run.path} (step {run.iteration})")
+        return 0
+    if args.adapter_only:
+        raise ConfigError("adapter_only", f"{args.mcore_dir} is a model checkpoint, not a training run: it has no "
+                                          "adapter")
     from ..convert.checkpoints import convert_mcore_to_hf
     from ..input_files import read_json
-    from ..models.config import as_dtype
 
     hf_config = read_json(args.hf_config) if args.hf_config else None
     convert_mcore_to_hf(args.mcore_dir, args.out_dir, tokenizer_dir=args.tokenizer_dir, hf_config=hf_config,
-                        dtype=as_dtype(args.dtype) if args.dtype else None, tp=args.tp, pp=args.pp,
-                        max_shard_bytes=int(args.max_shard_size_gb * (1 << 30)))
+                        dtype=dtype, tp=args.tp, pp=args.pp, max_shard_bytes=shard_bytes)
     print(f"wrote {os.path.abspath(args.out_dir)}")
     return 0
 

@@ -10,8 +10,8 @@ clip diagnostics (fraction of tokens and of vocabulary summands the clip cut), t
 before and after the clip, and the on-policy fraction (``rollout.lmbda`` < 1). The heatmap shows
 each step's share of the flow energy per layer (columns sum to 1). From ``loss_tokens.jsonl``:
 the share of the step's OPSD loss of the tokens that lead it most often, over the steps, and the
-last record's top 20. A panel whose metric was never logged (e.g. the flow in an OPSD-only run)
-says so instead of plotting.
+last record's top 20. A panel whose metric was never logged says so, and why, from the run's
+``config.yaml`` (the flow energy of an OPSD-only run, the on-policy fraction of a run at lmbda 1).
 """
 
 from __future__ import annotations
@@ -85,15 +85,53 @@ def load_loss_tokens(run_dir: str) -> list[dict]:
     return M.read_jsonl(path) if os.path.isfile(path) else []
 
 
-def _not_logged(ax, title: str) -> None:
+def run_settings(run_dir: str) -> dict:
+    """The run's settings as flat ``section.field`` keys (its ``config.yaml``), or {} without one."""
+    import yaml
+
+    from ..training.config_io import CONFIG_FILE, flatten
+
+    path = os.path.join(run_dir, CONFIG_FILE)
+    try:
+        with open(path) as f:
+            tree = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return flatten(tree) if isinstance(tree, dict) else {}
+
+
+FLOW_ENERGY_KEYS = (M.FLOW_ENERGY, f"{M.FLOW_ENERGY}_max_share", f"{M.FLOW_ENERGY}_entropy_norm")
+CLIP_KEYS = (M.CLIP_FRAC_TOKENS, M.CLIP_FRAC_ENTRIES, M.OPSD_UNCLIPPED)
+
+
+def why_not_logged(key: str, settings: dict) -> str:
+    """Why the run's metrics have no ``key``, from its settings (``run_settings``): the empty panel says it."""
+    if not settings:
+        return f"no {key} in metrics.jsonl\n(no config.yaml in the run to say why)"
+    get = settings.get
+    if key in (M.LOSS_FLOW, *FLOW_ENERGY_KEYS) and get("objective.flow_variant") == "none":
+        return "the run has no flow term\n(objective.flow_variant=none)"
+    if key in FLOW_ENERGY_KEYS and get("logging.log_layer_energy") is False:
+        return "off: logging.log_layer_energy=false"
+    if key in CLIP_KEYS and get("objective.use_tinker_loss"):
+        return "the sampled-token loss\n(objective.use_tinker_loss) has no clip"
+    if key == M.CLIP_FRAC_ENTRIES and get("objective.jsd_clip_mode") == "token":
+        return "the token clip cuts no single\nvocabulary entry (jsd_clip_mode=token)"
+    if key == M.ON_POLICY_FRACTION and float(get("rollout.lmbda", 1.0) or 0.0) >= 1.0:
+        return "logged with rollout.lmbda < 1 only:\nthis run is fully on-policy"
+    return f"no {key} in metrics.jsonl\n(the trainer that wrote it did not log it)"
+
+
+def _not_logged(ax, title: str, why: str) -> None:
     ax.set_title(title, fontsize=10)
-    ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.text(0.5, 0.5, f"not logged:\n{why}", ha="center", va="center", transform=ax.transAxes, color="gray",
+            fontsize=9, wrap=True)
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, ylim=None) -> None:
-    """Several metrics on one panel (``keys``: (metric, legend label)); 'not logged' when none was."""
+def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, settings: dict, ylim=None) -> None:
+    """Several metrics on one panel (``keys``: (metric, legend label)); why not, when none was logged."""
     drawn = 0
     for key, label in keys:
         steps, values = series(records, key)
@@ -101,7 +139,7 @@ def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, yli
             ax.plot(steps, values, label=label, lw=1.4, marker="o" if steps.size < 30 else None, ms=3)
             drawn += 1
     if not drawn:
-        _not_logged(ax, title)
+        _not_logged(ax, title, why_not_logged(keys[0][0], settings))
         return
     if ylim is not None:
         ax.set_ylim(*ylim)
@@ -111,10 +149,10 @@ def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, yli
     ax.grid(alpha=0.3)
 
 
-def plot_clip_fractions(ax, records: list[dict]) -> None:
+def plot_clip_fractions(ax, records: list[dict], settings: dict) -> None:
     """Fraction of tokens cut (left axis, 0-1) and of vocabulary summands cut (right axis: far smaller)."""
     title = "clip: fraction cut"
-    _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, ylim=(-0.02, 1.02))
+    _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, settings, ylim=(-0.02, 1.02))
     steps, values = series(records, M.CLIP_FRAC_ENTRIES)
     if steps.size:
         if not series(records, M.CLIP_FRAC_TOKENS)[0].size:
@@ -127,7 +165,16 @@ def plot_clip_fractions(ax, records: list[dict]) -> None:
         ax.set_title(title, fontsize=10)
 
 
-def plot_curves(records: list[dict], out: str, title: str) -> None:
+def plot_curves(records: list[dict], out: str, title: str, settings: dict | None = None) -> None:
+    """The 3 x 3 panels of the run's curves into ``out`` (``settings``: the run's, to say why a panel is empty)."""
+    plt = pyplot()
+    fig = curves_figure(records, title, settings or {})
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def curves_figure(records: list[dict], title: str, settings: dict):
+    """The curves' matplotlib Figure (see ``plot_curves``)."""
     plt = pyplot()
     from matplotlib.ticker import ScalarFormatter
 
@@ -135,7 +182,7 @@ def plot_curves(records: list[dict], out: str, title: str) -> None:
     for ax, (key, label, scale) in zip(axes.flat, CURVES):
         steps, values = series(records, key)
         if steps.size == 0:
-            _not_logged(ax, label)
+            _not_logged(ax, label, why_not_logged(key, settings))
             continue
         ax.plot(steps, values, marker="o" if steps.size < 30 else None, ms=3, lw=1.4)
         positive = values[np.isfinite(values)]
@@ -150,7 +197,7 @@ def plot_curves(records: list[dict], out: str, title: str) -> None:
     steps_s, share = series(records, f"{M.FLOW_ENERGY}_max_share")
     steps_h, entropy = series(records, f"{M.FLOW_ENERGY}_entropy_norm")
     if steps_s.size == 0 and steps_h.size == 0:
-        _not_logged(ax, "layer-energy spread")
+        _not_logged(ax, "layer-energy spread", why_not_logged(M.FLOW_ENERGY, settings))
     else:
         ax.plot(steps_s, share, label="largest layer's share", lw=1.4)
         ax.plot(steps_h, entropy, label="entropy / log L", lw=1.4)
@@ -159,14 +206,13 @@ def plot_curves(records: list[dict], out: str, title: str) -> None:
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    plot_clip_fractions(axes.flat[6], records)
+    plot_clip_fractions(axes.flat[6], records, settings)
     _lines(axes.flat[7], records, [(M.OPSD_UNCLIPPED, "before the clip"), (M.LOSS_OPSD, "after (the loss)")],
-           "OPSD divergence per token")
+           "OPSD divergence per token", settings)
     _lines(axes.flat[8], records, [(M.ON_POLICY_FRACTION, "rollouts / samples")], "on-policy fraction (lmbda)",
-           ylim=(-0.02, 1.02))
+           settings, ylim=(-0.02, 1.02))
     fig.suptitle(title, fontsize=12)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def plot_loss_tokens(token_records: list[dict], out: str, title: str, lines: int = 8) -> bool:
@@ -265,12 +311,14 @@ def plot(argv: list[str], quiet: bool = False) -> int:
         tokens = os.path.join(args.run_dir, "plots", "loss_tokens.png")
     os.makedirs(os.path.dirname(os.path.abspath(curves)), exist_ok=True)
     title = os.path.basename(os.path.normpath(args.run_dir))
-    plot_curves(records, curves, title)
+    settings = run_settings(args.run_dir)
+    plot_curves(records, curves, title, settings)
     print(curves)
     if plot_layer_energy(records, heatmap, title):
         print(heatmap)
     else:
-        print("no per-layer flow energy logged: no heatmap", file=sys.stderr)
+        why = " ".join(why_not_logged(M.FLOW_ENERGY, settings).split())
+        print(f"no per-layer flow energy logged ({why}): no heatmap", file=sys.stderr)
     if plot_loss_tokens(load_loss_tokens(args.run_dir), tokens, title):
         print(tokens)
     else:

@@ -20,7 +20,7 @@ import torch
 from ..data import PromptConfig, build_distill_batch, build_prompt_pair
 from ..data.prompts import render_student_prompt, render_teacher_prompt
 from ..data.toy import TOY_PROMPT_CONFIG, ToySplit, make_toy_split, toy_response
-from ..output_files import atomic_dir, write_jsonl
+from ..output_files import atomic_dir, output_modes, write_jsonl
 from ..tokenizer import load_qwen3_tokenizer
 from .tokenizer import build_compact_tokenizer, check_equivalent
 
@@ -67,6 +67,7 @@ def make_toy_model(hf_dir: str, split: ToySplit, cfg: ToyModelConfig, prompt_con
     model.generation_config = GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
                                                pad_token_id=config.pad_token_id)
     model.save_pretrained(hf_dir)
+    output_modes(hf_dir)  # save_pretrained's weight files are owner-only
 
 
 def ramped_adamw(model, lr: float, ramp: int):
@@ -115,6 +116,7 @@ def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps:
         if step % 50 == 0 or step == steps - 1:
             log({"phase": "warmup", "step": step, "loss": round(loss, 5)})
     model.save_pretrained(hf_dir)
+    output_modes(hf_dir)  # save_pretrained's weight files are owner-only
 
 
 def prepare_toy(out_dir: str, *, seed: int = 0, warmup_steps: int = 300, model_config: ToyModelConfig = ToyModelConfig(),

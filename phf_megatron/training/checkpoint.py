@@ -14,6 +14,9 @@ directory to ``iter_0000050``, fsyncs the parent and replaces ``latest_checkpoin
 through a temp file + rename. A failure anywhere before the rename leaves the previous
 checkpoint and ``latest`` untouched and raises ``CheckpointSaveError`` on every rank. Leftover
 ``tmp-*`` entries (a killed process) are removed by the next save and never read.
+Before anything is written, every tensor of the save (and every shard of a DIST part) is checked
+to be finite: a NaN or inf anywhere raises ``NonFiniteError`` on every rank, naming the part, the
+tensor and the rank, and nothing is written.
 Pruning (``keep_last``) renames an old checkpoint to ``tmp-delete-...`` before deleting it.
 
 Caveats: a rank that raises inside Megatron's collective dist-checkpoint write can leave the
@@ -36,9 +39,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import InputFileError
+from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
-from ..output_files import atomic_file, fsync_tree, remove, replace_dir, write_json, write_text
+from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
 from .config_io import fingerprint_diff, fingerprint_hash
 
@@ -50,7 +53,8 @@ _ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 
 class CheckpointSaveError(RuntimeError):
-    """A save failed on some rank; the previous checkpoint is intact."""
+    """A save failed on some rank; the previous checkpoint (if any) is intact. A failure the user can
+    fix (a full disk, a read-only directory) is an ``OutputFileError`` instead: one line."""
 
 
 @dataclass
@@ -130,12 +134,48 @@ def _all_ranks_agree(phase: str, name: str, group, cleanup: str | None, is_rank0
     failed = _failed_ranks(error is None, group)
     if not failed:
         return
+    failure = write_failure(error, cleanup) if error is not None else None  # a full disk: before the removal
     if is_rank0 and cleanup is not None:
         remove(cleanup)
-    message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; the previous checkpoint is intact"
+    done = list_checkpoints(os.path.dirname(cleanup)) if cleanup is not None else []
+    kept = f"the previous checkpoint {iter_dir_name(done[-1])} is intact" if done else "there is no earlier checkpoint"
+    message = f"checkpoint {name} not saved: {phase} failed on rank(s) {failed}; {kept}"
+    if failure is not None:   # one line: what the user can fix, then what it cost
+        inside = cleanup and os.path.abspath(failure.path).startswith(os.path.abspath(cleanup))
+        path = os.path.dirname(cleanup) if inside else failure.path   # not the removed temp file's name
+        raise OutputFileError(path, f"{failure.detail}; {message}") from error
     if error is not None:
         raise CheckpointSaveError(f"{message}: {type(error).__name__}: {error}") from error
     raise CheckpointSaveError(message)
+
+
+def _named_tensors(tree: Any, path: str):
+    """``(path, tensor)`` for every tensor of a saved state, a DIST part's shards (``.data``) included."""
+    if isinstance(tree, torch.Tensor):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _named_tensors(value, f"{path}[{key!r}]")
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            yield from _named_tensors(value, f"{path}[{i}]")
+    elif isinstance(getattr(tree, "data", None), torch.Tensor):  # megatron.core's ShardedTensor
+        yield path, tree.data
+
+
+def _refuse_nonfinite(name: str, states: dict[str, Any], group) -> None:
+    """Raise ``NonFiniteError`` on every rank if any rank's ``states`` (part name -> state) hold a
+    NaN or inf (a collective: one all-reduce, and an object all-gather when something is found)."""
+    found = first_nonfinite(t for part, state in states.items() for t in _named_tensors(state, part))
+    if found is not None and _distributed():
+        found = f"{found} on rank {dist.get_rank()}"
+    if not _failed_ranks(found is None, group):
+        return
+    if _distributed():
+        findings = [None] * dist.get_world_size(group)
+        dist.all_gather_object(findings, found, group=group)
+        found = next(f for f in findings if f is not None)
+    raise NonFiniteError(f"checkpoint {name} not saved: {found}; the previous checkpoint is intact")
 
 
 def _barrier(group) -> None:
@@ -205,6 +245,11 @@ def save_checkpoint(
 
     agree = functools.partial(_all_ranks_agree, name=name, group=group, cleanup=tmp, is_rank0=is_rank0)
 
+    with agree("collecting the state"):
+        local = _collect_local(parts, layout)  # file name -> {part name: state}
+        dist_states = {k: p.state() for k, p in dist_parts.items()}
+    _refuse_nonfinite(name, {**{k: v for states in local.values() for k, v in states.items()}, **dist_states}, group)
+
     with agree("preparing the directory"):
         if is_rank0:
             os.makedirs(save_dir, exist_ok=True)
@@ -214,14 +259,14 @@ def save_checkpoint(
             os.makedirs(os.path.join(tmp, DIST_DIR) if dist_parts else tmp)
 
     with agree("writing per-rank files"):
-        for file_name, states in _collect_local(parts, layout).items():
+        for file_name, states in local.items():
             _write_torch(states, os.path.join(tmp, file_name))
 
     if dist_parts:
         from megatron.core import dist_checkpointing
 
         with agree("the dist-checkpointing write"):
-            dist_checkpointing.save({k: p.state() for k, p in dist_parts.items()}, os.path.join(tmp, DIST_DIR))
+            dist_checkpointing.save(dist_states, os.path.join(tmp, DIST_DIR))
 
     meta = {
         "format_version": FORMAT_VERSION,

@@ -31,6 +31,7 @@ from .config import ABLATIONS, TrainConfig
 RESUME_MUTABLE = (
     "run_dir",
     "training.train_iters",
+    "training.max_nonfinite_steps",
     "model.hf_dir",
     "model.pretrained_checkpoint",
     "model.tensor_model_parallel_size",

@@ -29,10 +29,13 @@ class ModelConfig:
     """The policy model and how Megatron-Core lays it out."""
 
     hf_dir: str | None = None
-    """HF Qwen3 checkpoint directory (config.json, tokenizer, safetensors). Required to run."""
+    """HF Qwen3 checkpoint directory (config.json, tokenizer, safetensors). Required to run: the model's
+    config, the tokenizer, the rollout engines' starting weights, the tokenizer of the export and the
+    PEFT adapter's base; the student's base weights too unless pretrained_checkpoint is set."""
     pretrained_checkpoint: str | None = None
-    """Megatron checkpoint of the base model (Megatron's --pretrained-checkpoint); None: convert
-    ``hf_dir`` once into ``<run_dir>/base``."""
+    """Megatron-Core checkpoint of the same base model (tools/convert/hf_to_mcore.py's; Megatron's
+    --pretrained-checkpoint), from which the student loads its base weights under any TP/PP; None:
+    the student reads them from hf_dir's safetensors (nothing is converted or written)."""
     dtype: str = "bfloat16"
     """Parameter dtype of the frozen base (official: torch_dtype bfloat16)."""
     tensor_model_parallel_size: int = 1
@@ -329,10 +332,16 @@ class TrainingConfig:
     """Optimizer steps to run (paper: the watcher stops at step 100)."""
     seed: int = 42
     """Seed of the model init, dropout and sampling (HF TrainingArguments default 42)."""
+    max_nonfinite_steps: int = 3
+    """Stop the run (one line naming the step and the NaN/inf: the loss, or which gradient on
+    which rank) after this many consecutive steps with a non-finite loss or gradient. Each such
+    step is skipped on every rank (no weight, Adam, LR-schedule or EMA-teacher change) and counted
+    (``nonfinite_steps`` in metrics.jsonl); 0: never stop."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):
             _check_positive(f"training.{name}", getattr(self, name))
+        _check_positive("training.max_nonfinite_steps", self.max_nonfinite_steps, allow_zero=True)
         if self.global_batch_size % self.micro_batch_size:
             raise fail("training.global_batch_size",
                        f"{self.global_batch_size} is not a multiple of micro_batch_size = {self.micro_batch_size}")

@@ -15,6 +15,12 @@ optimizer and LR schedule, the EMA teacher, the data position and every RNG (and
 the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is saved before the
 error propagates: at the last finished update (a failed sync comes after its step's update, which
 counts), so the resumed run repeats nothing and skips nothing.
+
+A step whose loss or gradient holds a NaN or inf on any rank changes nothing (``update``,
+``nonfinite``): it is counted (``nonfinite_steps`` in the metrics, cumulative over the run, and on
+the progress bar), the engines keep the weights they have (no push of unchanged weights), and
+``training.max_nonfinite_steps`` consecutive ones stop the run with one line naming the step and
+what was not finite. Checkpoints and exports refuse to write a non-finite tensor.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config, to_dict
 from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed
+from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
+from .nonfinite import faults_from_env, nonfinite_stop
 from .rollout_async import PART as PREFETCH_PART
 from .rollout_async import RolloutPrefetch
 from .methods import build_method
@@ -91,7 +99,6 @@ class Trainer:
         cfg.require_inputs()
         self.cfg = cfg
         self.ctx: DistributedContext = init_distributed(cfg)
-        save_run_config(cfg)
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
         self.dataset = _load_dataset(cfg)
         if cfg.data.max_rows:
@@ -106,18 +113,36 @@ class Trainer:
         self.layout = RankLayout.from_parallel_state()
         self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size,
                                    row_inputs=self.method.row_inputs)
+        self.method.check_rows(self.planner)  # a row over data.max_prompt_length: named now, before any training
         self._plans = {}
         self.step = 0
+        self.nonfinite_steps = 0
+        """Steps skipped for a NaN/inf loss or gradient, over the whole run (resumes included)."""
+        self.nonfinite_run = 0
+        """Of them, how many in a row up to the current step."""
+        self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
-        self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
-        self.resumed_from = self._maybe_resume()
-        self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+        self.prefetch = None
+        try:
+            self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
+            self.resumed_from = self._maybe_resume()
+            self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+            self._engines_current = True  # the engines hold the student's weights (nothing to push)
+        except BaseException:  # a refused or damaged resume: the engines stop now, not at exit (after the group)
+            if self.prefetch is not None:
+                self.prefetch.close()
+            self.rollouts.close()
+            raise
+        save_run_config(cfg)  # after the resume: a refused one leaves the run directory as it was
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
             line = implementations(cfg, self.student, self.rollouts.engine, self.method.implementations())
             print(f"phf_megatron.train: {line}{more}", flush=True)
+            if self.resumed_from:
+                print(f"phf_megatron.train: resuming from step {self.step} of {cfg.training.train_iters} "
+                      f"({self.resumed_from})", flush=True)
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
@@ -148,7 +173,8 @@ class Trainer:
             self.prefetch.prepare_checkpoint(self.step)  # a collective: the hosts' prefetched rollouts
         return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
                                fingerprint=resume_fingerprint(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
-                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size})
+                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size,
+                                      "nonfinite_steps": self.nonfinite_steps, "nonfinite_run": self.nonfinite_run})
 
     def _maybe_resume(self) -> str | None:
         load_dir = self.cfg.load_dir
@@ -164,6 +190,8 @@ class Trainer:
         info = load_checkpoint(load_dir, parts, self.layout,
                                fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
         self.step = info.iteration
+        extra = info.meta.get("extra", {})
+        self.nonfinite_steps, self.nonfinite_run = extra.get("nonfinite_steps", 0), extra.get("nonfinite_run", 0)
         return info.path
 
     # ----------------------------------------------------------------- one step
@@ -199,8 +227,17 @@ class Trainer:
                                  make=self.method.microbatches)
         interval = cfg.logging.loss_tokens_interval
         metrics = run_update(self.student, self.method, mbs,
-                             collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0)
+                             collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0,
+                             faults=tuple(f for f in self.faults if f.step == self.step + 1))
         metrics.update(self.method.step_metrics())
+        if metrics["nonfinite"] is not None:
+            self.nonfinite_steps += 1
+            self.nonfinite_run += 1
+        else:
+            self.nonfinite_run = 0
+        if not metrics["update_skipped"]:
+            self._engines_current = False
+        metrics["nonfinite_steps"] = self.nonfinite_steps
         if self.sampler.take(len(plan.rows)) != plan.indices:
             raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
         t2 = time.perf_counter()
@@ -210,8 +247,9 @@ class Trainer:
                        **rollout_stats(self.rollouts.gather(local_rollout_record(completions, dp_rank, dp_size))))
         if cfg.rollout.lmbda < 1:
             metrics[ON_POLICY_FRACTION] = sum(plan.requests.on_policy) / len(plan.requests.on_policy)
-        if cfg.logging.log_layer_energy and metrics.get("layer_flow"):
-            metrics.update(layer_energy_metrics(torch.tensor(metrics["layer_flow"], dtype=torch.float64)))
+        energy = torch.tensor(metrics.get("layer_flow") or [], dtype=torch.float64)
+        if cfg.logging.log_layer_energy and energy.numel() and bool(energy.isfinite().all()):  # NaN: a skipped step
+            metrics.update(layer_energy_metrics(energy))
         return metrics
 
     def sync(self, metrics: dict) -> None:
@@ -219,10 +257,14 @@ class Trainer:
         t0 = time.perf_counter()
         wait = 0.0
         if self.step % self.cfg.rollout.sync_interval == 0:
-            if self.prefetch is not None:
+            if self.prefetch is not None:  # the prefetch in flight read the version it samples with
                 self.prefetch.settle()
                 wait = time.perf_counter() - t0
-            self.rollouts.sync(self.step)
+            if self._engines_current:  # no update since the last push (skipped steps): the same weights
+                self.rollouts.policy_version = self.step
+            else:
+                self.rollouts.sync(self.step)
+                self._engines_current = True
         seconds = time.perf_counter() - t0
         metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **self.rollouts.sync_metrics())
         if self.prefetch is not None:
@@ -239,6 +281,9 @@ class Trainer:
                 self.step += 1  # the update is done: a failing sync below does not undo it
                 self.sync(metrics)
                 self._log(metrics)
+                limit = cfg.training.max_nonfinite_steps
+                if limit and self.nonfinite_run >= limit:
+                    raise nonfinite_stop(self.step, self.nonfinite_run, metrics["nonfinite"])
                 metrics = None
                 if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                     self.save()
@@ -251,6 +296,9 @@ class Trainer:
         if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
             self.save()
         self.export()
+        if self.ctx.is_rank0:
+            print(f"phf_megatron.train: finished step {self.step} of {cfg.training.train_iters}; the run's "
+                  f"outputs:\n{outputs_message(cfg, self.step)}", flush=True)
 
     def _log(self, metrics: dict) -> None:
         cfg = self.cfg
@@ -261,39 +309,13 @@ class Trainer:
                 for i, share, count in loss_tokens])
         if self.step % cfg.logging.log_interval == 0 or self.step == cfg.training.train_iters:
             self.metrics.log(self.step, metrics)
-        self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")), step_time=metrics["step_time"])
+        shown = {"nonfinite": self.nonfinite_steps} if self.nonfinite_steps else {}
+        self.metrics.progress(self.step, loss=metrics.get("loss", float("nan")), step_time=metrics["step_time"], **shown)
 
     def export(self) -> str:
         """The trained student for HF tools: a PEFT adapter (LoRA) or a full HF checkpoint."""
-        out = os.path.join(self.cfg.run_dir, "export")
-        if self.cfg.lora.enabled:
-            from ..lora.export import export_peft_adapter
-
-            path = os.path.join(out, "peft_adapter")
-            export_peft_adapter(self.student.chunks, path, self.cfg.lora,
-                                base_model_name_or_path=os.path.abspath(self.cfg.model.hf_dir))
-            return path
-        from megatron.core import parallel_state as ps
-
-        from ..convert.hf_writer import write_hf_checkpoint
-        from ..convert.live_model import iter_hf_weights
-
-        path = os.path.join(out, "hf")
-        items = (item for chunk in self.student.chunks
-                 for item in iter_hf_weights(chunk, self.student.arch,
-                                             pp_group=ps.get_pipeline_model_parallel_group()))
-        if ps.get_data_parallel_rank() == 0:
-            if self.ctx.is_rank0:
-                hf_dir = self.cfg.model.hf_dir
-                tokenizer_files = [f for f in os.listdir(hf_dir) if f.startswith(("tokenizer", "vocab", "merges",
-                                   "special_tokens", "generation_config", "chat_template"))]
-                write_hf_checkpoint(items, path, hf_config=self.student.hf_config.to_dict(),
-                                    dtype=self.student.config.params_dtype, tokenizer_src=hf_dir,
-                                    tokenizer_files=tokenizer_files)
-            else:
-                for _ in items:
-                    pass
-        return path
+        return write_student(self.student.chunks, self.student.arch, self.student.hf_config.to_dict(), self.cfg,
+                             export_dir(self.cfg), adapter=self.cfg.lora.enabled)
 
     def close(self) -> None:
         self.metrics.close()

@@ -15,7 +15,7 @@ import torch
 from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
-from ..input_files import check_hf_model_dir
+from ..input_files import check_hf_model_dir, read_json
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
 
@@ -45,6 +45,10 @@ def read_hf_config(cfg: TrainConfig):
         if not os.path.isfile(os.path.join(cfg.model.hf_dir, "config.json")):
             raise fail("model.hf_dir", f"no config.json in {cfg.model.hf_dir}")
         check_hf_model_dir(cfg.model.hf_dir)  # a damaged config.json or safetensors file is named here
+        # the file's own model_type: transformers may load it as a relative ('mistral' as 'ministral')
+        model_type = read_json(os.path.join(cfg.model.hf_dir, "config.json")).get("model_type")
+        if model_type != "qwen3":
+            raise fail("model.hf_dir", f"model_type {model_type!r} is not 'qwen3'")
         hf_config = AutoConfig.from_pretrained(cfg.model.hf_dir)
     elif cfg.model.pretrained_checkpoint:
         from ..convert.mcore_checkpoint import read_metadata
@@ -135,19 +139,12 @@ def _let_recompute_reach_the_adapters(model) -> None:
     embedding.register_forward_hook(require_grad)
 
 
-def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
-    """The student of this rank, ready to train (a collective over the model-parallel group).
-
-    ``num_rows``: the training set's size, which sets the cosine schedule's length (epochs x rows).
-    """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.optimizer import get_megatron_optimizer
-
+def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
+    """This rank's model chunks (one per virtual pipeline stage) with the base weights loaded and,
+    with LoRA, fresh adapters (seeded by ``training.seed``): the student before any wrapper. The
+    trainer trains them; ``training.export`` loads a checkpoint's weights into them."""
     from ..models import build_qwen3_model
 
-    hf_config = read_hf_config(cfg)
-    check_settings_fit_model(cfg, hf_config)
-    arch = Qwen3Arch.from_hf(hf_config)
     dtype = DTYPES[cfg.model.dtype]
     fused = cfg.model.fused_kernels and torch.cuda.is_available()
     lora = cfg.lora
@@ -162,6 +159,23 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
         _load_base_weights(model, cfg, arch)
         if lora.enabled:
             apply_lora(model, lora, seed=cfg.training.seed)
+        chunks.append(model)
+    return chunks
+
+
+def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
+    """The student of this rank, ready to train (a collective over the model-parallel group).
+
+    ``num_rows``: the training set's size, which sets the cosine schedule's length (epochs x rows).
+    """
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    hf_config = read_hf_config(cfg)
+    check_settings_fit_model(cfg, hf_config)
+    arch = Qwen3Arch.from_hf(hf_config)
+    chunks = []
+    for model in build_model_chunks(cfg, hf_config, arch):
         if cfg.model.recompute_granularity == "full":
             _let_recompute_reach_the_adapters(model)
         if torch.cuda.is_available():

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ..config_errors import fail
 from ..data import PromptConfig, PromptPair, build_prompt_pair
-from ..data.prompts import encode_prompt, render_student_prompt
-from ..data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
+from ..data.prompts import encode_prompt, render_student_prompt, render_teacher_prompt
+from ..data.reason_first import analysis_prompt_ids, analysis_prompt_text, reason_first_teacher_ids
 from .batches import local_samples
 from .config import TrainConfig
 from .policy_mix import on_policy_samples, solution_completion
@@ -71,6 +71,29 @@ class StepPlanner:
         pairs = [self.row_inputs(self.tokenizer, r, self.prompt_config) for r in rows]
         self._check_lengths(step, rows, [q.teacher_ids for q in pairs])
         return StepPlan(step, indices, rows, pairs, StepRequests(step, [q.student_ids for q in pairs], on_policy))
+
+    def _checked_text(self, row) -> str:
+        """The prompt ``_check_lengths`` measures for ``row``, as text (the analysis prompt with
+        ``data.reason_first``, else the teacher's: the longer of the pair)."""
+        if self.cfg.data.reason_first:
+            return analysis_prompt_text(self.tokenizer, row.problem, row.solution)
+        return render_teacher_prompt(self.tokenizer, row.problem, row.solution, self.prompt_config)
+
+    def check_rows(self, text_of=None) -> None:
+        """Every row fits ``data.max_prompt_length``: a row the run could never train on is named
+        (file and line) when the data is loaded, not when its step comes. A byte-level BPE token
+        covers at least one UTF-8 byte, so only rows whose text has more bytes than the limit are
+        tokenized. ``text_of(row)``: the prompt measured (default: the longer of PHF's pair)."""
+        limit = self.cfg.data.max_prompt_length
+        too_long = []
+        for row in self.dataset.rows:
+            text = (text_of or self._checked_text)(row)
+            if len(text.encode("utf-8")) > limit and len(encode_prompt(self.tokenizer, text)) > limit:
+                too_long.append(row.origin)
+        if too_long:
+            shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
+            raise fail("data.max_prompt_length", f"{len(too_long)} row(s) have a prompt over {limit} tokens, which "
+                       f"the run could never train on: {shown}; raise it, or remove the rows")
 
     def _check_lengths(self, step: int, rows, prompts) -> None:
         too_long = [i for i, q in enumerate(prompts) if len(q) > self.cfg.data.max_prompt_length]

@@ -2,7 +2,9 @@
 
     scoring passes (forward only, each under its weights, no grad) ─ PHF: the teacher (window rows, logit rows)
     student forward + backward                                      ─ PHF: L_OPSD + alpha * L_flow; SFT: cross-entropy
+    finiteness check (every rank agrees)                            ─ ``nonfinite.StepCheck``
     optimizer step (grad clip), LR schedule step, the method's after-step (PHF: the EMA teacher)
+                                                                    ─ all skipped on a NaN/inf
 
 Every pass runs through Megatron's ``forward_backward_func`` (any TP/SP/PP/VPP/DP layout, the
 step's micro-batches); the method's step object (``parallel.PhfStep``, ``parallel.SftStep``)
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .model_setup import StudentModel
+from .nonfinite import Fault, StepCheck
 from .schedule import current_lr
 
 
@@ -45,10 +48,16 @@ def _gather_metrics(metrics: dict | None) -> dict:
     return next((m for m in gathered if m is not None), {})
 
 
-def run_update(student: StudentModel, method, microbatches: list, collect_loss_tokens: bool = False) -> dict:
+def run_update(student: StudentModel, method, microbatches: list, collect_loss_tokens: bool = False,
+               faults: tuple[Fault, ...] = ()) -> dict:
     """Run one update of ``method`` (a ``training.methods.Method``); returns the step's metrics (the
     method's loss metrics, grad norm, lr, timings: ``time_<pass>_s`` per scoring pass; with
-    ``collect_loss_tokens`` the loss by token, ``loss.LOSS_TOKENS``)."""
+    ``collect_loss_tokens`` the loss by token, ``loss.LOSS_TOKENS``).
+
+    A NaN or inf in a loss or a gradient on any rank skips the update on every rank (``nonfinite``):
+    ``update_skipped`` is then True and ``nonfinite`` says what was not finite (else None).
+    ``faults``: NaN/inf to inject into this update (testing only, ``nonfinite.Fault``).
+    """
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -76,13 +85,23 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     for chunk in chunks:
         chunk.zero_grad_buffer()
     student.optimizer.zero_grad()
-    logs = fb(forward_step_func=step.student_forward_step, data_iterator=iterators(), model=model,
+    check = StepCheck(faults)
+    logs = fb(forward_step_func=check.wrap(step.student_forward_step), data_iterator=iterators(), model=model,
               num_microbatches=len(mbs), seq_length=step.student_seq_length(mbs[0].student_tokens.shape[1]),
               micro_batch_size=b, forward_only=False)
+    check.inject_grads(chunks)
     _sync()
     t2 = time.perf_counter()
     lr = current_lr(student.scheduler)
-    ok, grad_norm, _ = student.optimizer.step()
+    # fp16: a gradient overflow is the loss scaler's to find (its skips search the scale)
+    nonfinite = check.found(chunks, check_grads=not student.config.fp16)
+    if nonfinite is None:
+        ok, grad_norm, _ = student.optimizer.step()
+    else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher
+        ok, grad_norm = False, None
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        student.optimizer.zero_grad()
     if ok:
         student.scheduler.step(increment=1)
         method.after_step()
@@ -92,5 +111,6 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     step.finish()
     metrics = dict(_gather_metrics(metrics))
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
-                   update_skipped=not ok, **timings, time_student_s=t2 - t1, time_optimizer_s=t3 - t2)
+                   update_skipped=not ok, nonfinite=nonfinite, **timings, time_student_s=t2 - t1,
+                   time_optimizer_s=t3 - t2)
     return metrics

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from phf_megatron.errors import UserError
 from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
@@ -166,14 +167,14 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_se
     from_mcore = _config(tmp_path, None, eval_sets, name="from_mcore", megatron_checkpoint=mcore, **kw)
     from_hf = _config(tmp_path, tiny_dir, eval_sets, name="from_hf", **kw)
     assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
-    with pytest.raises(RuntimeError, match="converting the Megatron checkpoint .* failed"):
+    with pytest.raises(UserError, match="converting the Megatron checkpoint .* failed"):
         (tmp_path / "not_mcore").mkdir()
         run_eval(_config(tmp_path, None, eval_sets, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
                          **kw))
     training_ckpt = tmp_path / "run" / "checkpoints" / "iter_0000002"    # what phf_megatron.train writes
     training_ckpt.mkdir(parents=True)
     (training_ckpt / "meta.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"training checkpoint of phf_megatron.train .* --adapter .*run/export/peft_adapter"):
+    with pytest.raises(ValueError, match=r"a training checkpoint; tools/convert/mcore_to_hf.py says: .*no config.yaml"):
         run_eval(_config(tmp_path, None, eval_sets, name="train_ckpt", megatron_checkpoint=str(training_ckpt), **kw))
 
 

@@ -42,7 +42,8 @@ def test_table_and_summary_report_both_graders(tmp_path, grader, old_format):
                         model_dir="m", backend="hf")
     lines = summary.table().splitlines()
     head = lines[0].split()
-    assert head[:6] == ["benchmark", "problems", "Avg@2", "(official)", "Avg@2", "(extended)"]
+    assert head == ["benchmark", "problems", "Avg@2", "(official)", "%", "Avg@2", "(extended)", "%", "pass@1", "%",
+                    "pass@2", "%", "boxed", "%", "truncated", "%"]               # every score a percentage
     assert lines[2].split()[:4] == ["b", "2", "25.00", "75.00"]          # 1 of 4 official, 3 of 4 extended
     assert lines[3].split()[:4] == ["suite", "average", "25.00", "75.00"]
     assert f"pass@k by the {grader} grader; math-verify {version('math-verify')} (official: 0.8.0)" in lines[-1]

@@ -8,6 +8,7 @@
 * ``spawn``: a function on N gloo ranks with Megatron-Core on CPU (``run_ranks``), Megatron's
   model-parallel layout (``megatron_layout``), ``free_port``;
 * ``forward``: full-vocabulary logits of a TP/PP-sharded Megatron model through its schedule;
+* ``mounts``: a full disk (a small tmpfs) and a read-only directory;
 * ``tiny_run``: the trainer's command on the tiny CPU preset, its metrics, a log's warning lines.
 
 Imports nothing heavy itself.
@@ -27,11 +28,17 @@ EXAMPLE_MATH = os.path.join(REPO, "examples", "data", "train_math_small.jsonl")
 GRADER_CASES = os.path.join(REPO, "tests", "data", "grader_cases.jsonl")
 
 
+#: What ``runtime.join_default_group`` sets in a test process that ran a one-process group: not
+#: for a child (it would take the parent's rendezvous port, still in use).
+_PROCESS_GROUP_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def python_env(**env: str) -> dict[str, str]:
     """This process's environment with the checkout first on ``PYTHONPATH``, one OpenMP thread
-    (unless given) and ``env``."""
+    (unless given) and ``env``, without this process's rendezvous variables."""
     path = os.pathsep.join([REPO] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
+    inherited = {k: v for k, v in os.environ.items() if k not in _PROCESS_GROUP_VARS}
+    return {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
 
 
 def run_python(args: Sequence[str], *, timeout: float = 300, cwd: str | None = REPO,

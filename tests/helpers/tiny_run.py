@@ -1,5 +1,6 @@
 """The trainer as a user runs it, on the tiny CPU preset: ``python -m phf_megatron.train`` (under
-torchrun for several ranks) on a toy math JSONL; its metrics; the warning lines of a job's log."""
+torchrun for several ranks) on a toy math JSONL; its metrics; the warning lines of a job's log; the
+final student's logits (``train_recording_logits``)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,34 @@ def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1,
     """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
     argv, _env = train_command(hf_dir, data, run_dir, *overrides, nproc=nproc)
     return run_python(argv[1:], timeout=timeout)
+
+
+#: ``python -c``: the trainer's command line (``sys.argv[3:]``), and before the trainer closes, its
+#: final student's logits on the token ids ``json(sys.argv[2])`` ([b, s], fp32 [b, s, V]) saved to ``sys.argv[1]``.
+_RECORD_LOGITS = """
+import json, sys, torch
+from phf_megatron.models.provider import unwrap
+from phf_megatron.training import loop
+out, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+close = loop.Trainer.close
+def record_then_close(self):
+    model = unwrap(self.student.chunks[0]).eval()
+    with torch.no_grad():
+        logits = model(ids, torch.arange(ids.shape[1])[None].expand_as(ids), attention_mask=None)
+    torch.save(logits.float(), out)
+    close(self)
+loop.Trainer.close = record_then_close
+from phf_megatron.train import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def train_recording_logits(hf_dir: str, data: str, run_dir: str, logits_path: str, ids: list[list[int]],
+                           *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``train`` in one process, also saving the final student's logits on ``ids`` to ``logits_path``
+    (the trainer's own model, as it is when the run ends)."""
+    argv, _env = train_command(hf_dir, data, run_dir, *overrides)
+    return run_python(["-c", _RECORD_LOGITS, logits_path, json.dumps(ids), *argv[3:]], timeout=timeout)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:

@@ -118,7 +118,7 @@ def test_failed_save_leaves_previous_checkpoint_and_latest(tmp_path, monkeypatch
         monkeypatch.setattr(ckpt, "_write_torch", _failing_writer)
     else:  # fails at publishing time, after every file was written
         monkeypatch.setattr(ckpt, "fsync_tree", lambda root: (_ for _ in ()).throw(OSError("fsync failed")))
-    with pytest.raises(ckpt.CheckpointSaveError, match="previous checkpoint is intact"):
+    with pytest.raises(ckpt.CheckpointSaveError, match="previous checkpoint iter_0000001 is intact"):
         ckpt.save_checkpoint(str(tmp_path), 2, run.parts(), RankLayout())
     monkeypatch.undo()
     assert ckpt.read_latest(str(tmp_path)) == 1

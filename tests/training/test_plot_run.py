@@ -105,3 +105,39 @@ def test_layer_heatmap_ticks_are_whole_layers(tmp_path, layers, ticks):
     steps = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
     assert all(s.lstrip("−-").isdigit() for s in steps), steps   # whole steps on the x axis too
     plt.close(fig)
+
+
+def _panel_texts(fig) -> dict[str, str]:
+    """``{panel title: the text in the panel}`` of the panels that hold a text."""
+    return {ax.get_title(): " ".join(t.get_text() for t in ax.texts).replace("\n", " ")
+            for ax in fig.axes if ax.texts}
+
+
+@pytest.mark.parametrize("config, reasons", [
+    ("objective:\n  flow_variant: none\nrollout:\n  lmbda: 1.0\n",
+     {"layer-energy spread": "not logged: the run has no flow term (objective.flow_variant=none)",
+      "flow loss  L_flow": "not logged: the run has no flow term (objective.flow_variant=none)",
+      "on-policy fraction (lmbda)": "not logged: logged with rollout.lmbda < 1 only: this run is fully on-policy"}),
+    ("objective:\n  flow_variant: phf\nlogging:\n  log_layer_energy: false\nrollout:\n  lmbda: 1.0\n",
+     {"layer-energy spread": "not logged: off: logging.log_layer_energy=false",
+      "flow loss  L_flow": "not logged: no loss_flow in metrics.jsonl (the trainer that wrote it did not log it)",
+      "on-policy fraction (lmbda)": "not logged: logged with rollout.lmbda < 1 only: this run is fully on-policy"}),
+    (None, {"layer-energy spread": "not logged: no flow_energy in metrics.jsonl (no config.yaml in the run to say why)",
+            "flow loss  L_flow": "not logged: no loss_flow in metrics.jsonl (no config.yaml in the run to say why)",
+            "on-policy fraction (lmbda)": "not logged: no on_policy_fraction in metrics.jsonl (no config.yaml"}),
+])
+def test_an_empty_panel_says_why(tmp_path, config, reasons):
+    """The run's config.yaml says why a metric was never logged; the panel shows it."""
+    import matplotlib.pyplot as plt
+
+    plot_run = _import_tool()
+    run = tmp_path / "run"
+    write_run(str(run), steps=4, flow=False)
+    if config is not None:
+        (run / "config.yaml").write_text(config)
+    fig = plot_run.curves_figure(plot_run.load_run(str(run)), "run", plot_run.run_settings(str(run)))
+    texts = _panel_texts(fig)
+    plt.close(fig)
+    assert set(texts) == set(reasons)
+    for title, reason in reasons.items():
+        assert texts[title].startswith(reason), (title, texts[title])

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from ..helpers import run_python
 from ..helpers.tiny_run import assert_ok, read_metrics, train
+from .test_run_export import _documented_metrics
 
 SFT = ("--method=sft", "--lr=1e-3")
 
@@ -37,6 +38,9 @@ def test_sft_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     with open(os.path.join(straight, "checkpoints", "iter_0000004", "meta.json")) as f:
         parts = json.load(f)["parts"]
     assert "teacher" not in parts and "adapters" in parts  # no teacher, no EMA state
+    written = {k for m in s for k in m}
+    assert written <= _documented_metrics(), sorted(written - _documented_metrics())
+    assert not written & {"loss_opsd", "loss_flow", "time_teacher_s", "sync_probe_diff"}
 
 
 def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):

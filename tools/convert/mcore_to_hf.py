@@ -1,4 +1,4 @@
-"""``python tools/convert/mcore_to_hf.py --mcore_dir O --out_dir H``: Megatron-Core dist checkpoint -> HF Qwen3.
+"""``python tools/convert/mcore_to_hf.py --mcore_dir O --out_dir H``: a Megatron-Core checkpoint or a training run -> HF Qwen3.
 
 The command ``phf-mcore-to-hf`` (``phf_megatron/tools/mcore_to_hf.py``; ``--help`` lists its flags).
 """

@@ -34,6 +34,10 @@ class PhfMethod:
     def row_inputs(tokenizer, row, prompt_config):
         return build_prompt_pair(tokenizer, row.problem, row.solution, prompt_config)
 
+    @staticmethod
+    def check_rows(planner) -> None:
+        planner.check_rows()
+
     def training_samples(self, planner, plan, samples, group):
         return planner.training_samples(plan, samples, group)
 

@@ -89,6 +89,11 @@ class SftMethod:
         ids = encode_prompt(tokenizer, render_student_prompt(tokenizer, row.problem, prompt_config))
         return PromptPair(student_ids=ids, teacher_ids=ids)
 
+    @staticmethod
+    def check_rows(planner) -> None:
+        """Rows whose student prompt exceeds ``data.max_prompt_length``, named at load."""
+        planner.check_rows(lambda row: render_student_prompt(planner.tokenizer, row.problem, planner.prompt_config))
+
     def training_samples(self, planner, plan, samples, group):
         """Each row's ``chat(problem) ; solution + EOS``, cut at ``sft.max_length`` (``rollout.n`` is 1)."""
         max_length, pairs, completions, cut = self.cfg.sft.max_length, [], [], 0

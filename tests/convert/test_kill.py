@@ -1,0 +1,143 @@
+"""A converter SIGKILLed during its save leaves no process behind and nothing under the final
+name; the rerun clears the ``.tmp`` debris and writes the complete output.
+
+Each converter runs in a session of its own (``start_new_session``): every process it starts
+inherits the session id, even once re-parented to init, so "no descendant alive" is "no process
+left in the session". hf_to_mcore is killed once Megatron's dist-checkpoint writer (forked children) has
+begun its files (before the fix a ``multiprocessing.Manager`` server and the resource tracker
+outlived it); mcore_to_hf starts no helper and is killed once its ``.tmp`` directory exists.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..helpers import REPO, python_env
+from ..helpers.tiny_qwen3 import save_tiny_hf, tiny_hf_model
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:                      # gone meanwhile
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":          # field 6 of stat: the session
+            members.append(int(name))
+    return members
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _writing(tmp_dir: str) -> bool:
+    """Megatron's dist-checkpoint writer (a forked child) has started a ``.distcp`` file in ``tmp_dir``."""
+    try:
+        return any(name.endswith(".distcp") for name in os.listdir(tmp_dir))
+    except OSError:
+        return False
+
+
+def _start(tool: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "tools", "convert", tool), *args], cwd=REPO,
+                            env=python_env(CUDA_VISIBLE_DEVICES=""), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the converter ended before the moment to kill it (exit {proc.poll()}): "
+                        f"{proc.stderr.read()[-2000:]}")
+        time.sleep(0.001)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _assert_no_survivor(sid: int, grace: float = 15.0) -> None:
+    deadline = time.monotonic() + grace          # a child told by the kernel needs a moment to go
+    while (left := _session_members(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cmdlines = {pid: _cmdline(pid).replace(b"\0", b" ").decode()[:200] for pid in left}
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes outlived the killed converter: {cmdlines}"
+
+
+def _rerun(tool: str, *args: str) -> None:
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", tool), *args], cwd=REPO,
+                          env=python_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return save_tiny_hf(tiny_hf_model("gqa"), str(tmp_path_factory.mktemp("hf")))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_killed_converters_leave_no_process_and_no_partial_output(tmp_path, hf_dir):
+    mcore = str(tmp_path / "mcore")
+    proc = _start("hf_to_mcore.py", "--hf_dir", hf_dir, "--out_dir", mcore)
+    _kill_when(proc, lambda: _writing(mcore + ".tmp"))
+    _assert_no_survivor(proc.pid)
+    assert not os.path.exists(mcore)
+    _rerun("hf_to_mcore.py", "--hf_dir", hf_dir, "--out_dir", mcore)
+    assert not os.path.exists(mcore + ".tmp") and os.path.isfile(os.path.join(mcore, "phf_megatron.json"))
+
+    out = str(tmp_path / "hf_out")
+    proc = _start("mcore_to_hf.py", "--mcore_dir", mcore, "--out_dir", out)
+    _kill_when(proc, lambda: os.path.isdir(out + ".tmp"))
+    _assert_no_survivor(proc.pid)
+    assert not os.path.exists(out)
+    _rerun("mcore_to_hf.py", "--mcore_dir", mcore, "--out_dir", out)
+    assert not os.path.exists(out + ".tmp") and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
+
+
+_FORKING_PARENT = """
+import os, sys, time
+from phf_megatron.runtime.children import bind_children
+if sys.argv[1] == "bind":
+    bind_children()
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("mode", ["bind", "control"])
+def test_forked_child_dies_with_its_killed_parent(mode):
+    """After ``bind_children`` a forked child goes when its parent is SIGKILLed; without it
+    (the control) the child lives on, re-parented."""
+    proc = subprocess.Popen([sys.executable, "-c", _FORKING_PARENT, mode], cwd=REPO, env=python_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if mode == "bind":
+        _assert_no_survivor(proc.pid)
+    else:
+        time.sleep(0.5)
+        assert _session_members(proc.pid) == [child]
+        os.kill(child, signal.SIGKILL)

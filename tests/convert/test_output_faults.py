@@ -1,0 +1,96 @@
+"""The converters on a full disk, a read-only output directory and inputs they cannot use: one
+line (``error: ...``), exit code 2, no traceback, and nothing left under the output's name (nor
+its ``.tmp``).
+
+The full disk is real: a 64 KiB tmpfs (the tiny checkpoints need ~200 KiB), so the failure is
+whatever the libraries make of ENOSPC (torch's zip writer says "unexpected pos 704 vs 598",
+safetensors "os error 28"); the line must say "No space left on device".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from ..helpers import REPO, run_python
+from ..helpers.mounts import read_only_dir, small_tmpfs
+from ..helpers.tiny_qwen3 import save_tiny_hf, tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """A HF dir with a tokenizer, one without, and the first one's dist checkpoint."""
+    from phf_megatron.convert.checkpoints import convert_hf_to_mcore
+
+    root = tmp_path_factory.mktemp("faults")
+    model = tiny_hf_model("gqa")
+    hf = save_tiny_hf(model, str(root / "hf"))
+    bare = save_tiny_hf(model, str(root / "bare"), with_tokenizer=False)
+    mcore = str(root / "mcore")
+    convert_hf_to_mcore(hf, mcore, progress=False)
+    return dict(hf=hf, bare=bare, mcore=mcore)
+
+
+def _one_line(tool: str, argv: list[str]) -> str:
+    """The tool's command line as a user runs it (quiet start): its one line besides the progress bars."""
+    proc = run_python([os.path.join(REPO, "tools", "convert", f"{tool}.py"), *argv], CUDA_VISIBLE_DEVICES="")
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines()
+             if line.strip() and not re.search(r"\d+%\|", line)]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def _nothing_left(out: str) -> None:
+    assert not os.path.lexists(out) and not os.path.lexists(out + ".tmp")
+
+
+def test_hf_to_mcore_on_a_full_disk(tmp_path, dirs):
+    with small_tmpfs(str(tmp_path / "full")) as full:
+        out = os.path.join(full, "mcore")
+        line = _one_line("hf_to_mcore", ["--hf_dir", dirs["hf"], "--out_dir", out])
+        assert line.startswith(f"error: {out}.tmp: cannot write: No space left on device")
+        _nothing_left(out)
+        assert os.listdir(full) == []             # the partial checkpoint is gone: the space is back
+
+
+def test_mcore_to_hf_on_a_full_disk(tmp_path, dirs):
+    with small_tmpfs(str(tmp_path / "full")) as full:
+        out = os.path.join(full, "hf")
+        line = _one_line("mcore_to_hf", ["--mcore_dir", dirs["mcore"], "--out_dir", out])
+        assert line.startswith(f"error: {out}.tmp: cannot write: No space left on device")
+        _nothing_left(out)
+        assert os.listdir(full) == []
+
+
+@pytest.mark.parametrize("tool", ["hf_to_mcore", "mcore_to_hf"])
+def test_converters_into_a_read_only_directory(tmp_path, dirs, tool):
+    with read_only_dir(str(tmp_path / "ro")) as ro:
+        out = os.path.join(ro, "out")
+        argv = ["--hf_dir", dirs["hf"]] if tool == "hf_to_mcore" else ["--mcore_dir", dirs["mcore"]]
+        line = _one_line(tool, [*argv, "--out_dir", out])
+        why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+        assert line == f"error: {out}.tmp: cannot write: {why}"
+        _nothing_left(out)
+
+
+def test_mcore_to_hf_on_a_directory_that_is_not_a_dist_checkpoint(tmp_path, dirs):
+    out = str(tmp_path / "out")
+    line = _one_line("mcore_to_hf", ["--mcore_dir", dirs["hf"], "--hf_config", os.path.join(dirs["hf"], "config.json"),
+                                     "--tokenizer_dir", dirs["hf"],
+                                     "--out_dir", out])
+    assert line == f"error: {dirs['hf']}: not a Megatron-Core dist checkpoint (no metadata.json)"
+    _nothing_left(out)
+
+
+def test_hf_to_mcore_refuses_a_dir_without_tokenizer_unless_told(tmp_path, dirs):
+    out = str(tmp_path / "out")
+    line = _one_line("hf_to_mcore", ["--hf_dir", dirs["bare"], "--out_dir", out])
+    assert line.startswith(f"error: {dirs['bare']}: no tokenizer files (tokenizer.json or tokenizer_config.json)")
+    assert "--require_tokenizer=false" in line
+    _nothing_left(out)
+    proc = run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf_dir", dirs["bare"],
+                       "--out_dir", out, "--require_tokenizer=false"], CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.isfile(os.path.join(out, "phf_megatron.json"))

@@ -1,0 +1,124 @@
+"""The eval's run directory under another name, after a failed start, and models it cannot run.
+
+* the same directory named relatively, absolutely and through a symlink (and the model named
+  relatively and absolutely) resumes: nothing is regenerated (it was refused: "holds samples
+  generated with other settings {model_dir: ...}");
+* a start that failed before any sample (a model that is not a Qwen3: one line naming its
+  ``config.json`` and its own model_type, 'mistral', not what transformers makes of it) leaves no
+  ``run_config.json`` that blocks the corrected rerun;
+* a PEFT adapter of another shape and a truncated --megatron_checkpoint are one line naming the
+  file (the spawned conversion prints no traceback either);
+* a full disk (a real 8 KiB tmpfs) and a read-only output directory: one line naming the file
+  and the cause ("No space left on device").
+
+Tiny data made here (two problems), the tiny Qwen3 on the transformers backend, 4 new tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from phf_megatron.errors import UserError
+from phf_megatron.eval import EvalConfig, run_eval
+from tests.helpers import run_python, REPO
+
+from ..helpers.mounts import read_only_dir, small_tmpfs
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("bench") / "two.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in (1, 2)))
+    return str(path)
+
+
+def _config(out_dir: str, model: str | None, problems: str, **kw) -> EvalConfig:
+    return EvalConfig(out_dir=out_dir, model=model, benchmarks=(problems,), n=1, max_new_tokens=4, backend="hf",
+                      dtype="float32", batch_size=2, pass_ks=(1,), **kw)
+
+
+def test_the_run_directory_resumes_under_any_name(tmp_path, tiny_dir, problems, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_dir, "model")
+    assert run_eval(_config("run", "model", problems)).generated == 2          # relative names
+    os.symlink(tmp_path / "run", tmp_path / "link")
+    for out_dir, model in ((str(tmp_path / "run"), str(tmp_path / "model")), (str(tmp_path / "link"), "model"),
+                           ("./run/", "./model")):
+        assert run_eval(_config(out_dir, model, problems)).generated == 0, (out_dir, model)
+    with open(tmp_path / "run" / "run_config.json") as f:
+        assert json.load(f)["model_dir"] == str(tmp_path / "model")          # resolved, as written
+
+
+def test_a_failed_start_does_not_block_the_corrected_rerun(tmp_path, tiny_dir, problems):
+    mistral = shutil.copytree(tiny_dir, str(tmp_path / "mistral"))
+    path = os.path.join(mistral, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "model_type": "mistral", "architectures": ["MistralForCausalLM"]}, f)
+    out_dir = str(tmp_path / "run")
+    with pytest.raises(UserError, match=rf"{path}: model_type 'mistral' is not a Qwen3 model"):
+        run_eval(_config(out_dir, mistral, problems))
+    os.makedirs(out_dir, exist_ok=True)   # what an older failed start left: settings, no sample
+    with open(os.path.join(out_dir, "run_config.json"), "w") as f:
+        json.dump({"model_dir": mistral, "temperature": 0.3}, f)
+    assert run_eval(_config(out_dir, tiny_dir, problems)).generated == 2
+
+
+def _error_line(tiny_dir: str, problems: str, out_dir: str) -> str:
+    """The command line's one ``error:`` line (exit 2, no traceback)."""
+    proc = run_python([os.path.join(REPO, "tools", "eval_avg_at_k.py"), "--model", tiny_dir, "--benchmarks",
+                       problems, "--out_dir", out_dir, "--n", "40", "--max_new_tokens", "4", "--backend", "hf",
+                       "--dtype", "float32", "--pass_ks", "1"])
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-4000:]
+    return lines[0]
+
+
+def test_full_disk_is_one_line(tmp_path, tiny_dir, problems):
+    with small_tmpfs(str(tmp_path / "full"), size="8k") as full:
+        out_dir = os.path.join(full, "run")
+        assert _error_line(tiny_dir, problems, out_dir) == \
+            f"error: {os.path.join(out_dir, 'samples.rank0.jsonl')}: cannot write: No space left on device"
+
+
+def test_read_only_output_directory_is_one_line(tmp_path, tiny_dir, problems):
+    with read_only_dir(str(tmp_path / "ro")) as ro:
+        out_dir = os.path.join(ro, "run")
+        why = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
+        assert _error_line(tiny_dir, problems, out_dir) == f"error: {out_dir}: cannot write: {why}"
+
+
+def test_an_adapter_of_another_shape_is_one_line(tmp_path, tiny_dir, problems):
+    peft = pytest.importorskip("peft")
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+
+    other = build_tiny_qwen3(hidden_size=32, head_dim=16)     # the tiny Qwen3 has hidden 64
+    peft.get_peft_model(other, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])).save_pretrained(
+        str(tmp_path / "adapter"))
+    config = _config(str(tmp_path / "run"), tiny_dir, problems, adapter=str(tmp_path / "adapter"))
+    with pytest.raises(UserError, match=rf"{tmp_path / 'adapter'}: does not fit the base model {tiny_dir}: "
+                                        r"size mismatch for .*q_proj.lora_A"):
+        run_eval(config)
+
+
+def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, tiny_dir, problems, capfd,
+                                                                       monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # an earlier test's group
+        monkeypatch.delenv(var, raising=False)     # (the spawned conversion would take its port)
+    mcore = str(tmp_path / "mcore")
+    run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf_dir", tiny_dir, "--out_dir", mcore,
+                "--dtype", "fp32"]).check_returncode()
+    shard = sorted(f for f in os.listdir(mcore) if f.endswith(".distcp"))[0]
+    with open(os.path.join(mcore, shard), "r+b") as f:
+        f.truncate(100)
+    config = _config(str(tmp_path / "run"), None, problems, megatron_checkpoint=mcore)
+    capfd.readouterr()
+    with pytest.raises(UserError, match=rf"{os.path.join(mcore, shard)}: truncated"):
+        run_eval(config)
+    assert "Traceback" not in capfd.readouterr().err            # nor from the spawned conversion

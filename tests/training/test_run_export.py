@@ -1,0 +1,189 @@
+"""From a trained run to what users want: the run's end names its outputs, a rerun of a finished run
+does nothing (exit 0), a resume names its step; ``mcore_to_hf.py`` turns a run (or one of its
+checkpoints) into a merged HF model and a PEFT adapter whose logits in transformers (+ peft) are the
+trainer's final student's."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from phf_megatron.output_files import output_mode
+
+from ..helpers import REPO, run_python
+from ..helpers.tiny_run import assert_ok, train, train_recording_logits
+
+MCORE_TO_HF = os.path.join(REPO, "tools", "convert", "mcore_to_hf.py")
+IDS = [[151644, 872, 198, 3838, 374, 220, 17, 10, 18, 30, 151645, 198], [785, 4226, 374, 220, 20, 13, 151643,
+                                                                         151643, 151643, 151643, 151643, 151643]]
+COMMON = ("--lr=1e-3", "--checkpoint.save_interval=1")  # lr: one step visibly moves the adapters
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_inputs, tmp_path_factory):
+    """A run of 1 step, resumed to 2 with the final student's logits recorded, then rerun finished:
+    ``(hf_dir, run_dir, logits, first, resumed, rerun)`` (the processes)."""
+    hf, data = tiny_inputs
+    root = tmp_path_factory.mktemp("export")
+    run, logits = str(root / "run"), str(root / "student_logits.pt")
+    first = train(hf, data, run, "--training.train_iters=1", *COMMON)
+    assert_ok(first)
+    resumed = train_recording_logits(hf, data, run, logits, IDS, "--training.train_iters=2", *COMMON)
+    assert_ok(resumed)
+    metrics = open(os.path.join(run, "metrics.jsonl")).read()
+    rerun = train(hf, data, run, "--training.train_iters=2", *COMMON)
+    assert open(os.path.join(run, "metrics.jsonl")).read() == metrics   # nothing retrained
+    return hf, run, torch.load(logits), first, resumed, rerun
+
+
+def test_the_run_says_where_its_outputs_are_and_a_rerun_that_it_is_finished(trained):
+    _, run, _, first, resumed, rerun = trained
+    assert "finished step 1 of 1" in first.stdout and "resuming" not in first.stdout
+    ckpt = os.path.join(run, "checkpoints", "iter_0000001")
+    assert f"resuming from step 1 of 2 ({ckpt})" in resumed.stdout, resumed.stdout
+    assert "finished step 2 of 2" in resumed.stdout
+    for line in (f"checkpoints   {run}/checkpoints (latest: {run}/checkpoints/iter_0000002)",
+                 f"metrics       {run}/metrics.jsonl", f"PEFT adapter  {run}/export/peft_adapter",
+                 f"merged model  python tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir",
+                 f"plots         python tools/plot_run.py {run}"):
+        assert line in resumed.stdout, (line, resumed.stdout)
+    assert rerun.returncode == 0 and rerun.stderr == "", rerun.stderr
+    assert f"{run} is finished (step 2 of 2): nothing to train" in rerun.stdout
+    assert f"PEFT adapter  {run}/export/peft_adapter" in rerun.stdout
+    # model.pretrained_checkpoint unset: the base weights are read from hf_dir, nothing converted (its --help)
+    assert not os.path.exists(os.path.join(run, "base"))
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == [
+        "iter_0000001", "iter_0000002", "latest_checkpointed_iteration.txt"]
+
+
+def _modes(directory: str) -> set[int]:
+    return {stat.S_IMODE(os.stat(os.path.join(directory, f)).st_mode) for f in os.listdir(directory)}
+
+
+def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_student(trained, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    hf, run, student, *_ = trained
+    merged, adapter = str(tmp_path / "merged"), str(tmp_path / "adapter")
+    proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", merged], timeout=300)
+    assert_ok(proc)
+    assert f"the HF model (LoRA merged) of {run}/checkpoints/iter_0000002 (step 2)" in proc.stdout
+    proc = run_python([MCORE_TO_HF, "--mcore_dir", os.path.join(run, "checkpoints", "iter_0000002"),
+                       "--out_dir", adapter, "--adapter_only"], timeout=300)
+    assert_ok(proc)
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        merged_logits = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
+        base_logits = base(ids).logits
+        peft_logits = PeftModel.from_pretrained(base, adapter).eval()(ids).logits
+    assert student.shape == merged_logits.shape
+    torch.testing.assert_close(merged_logits, student, atol=1e-4, rtol=0)
+    torch.testing.assert_close(peft_logits, student, atol=1e-4, rtol=0)
+    # the trained adapter differs from the base: the comparison can fail
+    assert (merged_logits - base_logits).abs().max() > 1e-3
+    # the adapter is the one the trainer exported at its end, bit for bit
+    own = load_file(os.path.join(run, "export", "peft_adapter", "adapter_model.safetensors"))
+    converted = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    assert own.keys() == converted.keys() and all(torch.equal(own[k], converted[k]) for k in own)
+    assert _modes(merged) == _modes(adapter) == {output_mode()}   # weight files as readable as config.json
+
+
+def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
+    _, run, *_ = trained
+    no_steps = tmp_path / "run_without_steps"   # a run that has written its config, no checkpoint yet
+    no_steps.mkdir()
+    (no_steps / "config.yaml").write_text(open(os.path.join(run, "config.yaml")).read())
+    for args, line in [
+        ([run, "--base_model", str(tmp_path / "nowhere")], "error: --base_model: the run's base model"),
+        ([str(no_steps)], "no checkpoint of the run yet (latest_checkpointed_iteration.txt missing)"),
+        ([run, "--adapter_only", "--out_dir", run], "already exists"),
+    ]:
+        out = [] if "--out_dir" in args else ["--out_dir", str(tmp_path / "out")]
+        proc = run_python([MCORE_TO_HF, "--mcore_dir", *args, *out], timeout=120)
+        assert proc.returncode == 2 and line in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_full_fine_tuning_run_converts_to_the_trainers_own_hf_export(tiny_inputs, tmp_path):
+    """lora.enabled=false: the checkpoint holds the model as a dist checkpoint; mcore_to_hf writes
+    the weights the trainer exported at its end, bit for bit (and refuses --adapter_only)."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "full")
+    assert_ok(train(hf, data, run, "--training.train_iters=1", "--lora.enabled=false", "--teacher.mode=ema",
+                    "--lr=1e-4"))
+    out = str(tmp_path / "hf")
+    assert_ok(run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", out], timeout=300))
+    own_dir = os.path.join(run, "export", "hf")
+
+    def weights(directory):
+        return {k: v for f in sorted(os.listdir(directory)) if f.endswith(".safetensors")
+                for k, v in load_file(os.path.join(directory, f)).items()}
+
+    own, converted = weights(own_dir), weights(out)
+    base = weights(hf)
+    assert own.keys() == converted.keys() and all(torch.equal(own[k], converted[k]) for k in own)
+    assert any(not torch.equal(own[k], base[k]) for k in own if k in base)   # the step moved the weights
+    proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", str(tmp_path / "a"), "--adapter_only"])
+    assert proc.returncode == 2 and "error: --adapter_only: the run trained every weight" in proc.stderr
+
+
+def test_the_eval_takes_the_runs_checkpoint_as_its_help_says(trained, tmp_path, capsys):
+    """``eval_avg_at_k.py --megatron_checkpoint runs/x/checkpoints/iter_N --model BASE``: the student,
+    LoRA merged, in <out>/converted_model (the trainer's logits); it lists its outputs, and
+    --no-keep_model leaves only the samples and the summary."""
+    pytest.importorskip("math_verify")
+    from transformers import AutoModelForCausalLM
+
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    hf, run, student, *_ = trained
+    bench = tmp_path / "sums.jsonl"
+    bench.write_text('{"problem": "What is 2+3?", "answer": "5"}\n')
+    out = tmp_path / "eval"
+    argv = ["--megatron_checkpoint", os.path.join(run, "checkpoints", "iter_0000002"), "--model", hf,
+            "--benchmarks", str(bench), "--n", "1", "--max_new_tokens", "4", "--backend", "hf", "--dtype", "float32",
+            "--out_dir", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "Avg@1 (official) %" in printed and "pass@1 %" in printed
+    assert (f"outputs in {out}: converted_model/, run_config.json, samples.rank0.jsonl, summary.json"
+            in printed), printed
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(str(out / "converted_model"), dtype=torch.float32)(
+            torch.tensor(IDS)).logits
+    torch.testing.assert_close(logits, student, atol=1e-4, rtol=0)
+    assert main([*argv, "--no-keep_model"]) == 0   # resumes: nothing to generate, the model goes
+    assert sorted(os.listdir(out)) == ["run_config.json", "samples.rank0.jsonl", "summary.json"]
+
+
+def _documented_metrics() -> set[str]:
+    """The keys of docs/metrics.md's tables (first column, in backquotes)."""
+    import re
+
+    with open(os.path.join(REPO, "docs", "metrics.md")) as f:
+        return {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)` \|", f.read(), re.M)}
+
+
+def test_every_metric_the_trainer_writes_is_described_in_docs_metrics_md(trained):
+    """docs/metrics.md is the one place that says what each metrics.jsonl key means: a real run's
+    keys are all there, and every key there is one the trainer's code names."""
+    import json
+
+    _, run, *_ = trained
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        written = {k for line in f for k in json.loads(line)}
+    documented = _documented_metrics()
+    assert written - documented == set(), f"undocumented in docs/metrics.md: {sorted(written - documented)}"
+    source = ""
+    for directory, _, files in os.walk(os.path.join(REPO, "phf_megatron")):
+        source += "".join(open(os.path.join(directory, f)).read() for f in files if f.endswith(".py"))
+    stale = {k for k in documented if k not in source and k.removeprefix("flow_energy") not in source}
+    assert stale == set(), f"docs/metrics.md describes keys no code writes: {sorted(stale)}"
+    assert len(written) >= 30

@@ -1,0 +1,68 @@
+"""The multi-node Slurm example (examples/slurm/train_phf_multinode.sbatch): valid shell, and under a
+fake two-node job (Slurm's variables, ``srun`` running one task per node, ``scontrol``) each node's
+launcher builds the torchrun command of a two-node run: its node rank, the first node as master."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from ..helpers import REPO
+
+SBATCH = os.path.join(REPO, "examples", "slurm", "train_phf_multinode.sbatch")
+
+#: ``srun [--opt=value ...] CMD ...``: CMD once per node of the job, as Slurm's one task per node.
+FAKE_SRUN = """#!/usr/bin/env bash
+while [ "${1#--}" != "$1" ]; do shift; done
+for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" || exit $?; done
+"""
+FAKE_SCONTROL = """#!/usr/bin/env bash
+[ "$1 $2 $3" = "show hostnames gpu[017-018]" ] || { echo "unexpected: scontrol $*" >&2; exit 1; }
+printf 'gpu017\\ngpu018\\n'
+"""
+
+
+@pytest.mark.parametrize("script", [SBATCH, os.path.join(REPO, "examples", "launch_phf.sh")])
+def test_the_scripts_are_valid_bash(script):
+    proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    hf = tmp_path / "Qwen3-8B"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    run = str(tmp_path / "runs" / "phf8b")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
+           "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": run, "SLURM_SUBMIT_DIR": REPO,
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
+           "SLURM_GPUS_ON_NODE": "4"}
+    proc = subprocess.run(["bash", SBATCH, "--rollout.num_engines=auto"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    commands = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")]
+    launches = [c for c in commands if c[0] == "torchrun"]
+    assert commands[1][:2] == ["python", "tools/convert/hf_to_mcore.py"]   # converted before any node starts
+    assert commands.index(launches[0]) > 1
+    mcore = os.path.join(run, "mcore_base")
+    for rank, argv in enumerate(launches):
+        assert argv == ["torchrun", "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", str(rank),
+                        "--master-addr", "gpu017", "--master-port", str(20000 + 4242),
+                        "-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", f"--run_dir={run}",
+                        f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}", "--data.path=train.jsonl",
+                        "--rollout.num_engines=auto"]
+    assert len(launches) == 2
+
+
+def test_outside_a_slurm_job_it_says_so(tmp_path):
+    env = {"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": REPO, "HF_MODEL": str(tmp_path)}
+    proc = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "not inside a Slurm job" in proc.stderr
