@@ -28,9 +28,10 @@ from .schedule import current_lr
 @dataclass(frozen=True)
 class ScoringPass:
     """One forward-only pass over the step's micro-batches before the student's, under ``weights()``
-    and without autograd; what it keeps stays on the micro-batch objects. Its time is ``time_<name>_s``."""
+    and without autograd; what it keeps stays on the micro-batch objects. Its seconds are the
+    metric ``time_key`` (PHF's teacher: ``time_teacher_s``)."""
 
-    name: str
+    time_key: str
     weights: Callable[[], ContextManager]
     forward_step: Callable
     seq_length: int
@@ -51,7 +52,7 @@ def _gather_metrics(metrics: dict | None) -> dict:
 def run_update(student: StudentModel, method, microbatches: list, collect_loss_tokens: bool = False,
                faults: tuple[Fault, ...] = ()) -> dict:
     """Run one update of ``method`` (a ``training.methods.Method``); returns the step's metrics (the
-    method's loss metrics, grad norm, lr, timings: ``time_<pass>_s`` per scoring pass; with
+    method's loss metrics, grad norm, lr, timings: each scoring pass's ``time_key``; with
     ``collect_loss_tokens`` the loss by token, ``loss.LOSS_TOKENS``).
 
     A NaN or inf in a loss or a gradient on any rank skips the update on every rank (``nonfinite``):
@@ -80,7 +81,7 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
             fb(forward_step_func=scoring.forward_step, data_iterator=iterators(), model=model,
                num_microbatches=len(mbs), seq_length=scoring.seq_length, micro_batch_size=b, forward_only=True)
         _sync()
-        timings[f"time_{scoring.name}_s"] = time.perf_counter() - t0
+        timings[scoring.time_key] = time.perf_counter() - t0
     t1 = time.perf_counter()
     for chunk in chunks:
         chunk.zero_grad_buffer()

@@ -49,7 +49,8 @@ class PhfMethod:
                        teacher_capture=self.capture)
 
     def passes(self, step: PhfStep, mbs) -> list[ScoringPass]:
-        return [ScoringPass("teacher", self.teacher.weights, step.teacher_forward_step, mbs[0].teacher_tokens.shape[1])]
+        return [ScoringPass("time_teacher_s", self.teacher.weights, step.teacher_forward_step,
+                            mbs[0].teacher_tokens.shape[1])]
 
     def after_step(self) -> None:
         self.teacher.update()
