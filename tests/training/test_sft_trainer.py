@@ -79,3 +79,37 @@ def test_a_maximum_length_past_the_model_is_one_line(tiny_inputs, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == ("error: --sft.max_length: 2000 exceeds the model's "
                                                     "max_position_embeddings (1024)")
+
+
+@pytest.mark.parametrize("loss_on_prompt", [False, True])
+def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, tmp_path, loss_on_prompt):
+    """The trainer's step-1 loss (LoRA's B = 0: the base model) equals HF transformers' causal-LM loss on the
+    step's rows, built here from the data file: ``chat(problem) ; solution ; <|im_end|>``, scored on the
+    solution (or every token but the first); float64 HF against the float32 trainer."""
+    from phf_megatron.data import PromptConfig, load_math_dataset
+    from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+    from phf_megatron.data.sampler import EpochSampler
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    hf, data = tiny_inputs
+    run = str(tmp_path / "one")
+    extra = ("--sft.loss_on_prompt",) if loss_on_prompt else ()
+    assert_ok(train(hf, data, run, *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0", *extra))
+    [m] = read_metrics(run)
+    tok = load_qwen3_tokenizer(hf)
+    rows = load_math_dataset(data).rows
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float64)
+    total, count = 0.0, 0
+    for i in EpochSampler(len(rows), seed=42, shuffle=True).take(4):  # data.shuffle_seed 42, global batch 4
+        prompt = encode_prompt(tok, render_student_prompt(tok, rows[i].problem, PromptConfig()))
+        ids = torch.tensor([prompt + encode_prompt(tok, rows[i].solution) + [tok.convert_tokens_to_ids("<|im_end|>")]])
+        labels = ids.clone()
+        if not loss_on_prompt:
+            labels[0, : len(prompt)] = -100
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += float(model(input_ids=ids, labels=labels).loss) * n
+        count += n
+    assert m["num_tokens"] == count
+    assert m["loss"] == pytest.approx(total / count, rel=1e-5)
