@@ -34,6 +34,10 @@ def train(argv: list[str], quiet: bool = True) -> int:
             print(to_yaml(cfg), end="")
         return 0
     cfg.require_inputs()
+    if quiet:  # before anything imports torch (the finished-run check below does)
+        from .startup import quiet_start
+
+        quiet_start(cfg.logging.verbose)
     from .training.export import finished_step, outputs_message
 
     if (step := finished_step(cfg)) is not None:
@@ -43,10 +47,6 @@ def train(argv: list[str], quiet: bool = True) -> int:
                   f"{outputs_message(cfg, step)}", flush=True)
         return 0
 
-    if quiet:
-        from .startup import quiet_start
-
-        quiet_start(cfg.logging.verbose)
     from .training.distributed import shutdown_distributed
     from .training.loop import Trainer
 

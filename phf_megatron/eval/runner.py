@@ -60,15 +60,16 @@ def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[
 PATH_KEYS = ("model_dir", "adapter", "megatron_checkpoint")
 
 
-def _same_path_form(fingerprint: dict, out_dir: str) -> dict:
+def _same_path_form(fingerprint: dict, out_dir: str, stored: bool = False) -> dict:
     """``fingerprint`` with its paths resolved (relative, absolute, through a symlink: one form);
     a path inside ``out_dir`` (the merged or converted model) relative to it, so the run directory
-    resumes under any name."""
+    resumes under any name. ``stored``: the fingerprint read back from ``run_config.json``, whose
+    relative paths are relative to ``out_dir`` (a new one's are relative to the working directory)."""
     run = os.path.realpath(out_dir)
     out = dict(fingerprint)
     for key in PATH_KEYS:
         if isinstance(out.get(key), str):
-            real = os.path.realpath(out[key])
+            real = os.path.realpath(os.path.join(run, out[key]) if stored else out[key])
             out[key] = os.path.relpath(real, run) if os.path.commonpath([real, run]) == run else real
     return out
 
@@ -81,7 +82,7 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
     fingerprint = _same_path_form(fingerprint, out_dir)
     if os.path.isfile(path) and has_samples:
         with open(path) as f:
-            old = _same_path_form(json.load(f), out_dir)
+            old = _same_path_form(json.load(f), out_dir, stored=True)
         if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
             old["max_model_len"] = model_limit
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
