@@ -20,6 +20,9 @@ FLOW_VARIANTS = ("phf", "local", "direction", "geometry", "pointwise_mse")
 CLIP_MODES = ("element", "token")
 #: ``flow_variant`` values: the paper's variants plus ``"none"`` (the OPSD-only ablation).
 FLOW_CHOICES = FLOW_VARIANTS + ("none",)
+#: ``TrainConfig.method``: what a step trains on (``training.methods``).
+METHODS = ("phf", "sft")
+DEFAULT_SFT_MAX_LENGTH = 16000
 
 
 @dataclass
@@ -92,3 +95,25 @@ class ObjectiveConfig:
     def uses_flow(self) -> bool:
         """False for the OPSD-only ablation (no capture, no flow term)."""
         return self.flow_variant != "none" and self.flow_alpha > 0
+
+
+@dataclass
+class SftConfig:
+    """The SFT baseline (``--method sft``): teacher-forced cross-entropy on ``chat(problem) ; solution``.
+
+    The paper's other SFT settings are existing ones, already at its values: LoRA r 64 / alpha 128
+    (``lora.r``, ``lora.alpha``), lr 5e-6 (``optimizer.lr``), effective batch 32
+    (``training.global_batch_size``; the official run: 64), step 100 (``training.train_iters``).
+    """
+
+    max_length: int = DEFAULT_SFT_MAX_LENGTH
+    """Most tokens of one sequence, prompt + solution + EOS (paper and official ``--max_length``:
+    16000); a longer one is cut at the end as TRL's SFTTrainer does (``truncation_mode`` keep_start)
+    and counted in the metrics (``sft_truncated``)."""
+    loss_on_prompt: bool = False
+    """Also score the prompt tokens (the official baseline: TRL's SFTTrainer on a plain ``text``
+    data set); False: the solution tokens only (paper)."""
+
+    def __post_init__(self) -> None:
+        if self.max_length < 2:
+            raise ValueError(f"max_length: needs at least 2 tokens (one predicted), got {self.max_length}")

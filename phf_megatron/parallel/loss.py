@@ -123,8 +123,14 @@ def phf_microbatch_loss(
         logs.update(_clip_logs(clip_stats, mb.num_tokens * entries))
     if loss_tokens:
         logs.update(_token_logs(per_token, mb.score_tokens.to(logits.device), vocab))
+    return megatron_return(share, mb.num_tokens, n_tok, conventions, logs)
+
+
+def megatron_return(share: torch.Tensor, mb_tokens: int, step_tokens: int, conventions: LossConventions, logs: dict):
+    """What the loss function hands Megatron for a micro-batch's ``share`` of the step's loss (module
+    docstring): ``(share * N_tok, n_tok_mb, logs)`` under per-token loss, else ``(share * n_mb * dp, logs)``."""
     if conventions.per_token_loss:
-        return share * n_tok, torch.full((), mb.num_tokens, dtype=torch.int, device=logits.device), logs
+        return share * step_tokens, torch.full((), mb_tokens, dtype=torch.int, device=share.device), logs
     return share * (conventions.num_microbatches * conventions.dp_size), logs
 
 
@@ -207,13 +213,7 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
     """
     if not logs:
         return None
-    keys = sorted(logs[0])
-    total = torch.cat([sum(d[k] for d in logs).reshape(-1) for k in keys])
-    total = all_reduce_(total, dp_group).cpu()  # one device-to-host copy for every metric
-    sums, offset = {}, 0
-    for k in keys:
-        n = logs[0][k].numel()
-        sums[k], offset = total[offset: offset + n], offset + n
+    sums = sum_logs(logs, dp_group)
     opsd = float(sums["opsd_sum"][0] / sums["num_tokens"][0].clamp(min=1))
     n_flow = sums["flow_samples"][0].clamp(min=1)
     flow = float(sums["flow_sum"][0] / n_flow)
@@ -233,3 +233,16 @@ def reduce_logs(logs: list[dict[str, torch.Tensor]], objective: ObjectiveConfig,
     if "token_loss" in sums:
         metrics[LOSS_TOKENS] = top_loss_tokens(sums["token_loss"], sums["token_count"], float(sums["token_abs_loss"][0]))
     return metrics
+
+
+def sum_logs(logs: list[dict[str, torch.Tensor]], dp_group: dist.ProcessGroup | None) -> dict[str, torch.Tensor]:
+    """Each log entry summed over the micro-batches and the data-parallel ranks: one all-reduce,
+    one device-to-host copy for every metric (every DP rank of the last stage must call it)."""
+    keys = sorted(logs[0])
+    total = torch.cat([sum(d[k] for d in logs).reshape(-1) for k in keys])
+    total = all_reduce_(total, dp_group).cpu()
+    sums, offset = {}, 0
+    for k in keys:
+        n = logs[0][k].numel()
+        sums[k], offset = total[offset: offset + n], offset + n
+    return sums

@@ -1,4 +1,4 @@
-"""From a step's rows and rollouts to this rank's PHF micro-batches.
+"""From a step's rows and rollouts (or, for SFT, solutions) to this rank's micro-batches.
 
 Each sample is one (prompt, completion) pair: ``rollout.n`` completions per prompt. The step's
 samples are split evenly over the data-parallel ranks, then into micro-batches. All micro-batches
@@ -8,11 +8,14 @@ activations), rounded up to the TP size under sequence parallelism.
 
 from __future__ import annotations
 
-from typing import Sequence
-
+from functools import partial
+from typing import Callable, Sequence
 
 from ..data import PromptPair, build_distill_batch
+from ..data.batch import DistillBatch
+from ..objectives.window import DEFAULT_WINDOW_BUDGET
 from ..parallel.batch import PhfMicroBatch
+from ..parallel.sft_step import SftMicroBatch
 
 
 def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
@@ -23,11 +26,37 @@ def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
     return range(dp_rank * per, (dp_rank + 1) * per)
 
 
+def phf_microbatches(batch: DistillBatch, micro_batch_size: int, window_budget: int) -> list[PhfMicroBatch]:
+    """PHF's micro-batches of a rank's batch: student and teacher sequences, their rollout masks, the window."""
+    s_mask, t_mask = batch.scored_positions("student"), batch.scored_positions("teacher")
+    out = []
+    for lo in range(0, batch.student_input_ids.shape[0], micro_batch_size):
+        sl = slice(lo, lo + micro_batch_size)
+        out.append(PhfMicroBatch(student_tokens=batch.student_input_ids[sl], teacher_tokens=batch.teacher_input_ids[sl],
+                                 student_response=s_mask[sl], teacher_response=t_mask[sl], window_budget=window_budget))
+    return out
+
+
+def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt: bool) -> list[SftMicroBatch]:
+    """SFT's micro-batches: the student sequences, scored on the completion (the rows' solutions), or with
+    ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set)."""
+    if loss_on_prompt:
+        scored = batch.student_attention_mask.clone()
+        scored[:, 0] = False
+    else:
+        scored = batch.scored_positions("student")
+    return [SftMicroBatch(batch.student_input_ids[lo: lo + micro_batch_size], scored[lo: lo + micro_batch_size])
+            for lo in range(0, batch.student_input_ids.shape[0], micro_batch_size)]
+
+
 def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int | None,
                        micro_batch_size: int, dp_rank: int, dp_size: int, pad_multiple: int,
-                       window_budget: int, max_length: int | None = None) -> list[PhfMicroBatch]:
+                       window_budget: int = DEFAULT_WINDOW_BUDGET, max_length: int | None = None,
+                       make: Callable[[DistillBatch, int], list] | None = None) -> list:
     """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``; the
-    tokenizer's ``pad_id`` is not scored where a rollout holds it (``data.batch``)."""
+    tokenizer's ``pad_id`` is not scored where a rollout holds it (``data.batch``). ``make(batch,
+    micro_batch_size)`` cuts the rank's padded batch into the method's micro-batches (default: PHF's,
+    with ``window_budget``)."""
     if len(pairs) != len(completions):
         raise ValueError(f"completions: {len(completions)} rollouts for {len(pairs)} prompt pairs")
     idx = local_samples(len(pairs), dp_rank, dp_size)
@@ -37,10 +66,5 @@ def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequen
     batch = build_distill_batch([pairs[i].student_ids for i in idx], [pairs[i].teacher_ids for i in idx],
                                 [list(completions[i]) for i in idx], pad_id=pad_id, pad_to_multiple_of=pad_multiple,
                                 max_length=max_length)
-    s_mask, t_mask = batch.scored_positions("student"), batch.scored_positions("teacher")
-    out = []
-    for lo in range(0, len(idx), micro_batch_size):
-        sl = slice(lo, lo + micro_batch_size)
-        out.append(PhfMicroBatch(student_tokens=batch.student_input_ids[sl], teacher_tokens=batch.teacher_input_ids[sl],
-                                 student_response=s_mask[sl], teacher_response=t_mask[sl], window_budget=window_budget))
-    return out
+    make = make or partial(phf_microbatches, window_budget=window_budget)
+    return make(batch, micro_batch_size)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phf_megatron.objectives.config import ObjectiveConfig
+from phf_megatron.objectives.config import METHODS, ObjectiveConfig, SftConfig
 
 from .config_sections import (  # noqa: F401 - re-exported: the sections are part of this module's API
     LORA_TARGETS, CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig,
@@ -41,6 +41,9 @@ class TrainConfig:
 
     run_dir: str = "runs/phf"
     """Directory of the run: resolved config, metrics, plots, default checkpoint dir."""
+    method: str = "phf"
+    """What a step trains: phf (OPSD + hidden flow, the paper's method; the ablations too) | sft
+    (the SFT baseline: cross-entropy on the rows' solutions, see ``sft``; no rollouts, no teacher)."""
     ablation: str | None = None
     """A paper ablation: opsd_only | local_only | direction_only | geometry_only | pointwise_mse |
     selected_layers (with objective.flow_layers); None: the main PHF recipe."""
@@ -52,12 +55,16 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def __post_init__(self) -> None:
         if not self.run_dir:
             raise fail("run_dir", "is empty")
+        check_choice("method", self.method, METHODS)
+        if self.method == "sft":
+            self._check_sft()
         if self.ablation is not None:
             check_choice("ablation", self.ablation, tuple(ABLATIONS))
             for key, value in ABLATIONS[self.ablation].items():
@@ -73,6 +80,15 @@ class TrainConfig:
         if self.training.global_batch_size % self.rollout.n:
             raise fail("training.global_batch_size", f"{self.training.global_batch_size} rollouts do not "
                        f"split into prompts of rollout.n = {self.rollout.n} completions")
+
+    def _check_sft(self) -> None:
+        """Settings that change what an SFT step would train on, and that SFT cannot honour."""
+        if self.rollout.n != 1:
+            raise fail("rollout.n", f"{self.rollout.n}: --method=sft trains each row's solution once; set --rollout.n=1")
+        if self.data.reason_first:
+            raise fail("data.reason_first", "is a PHF teacher option; --method=sft has no teacher")
+        if self.rollout.async_steps:
+            raise fail("rollout.async_steps", "--method=sft has no rollouts to overlap; set --rollout.async_steps=0")
 
     # ------------------------------------------------------------------ derived values
 

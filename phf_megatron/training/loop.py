@@ -1,12 +1,12 @@
-"""The OPSD + PHF training loop (``python -m phf_megatron.train``).
+"""The training loop (``python -m phf_megatron.train``): OPSD + PHF, or a baseline (``--method``, ``methods``).
 
 Each step: the step's prompts from the dataset (deterministic, identical on every rank:
 ``step_plan``) → [``data.reason_first``: the teacher's analyses from the engines, then the teacher
 prompts] → rollouts from the engines (each group's engine samples its ranks' prompts and sends
 them to its ranks only: ``rollouts``; with ``rollout.async_steps`` = 1 they were sampled during the
 previous step: ``rollout_async``; with ``rollout.lmbda`` < 1 the off-policy micro-batches take the
-rows' solutions instead, ``policy_mix``) → this rank's micro-batches → one PHF update
-(``update.phf_update``) → the sampler advances → weight sync into every engine → metrics, layer
+rows' solutions instead, ``policy_mix``) → this rank's micro-batches → one update of the method
+(``update.run_update``; SFT: no engines, the rows' solutions, no teacher) → the sampler advances → weight sync into every engine → metrics, layer
 energy, the loss by rollout token (every ``logging.loss_tokens_interval`` steps), checkpoint.
 
 Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a resumed run needs
@@ -33,7 +33,6 @@ import torch
 from ..data import PromptConfig, load_math_dataset
 from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
-from ..parallel.capture import WindowCapture
 from ..tokenizer import load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import UserError
@@ -50,10 +49,10 @@ from .model_setup import StudentModel, build_student, implementations
 from .nonfinite import faults_from_env, nonfinite_stop
 from .rollout_async import PART as PREFETCH_PART
 from .rollout_async import RolloutPrefetch
-from .rollouts import RolloutDriver, RolloutFailure
+from .methods import build_method
+from .rollouts import RolloutFailure
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats
-from .teacher import PrivilegedTeacher
-from .update import phf_update
+from .update import run_update
 
 
 def _eos_token_ids(tokenizer) -> tuple[int, ...]:
@@ -110,12 +109,11 @@ class Trainer:
                                           align_generation_prompt=cfg.data.align_generation_prompt,
                                           teacher_prompt=cfg.data.teacher_prompt)
         self.student: StudentModel = build_student(cfg, len(self.dataset))
-        self.teacher = PrivilegedTeacher(self.student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
-                                         lora=cfg.lora.enabled, ema_start=cfg.teacher.ema_start)
-        self.capture = WindowCapture(self.student.chunks) if cfg.objective.uses_flow else None
+        self.method = build_method(cfg, self.student)
         self.layout = RankLayout.from_parallel_state()
-        self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size)
-        self.planner.check_rows()  # a row over data.max_prompt_length: named now, before any training
+        self.planner = StepPlanner(cfg, self.dataset, self.tokenizer, self.prompt_config, self.layout.dp_size,
+                                   row_inputs=self.method.row_inputs)
+        self.method.check_rows(self.planner)  # a row over data.max_prompt_length: named now, before any training
         self._plans = {}
         self.step = 0
         self.nonfinite_steps = 0
@@ -124,7 +122,7 @@ class Trainer:
         """Of them, how many in a row up to the current step."""
         self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
-        self.rollouts = RolloutDriver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
+        self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
         self.prefetch = None
         try:
             self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
@@ -140,7 +138,8 @@ class Trainer:
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
             more = f"; {groups.describe()}" if groups.num_engines > 1 else ""
-            print(f"phf_megatron.train: {implementations(cfg, self.student, self.rollouts.engine)}{more}", flush=True)
+            line = implementations(cfg, self.student, self.rollouts.engine, self.method.implementations())
+            print(f"phf_megatron.train: {line}{more}", flush=True)
             if self.resumed_from:
                 print(f"phf_megatron.train: resuming from step {self.step} of {cfg.training.train_iters} "
                       f"({self.resumed_from})", flush=True)
@@ -156,7 +155,7 @@ class Trainer:
             "optimizer": stateful_part(self.student.optimizer, Scope.MODEL_PARALLEL),
             "scheduler": stateful_part(self.student.scheduler, Scope.GLOBAL),
             "data": stateful_part(self.sampler, Scope.GLOBAL),
-            "teacher": stateful_part(self.teacher, Scope.MODEL_PARALLEL),
+            **self.method.parts(),
             "rng": rng_part(),
         }
         if self.cfg.lora.enabled:
@@ -218,18 +217,19 @@ class Trainer:
         plan = self._plan(self.step)
         samples = self._samples(plan)
         group = self.rollouts.groups.prompts(self.rollouts.engine_index, len(plan.rows))
-        pairs, completions = self.planner.training_samples(plan, samples, group)
+        pairs, completions = self.method.training_samples(self.planner, plan, samples, group)
         t1 = time.perf_counter()
         sp = self.student.config.sequence_parallel
         dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
                                  micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
                                  pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
-                                 window_budget=cfg.objective.flow_window)
+                                 make=self.method.microbatches)
         interval = cfg.logging.loss_tokens_interval
-        metrics = phf_update(self.student, self.teacher, self.capture, mbs, cfg.objective,
+        metrics = run_update(self.student, self.method, mbs,
                              collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0,
                              faults=tuple(f for f in self.faults if f.step == self.step + 1))
+        metrics.update(self.method.step_metrics())
         if metrics["nonfinite"] is not None:
             self.nonfinite_steps += 1
             self.nonfinite_run += 1
@@ -322,5 +322,4 @@ class Trainer:
         if self.prefetch is not None:
             self.prefetch.close()
         self.rollouts.close()
-        if self.capture is not None:
-            self.capture.remove()
+        self.method.close()

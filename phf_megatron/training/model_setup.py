@@ -71,8 +71,11 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
             LayerPlan.build(hf_config.num_hidden_layers, cfg.objective.flow_variant, cfg.objective.flow_layers)
         except ValueError as exc:
             raise fail("objective.flow_layers", str(exc)) from exc
+    if cfg.method == "sft" and cfg.sft.max_length > hf_config.max_position_embeddings:
+        raise fail("sft.max_length", f"{cfg.sft.max_length} exceeds the model's max_position_embeddings "
+                   f"({hf_config.max_position_embeddings})")
     longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
-    if longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
+    if cfg.method == "phf" and longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
         raise fail("data.max_prompt_length", f"data.max_prompt_length + rollout.max_tokens = "
                    f"{cfg.data.max_prompt_length} + {cfg.rollout.max_tokens} = {longest} exceeds the model's "
                    f"max_position_embeddings ({hf_config.max_position_embeddings}); lower data.max_prompt_length")
@@ -191,10 +194,11 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
     return StudentModel(chunks, arch, hf_config, optimizer, scheduler)
 
 
-def implementations(cfg: TrainConfig, student: StudentModel, engine) -> str:
+def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts: list[str]) -> str:
     """One line saying which implementation runs each piece (what Megatron's Transformer Engine /
     Apex fallback warnings would say, shown instead of them): attention, norm, fused kernels, the
-    flow and JSD kernels, the optimizer and the rollout engine (``engine``: rank 0's, or None)."""
+    method's loss kernels (``loss_parts``, ``Method.implementations``), the optimizer and the rollout
+    engine (``engine``: rank 0's, or None: the method has none)."""
     from ..models.spec import have_transformer_engine, resolve_backend
 
     cuda = torch.cuda.is_available()
@@ -204,6 +208,17 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine) -> str:
              f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]
     fused = cfg.model.fused_kernels and cuda
     parts.append("fused RMSNorm/RoPE/SwiGLU " + ("on" if fused else "off" + ("" if cuda else " (no CUDA)")))
+    parts.extend(loss_parts)
+    inner = getattr(student.optimizer, "optimizer", student.optimizer)
+    parts.append(f"optimizer {type(inner).__module__.split('.')[0]}.{type(inner).__name__}")
+    parts.append(f"rollout {describe_engine(engine)}" if engine is not None else "no rollout engine")
+    return "; ".join(parts)
+
+
+def loss_kernels(cfg: TrainConfig) -> list[str]:
+    """PHF's loss kernels in a few words: the flow's (when on) and the JSD's."""
+    cuda = torch.cuda.is_available()
+    parts = []
     if cfg.objective.uses_flow:
         from ..kernels import loader
 
@@ -213,16 +228,11 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine) -> str:
     from ..parallel import jsd_triton
 
     parts.append("JSD " + ("Triton" if cuda and jsd_triton.triton is not None else "PyTorch"))
-    inner = getattr(student.optimizer, "optimizer", student.optimizer)
-    parts.append(f"optimizer {type(inner).__module__.split('.')[0]}.{type(inner).__name__}")
-    parts.append(f"rollout {describe_engine(engine)}")
-    return "; ".join(parts)
+    return parts
 
 
 def describe_engine(engine) -> str:
     """The rollout engine in a few words (``VLLMEngine`` -> ``vLLM 0.32.0 (in process)``)."""
-    if engine is None:
-        return "on rank 0"
     name = type(engine).__name__
     if name == "VLLMEngine":
         import vllm

@@ -6,7 +6,7 @@ rank two questions: did a loss this rank back-propagated hold a NaN or inf (last
 each micro-batch's loss as the schedule got it), and does a gradient (``main_grad`` of every
 trainable parameter, max-abs per tensor) hold one. One all-reduce (MAX) over the world makes all
 ranks agree, and one host read decides (the step reads ``grad_norm`` anyway). If anything is
-non-finite, ``update.phf_update`` skips the update on every rank: no optimizer step (weights,
+non-finite, ``update.run_update`` skips the update on every rank: no optimizer step (weights,
 Adam moments and step count unchanged), no LR-schedule step, no EMA-teacher update, and the
 gradient buffers are zeroed. Megatron's optimizer skips by itself only when fp16's loss scaler
 finds an overflow, so bf16 and fp32 had no guard. (Under fp16 the gradients are left to that

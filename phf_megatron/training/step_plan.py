@@ -48,9 +48,12 @@ class StepPlan:
 class StepPlanner:
     """Builds ``StepPlan``s and this rank's training samples (see the module docstring)."""
 
-    def __init__(self, cfg: TrainConfig, dataset, tokenizer, prompt_config: PromptConfig, dp_size: int):
+    def __init__(self, cfg: TrainConfig, dataset, tokenizer, prompt_config: PromptConfig, dp_size: int,
+                 row_inputs=None):
+        """``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (the method's; default PHF's)."""
         self.cfg, self.dataset, self.tokenizer, self.prompt_config = cfg, dataset, tokenizer, prompt_config
         self.dp_size = dp_size
+        self.row_inputs = row_inputs or (lambda tok, r, pc: build_prompt_pair(tok, r.problem, r.solution, pc))
 
     def plan(self, step: int, sampler, steps_ahead: int = 0) -> StepPlan:
         """The plan of ``step``, ``steps_ahead`` steps after the sampler's position."""
@@ -65,7 +68,7 @@ class StepPlanner:
             student = [encode_prompt(self.tokenizer, render_student_prompt(self.tokenizer, r.problem,
                                                                            self.prompt_config)) for r in rows]
             return StepPlan(step, indices, rows, None, StepRequests(step, student, on_policy, analysis))
-        pairs = [build_prompt_pair(self.tokenizer, r.problem, r.solution, self.prompt_config) for r in rows]
+        pairs = [self.row_inputs(self.tokenizer, r, self.prompt_config) for r in rows]
         self._check_lengths(step, rows, [q.teacher_ids for q in pairs])
         return StepPlan(step, indices, rows, pairs, StepRequests(step, [q.student_ids for q in pairs], on_policy))
 
@@ -76,15 +79,15 @@ class StepPlanner:
             return analysis_prompt_text(self.tokenizer, row.problem, row.solution)
         return render_teacher_prompt(self.tokenizer, row.problem, row.solution, self.prompt_config)
 
-    def check_rows(self) -> None:
+    def check_rows(self, text_of=None) -> None:
         """Every row fits ``data.max_prompt_length``: a row the run could never train on is named
         (file and line) when the data is loaded, not when its step comes. A byte-level BPE token
         covers at least one UTF-8 byte, so only rows whose text has more bytes than the limit are
-        tokenized."""
+        tokenized. ``text_of(row)``: the prompt measured (default: the longer of PHF's pair)."""
         limit = self.cfg.data.max_prompt_length
         too_long = []
         for row in self.dataset.rows:
-            text = self._checked_text(row)
+            text = (text_of or self._checked_text)(row)
             if len(text.encode("utf-8")) > limit and len(encode_prompt(self.tokenizer, text)) > limit:
                 too_long.append(row.origin)
         if too_long:

@@ -1,29 +1,40 @@
-"""One PHF update on Megatron-Core (paper Section 3; ``ARCHITECTURE.md``'s data flow):
+"""One update on Megatron-Core, driven by the run's method (``training.methods``; ``ARCHITECTURE.md``'s data flow):
 
-    teacher forward (teacher weights, privileged prompt, no grad) ─ window rows per layer, logit rows
-    student forward + backward (plain prompt)                     ─ L_OPSD + alpha * L_flow
-    finiteness check (every rank agrees)                          ─ ``nonfinite.StepCheck``
-    optimizer step (grad clip), LR schedule step, EMA teacher update ─ all skipped on a NaN/inf
+    scoring passes (forward only, each under its weights, no grad) ─ PHF: the teacher (window rows, logit rows)
+    student forward + backward                                      ─ PHF: L_OPSD + alpha * L_flow; SFT: cross-entropy
+    finiteness check (every rank agrees)                            ─ ``nonfinite.StepCheck``
+    optimizer step (grad clip), LR schedule step, the method's after-step (PHF: the EMA teacher)
+                                                                    ─ all skipped on a NaN/inf
 
-Both passes run through Megatron's ``forward_backward_func`` (any TP/SP/PP/VPP/DP layout, the
-step's micro-batches); ``parallel.PhfStep`` supplies the forward-step and loss functions.
+Every pass runs through Megatron's ``forward_backward_func`` (any TP/SP/PP/VPP/DP layout, the
+step's micro-batches); the method's step object (``parallel.PhfStep``, ``parallel.SftStep``)
+supplies the forward-step and loss functions.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 import torch.distributed as dist
 
-from ..objectives.config import ObjectiveConfig
-from ..parallel.batch import PhfMicroBatch
-from ..parallel.capture import WindowCapture
-from ..parallel.step import PhfStep
 from .model_setup import StudentModel
 from .nonfinite import Fault, StepCheck
 from .schedule import current_lr
-from .teacher import PrivilegedTeacher
+
+
+@dataclass(frozen=True)
+class ScoringPass:
+    """One forward-only pass over the step's micro-batches before the student's, under ``weights()``
+    and without autograd; what it keeps stays on the micro-batch objects. Its seconds are the
+    metric ``time_key`` (PHF's teacher: ``time_teacher_s``)."""
+
+    time_key: str
+    weights: Callable[[], ContextManager]
+    forward_step: Callable
+    seq_length: int
 
 
 def _sync():
@@ -38,11 +49,11 @@ def _gather_metrics(metrics: dict | None) -> dict:
     return next((m for m in gathered if m is not None), {})
 
 
-def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: WindowCapture | None,
-               microbatches: list[PhfMicroBatch], objective: ObjectiveConfig, collect_loss_tokens: bool = False,
+def run_update(student: StudentModel, method, microbatches: list, collect_loss_tokens: bool = False,
                faults: tuple[Fault, ...] = ()) -> dict:
-    """Run one update; returns the step's metrics (loss parts, grad norm, lr, per-layer flow, clip
-    diagnostics, timings; with ``collect_loss_tokens`` the loss by rollout token, ``loss.LOSS_TOKENS``).
+    """Run one update of ``method`` (a ``training.methods.Method``); returns the step's metrics (the
+    method's loss metrics, grad norm, lr, timings: each scoring pass's ``time_key``; with
+    ``collect_loss_tokens`` the loss by token, ``loss.LOSS_TOKENS``).
 
     A NaN or inf in a loss or a gradient on any rank skips the update on every rank (``nonfinite``):
     ``update_skipped`` is then True and ``nonfinite`` says what was not finite (else None).
@@ -53,8 +64,7 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
 
     device = next(p for c in student.chunks for p in c.parameters()).device
     mbs = [mb.to(device) for mb in microbatches] if device.type != "cpu" else microbatches
-    step = PhfStep(objective, student.config, tp_group=ps.get_tensor_model_parallel_group(),
-                   dp_group=ps.get_data_parallel_group(), student_capture=capture, teacher_capture=capture)
+    step = method.step(student)
     step.collect_loss_tokens = collect_loss_tokens
     step.prepare(mbs)
     chunks = student.chunks
@@ -63,12 +73,15 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
     fb = get_forward_backward_func()
     b = mbs[0].batch_size
 
-    _sync()
-    t0 = time.perf_counter()
-    with teacher.weights(), torch.no_grad():
-        fb(forward_step_func=step.teacher_forward_step, data_iterator=iterators(), model=model,
-           num_microbatches=len(mbs), seq_length=mbs[0].teacher_tokens.shape[1], micro_batch_size=b, forward_only=True)
-    _sync()
+    timings = {}
+    for scoring in method.passes(step, mbs):
+        _sync()
+        t0 = time.perf_counter()
+        with scoring.weights(), torch.no_grad():
+            fb(forward_step_func=scoring.forward_step, data_iterator=iterators(), model=model,
+               num_microbatches=len(mbs), seq_length=scoring.seq_length, micro_batch_size=b, forward_only=True)
+        _sync()
+        timings[scoring.time_key] = time.perf_counter() - t0
     t1 = time.perf_counter()
     for chunk in chunks:
         chunk.zero_grad_buffer()
@@ -92,13 +105,13 @@ def phf_update(student: StudentModel, teacher: PrivilegedTeacher, capture: Windo
         student.optimizer.zero_grad()
     if ok:
         student.scheduler.step(increment=1)
-        teacher.update()
+        method.after_step()
     _sync()
     t3 = time.perf_counter()
     metrics = step.reduce_logs(logs) if ps.is_pipeline_last_stage(ignore_virtual=True) else None
     step.finish()
     metrics = dict(_gather_metrics(metrics))
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
-                   update_skipped=not ok, nonfinite=nonfinite, time_teacher_s=t1 - t0, time_student_s=t2 - t1,
+                   update_skipped=not ok, nonfinite=nonfinite, **timings, time_student_s=t2 - t1,
                    time_optimizer_s=t3 - t2)
     return metrics

@@ -112,3 +112,26 @@ def hf_grads(chunks, arch) -> dict[str, torch.Tensor]:
             for hf_name, tensor in mcore_to_hf(full, grad, arch):
                 out[hf_name] = tensor
     return out
+
+
+def merge_rank_results(per_rank: list[dict], merged: dict | None = None) -> dict:
+    """``{key: {"metrics", "grads"}}`` from every rank's results: the metrics of the rank that has them
+    (the last stage), the gradients of every stage."""
+    merged = {} if merged is None else merged
+    for rank_out in per_rank:
+        for key, res in rank_out.items():
+            m = merged.setdefault(key, dict(metrics=None, grads={}))
+            m["metrics"] = m["metrics"] or res["metrics"]
+            m["grads"].update(res["grads"])
+    return merged
+
+
+def assert_grads_close(grads: dict, ref_grads: dict, rel_tol: float) -> None:
+    """The same parameters, each with ``max|g - g_ref| <= rel_tol * max|g_ref|``."""
+    assert set(grads) == set(ref_grads)
+    bad = {}
+    for name, g_ref in ref_grads.items():
+        err = (grads[name].double() - g_ref).abs().max() / g_ref.abs().max()
+        if not err <= rel_tol:
+            bad[name] = float(err)
+    assert not bad, f"relative gradient error above {rel_tol}: {bad}"

@@ -20,6 +20,7 @@ import pytest
 from ..helpers.spawn import run_ranks
 from ..helpers.tiny_qwen3 import tiny_hf_model
 from . import reference
+from .harness import merge_rank_results
 from .output_options_ranks import OPTIONS, PLANS, run
 from .phf_ranks import STUDENT_SEED, TEACHER_SEED, VOCAB
 
@@ -33,13 +34,7 @@ CASES = [(name, v) for name, _, _, variants in PLANS for v in variants]
 @pytest.fixture(scope="module")
 def results():
     per_rank = run_ranks(run, 2)
-    merged = {"collectives": [r.pop("collectives") for r in per_rank]}
-    for rank_out in per_rank:
-        for key, res in rank_out.items():
-            m = merged.setdefault(key, dict(metrics=None, grads={}))
-            m["metrics"] = m["metrics"] or res["metrics"]
-            m["grads"].update(res["grads"])
-    return merged
+    return merge_rank_results(per_rank, {"collectives": [r.pop("collectives") for r in per_rank]})
 
 
 @functools.lru_cache(maxsize=None)

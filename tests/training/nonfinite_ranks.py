@@ -1,5 +1,5 @@
 """What each rank runs for ``test_nonfinite.py``: the real student (``build_student``: Megatron Qwen3,
-LoRA, DDP, Megatron's optimizer, the LR schedule) and EMA teacher, trained with ``phf_update`` on
+LoRA, DDP, Megatron's optimizer, the LR schedule) and EMA teacher, trained with ``update.run_update`` on
 a fixed batch (random prompts and rollouts through the trainer's ``build_microbatches``), once with
 injected NaN/inf steps and once with those steps simply left out.
 
@@ -95,25 +95,24 @@ def _export_poisoned(chunks, cfg, out_dir: str) -> str | None:
 
 
 def _train(hf_dir: str, tp: int, pp: int, sp: bool, steps, dtype: str = "float32", export_to: str | None = None) -> dict:
-    from phf_megatron.parallel.capture import WindowCapture
+    from phf_megatron.training.methods.phf import PhfMethod
     from phf_megatron.training.model_setup import build_student
     from phf_megatron.training.nonfinite import _trainable
     from phf_megatron.training.schedule import current_lr
-    from phf_megatron.training.teacher import PrivilegedTeacher
-    from phf_megatron.training.update import phf_update
+    from phf_megatron.training.update import run_update
 
     megatron_layout(tp, pp)
     cfg = _config(hf_dir, tp, pp, sp, dtype)
     torch.manual_seed(0)
     student = build_student(cfg, num_rows=64)
-    teacher = PrivilegedTeacher(student.chunks, "ema", cfg.objective.ema_decay, lora=True)
-    capture = WindowCapture(student.chunks)
+    method = PhfMethod(cfg, student)  # the EMA teacher and the capture
+    teacher = method.teacher
     mbs = _microbatches(tp, sp, cfg.objective.flow_window)
     log = []
     for step, faults in steps:
-        m = phf_update(student, teacher, capture, mbs, cfg.objective, faults=faults)
+        m = run_update(student, method, mbs, faults=faults)
         log.append((step, m["update_skipped"], m["nonfinite"], m["grad_norm"]))
-    capture.remove()
+    method.close()
     state = dict(
         weights={name: p for name, p in _trainable(student.chunks)},
         optimizer=student.optimizer.state_dict(),

@@ -2,7 +2,7 @@
 non-finite is ever written (checkpoints, PEFT and HF exports).
 
 The multi-rank test trains the real student (``build_student``: LoRA, DDP, Megatron's optimizer,
-the LR schedule; the EMA teacher) with ``phf_update`` at TP 2 + SP, PP 2 and DP 2 on two gloo
+the LR schedule; the EMA teacher) with ``update.run_update`` at TP 2 + SP, PP 2 and DP 2 on two gloo
 ranks. Steps 2-5 get a NaN/inf loss or gradient entry (``nonfinite.Fault``: on one rank or on all);
 the reference run is the same run with steps 2-5 left out. Skipping must leave exactly the
 reference's weights, Adam moments and step count, schedule and EMA shadow: the same operations
@@ -33,7 +33,7 @@ LAYOUTS = [("tp2_sp", 2, 1, True), ("pp2", 1, 2, False), ("dp2", 1, 1, False)]
 
 @pytest.fixture(scope="module")
 def small_hf(tmp_path_factory):
-    """A 4-layer Qwen3 with a 256-token vocabulary (no tokenizer: ``phf_update`` takes token ids)."""
+    """A 4-layer Qwen3 with a 256-token vocabulary (no tokenizer: ``run_update`` takes token ids)."""
     path = str(tmp_path_factory.mktemp("nonfinite") / "hf")
     save_tiny_hf(tiny_hf_model("gqa", seed=0), path, with_tokenizer=False)
     return path

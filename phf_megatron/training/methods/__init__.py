@@ -1,0 +1,31 @@
+"""The one choice point between training methods: ``build_method(cfg, student, ...)`` (``TrainConfig.method``).
+
+A method supplies what differs between PHF and its baselines; the loop, the update
+(``update.run_update``), the step objects and the batch builder never test its name:
+
+* ``rollout_driver(...)``: the rollout engines (PHF), or a driver without engines (SFT);
+* ``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (SFT: the student prompt twice);
+  ``check_rows(planner)``: the rows whose prompt can never fit, named at load;
+* ``training_samples(planner, plan, samples, group)``: ``(pairs, completions)`` of the step's samples;
+* ``microbatches(batch, micro_batch_size)``: the rank's padded batch cut into the method's micro-batches;
+* ``step(student)``: the forward-step object of one update (``parallel.PhfStep`` / ``SftStep``),
+  ``passes(step, mbs)``: its forward-only ``update.ScoringPass``es before the student's (PHF: the teacher);
+* ``after_step()`` (PHF: the EMA), ``parts()`` (checkpoint parts of its own), ``step_metrics()``,
+  ``implementations()`` (its loss kernels, for the start-up line), ``close()``.
+
+GRPO fits the same shape: its passes are the old-policy and reference log-probs, its micro-batches
+carry per-sample scalars (advantages) and per-token tensors (sampler log-probs).
+"""
+
+from __future__ import annotations
+
+
+def build_method(cfg, student):
+    """The run's method on this rank (``cfg.method``), built after the student."""
+    if cfg.method == "sft":
+        from .sft import SftMethod
+
+        return SftMethod(cfg)
+    from .phf import PhfMethod
+
+    return PhfMethod(cfg, student)

@@ -1,0 +1,77 @@
+"""One SFT step on Megatron-Core equals HF transformers' causal-LM cross-entropy at every layout.
+
+Oracle: ``objectives.sft_loss`` on HF Qwen3's float64 logits of the whole batch, and its gradient;
+it equals HF's own causal-LM loss (``labels`` -100 off the scored tokens, ``ForCausalLMLoss``, a
+token mean) to float32 precision, as HF computes that loss in float32. Under test: ``SftStep`` through Megatron's
+schedules on the converted model, scored on the completion only and with the prompt tokens too
+(``sft.loss_on_prompt``), at: one process (2 micro-batches); TP=2 with sequence parallelism;
+PP=2 with tied embeddings and recomputation under the (loss, logs) convention; interleaved
+PP=2 x VPP=2; DP=2 under both conventions. The harness builds float32 Megatron models (as
+``test_phf_step``), so the tolerance is float32's against the float64 oracle: loss and every
+parameter's gradient, per tensor ``max|g - g_ref| <= 1e-5 * max|g_ref|``.
+"""
+
+import functools
+
+import pytest
+
+from ..helpers.spawn import run_ranks
+from ..helpers.tiny_qwen3 import tiny_hf_model
+from .harness import Layout, assert_grads_close, merge_rank_results
+from .sft_ranks import SEED, global_batch, hf_sft_reference, run_sft_layouts
+
+ONE_RANK = [("single", Layout(num_micro=2), "gqa")]
+TWO_RANKS = [
+    ("tp2_sp", Layout(tp=2, sp=True, num_micro=2), "gqa"),
+    ("pp2_tied_recompute", Layout(pp=2, num_micro=2, recompute=True, per_token_loss=False), "tied"),
+    ("pp2_vpp2", Layout(pp=2, vpp=2, num_micro=4, overrides={"batch_p2p_comm": False}), "gqa"),
+    ("dp2", Layout(num_micro=2), "gqa"),
+    ("dp2_legacy_loss", Layout(num_micro=2, per_token_loss=False), "gqa"),
+]
+MODEL_OF = {name: model for name, _, model in ONE_RANK + TWO_RANKS}
+CASES = [(name, p) for name in MODEL_OF for p in (False, True)]
+REL_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    merged = merge_rank_results(run_ranks(run_sft_layouts, 1, ONE_RANK))
+    return merge_rank_results(run_ranks(run_sft_layouts, 2, TWO_RANKS), merged)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(model_name, with_prompt):
+    return hf_sft_reference(tiny_hf_model(model_name, seed=SEED).double(), with_prompt)
+
+
+@pytest.mark.parametrize("layout,with_prompt", CASES)
+def test_loss_and_gradients_equal_hf_cross_entropy(layout, with_prompt, results):
+    got, ref = results[(layout, with_prompt)], _reference(MODEL_OF[layout], with_prompt)
+    assert got["metrics"]["loss"] == pytest.approx(ref["loss"], rel=REL_TOL)
+    assert got["metrics"]["num_tokens"] == ref["num_tokens"]
+    assert got["metrics"]["sequences"] == global_batch(with_prompt)[0].shape[0]
+    assert_grads_close(got["grads"], ref["grads"], REL_TOL)
+
+
+def test_the_prompt_tokens_change_the_loss():
+    """The two scorings differ (the prompt flag is not a no-op in the batch the test feeds)."""
+    assert _reference("gqa", True)["num_tokens"] > _reference("gqa", False)["num_tokens"]
+    assert _reference("gqa", True)["loss"] != pytest.approx(_reference("gqa", False)["loss"], rel=1e-3)
+
+
+def test_hf_causal_lm_loss_equals_the_oracle():
+    """HF's own loss (``labels``, -100 off the scored tokens; ``ForCausalLMLoss``) equals the oracle and its
+    gradient, to float32 precision: HF casts the logits to float32 inside its loss even for a float64 model."""
+    import torch
+
+    model = tiny_hf_model("gqa", seed=SEED).double()
+    for with_prompt in (False, True):
+        tokens, scored = global_batch(with_prompt)
+        ref = _reference("gqa", with_prompt)
+        model.zero_grad()
+        loss = model(input_ids=tokens, labels=torch.where(scored, tokens, torch.full_like(tokens, -100))).loss
+        loss.backward()
+        assert float(loss.detach()) == pytest.approx(ref["loss"], rel=1e-6)
+        for name, p in model.named_parameters():
+            g_ref = ref["grads"][name]
+            assert float((p.grad - g_ref).abs().max() / g_ref.abs().max()) <= 1e-5, name

@@ -1,0 +1,65 @@
+"""SFT's sequences: ``chat(problem) ; solution + EOS`` with the real Qwen3 tokenizer, cut as TRL cuts
+(keep the start), scored on the solution or, with ``sft.loss_on_prompt``, on every token but the first."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from phf_megatron.data import PromptConfig
+from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+from phf_megatron.data.toy import toy_row
+from phf_megatron.objectives.config import SftConfig
+from phf_megatron.tokenizer import load_qwen3_tokenizer
+from phf_megatron.training.batches import build_microbatches
+from phf_megatron.training.config import TrainConfig
+from phf_megatron.training.methods.sft import SftMethod, truncate_sequence
+from phf_megatron.training.step_plan import StepPlan
+
+
+def test_truncation_keeps_the_start():
+    assert truncate_sequence([1, 2], [3, 4], 4) == ([1, 2], [3, 4], False)
+    assert truncate_sequence([1, 2], [3, 4, 5], 4) == ([1, 2], [3, 4], True)
+    assert truncate_sequence([1, 2, 3], [4], 2) == ([1, 2], [], True)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_qwen3_tokenizer()
+
+
+def _step(tok, loss_on_prompt, max_length=16000):
+    cfg = TrainConfig(method="sft", sft=SftConfig(max_length=max_length, loss_on_prompt=loss_on_prompt))
+    method = SftMethod(cfg)
+    rows = [toy_row(12, 19), toy_row(31, 40)]
+    pairs = [method.row_inputs(tok, r, PromptConfig()) for r in rows]
+    plan = StepPlan(0, [0, 1], rows, pairs, requests=None)
+    pairs, completions = method.training_samples(SimpleNamespace(tokenizer=tok), plan, None, range(2))
+    mbs = build_microbatches(pairs, completions, pad_id=tok.pad_token_id, micro_batch_size=1, dp_rank=0, dp_size=1,
+                             pad_multiple=1, make=method.microbatches)
+    return rows, method, mbs
+
+
+def test_sequences_are_the_student_prompt_then_the_solution_and_eos(tok):
+    rows, method, mbs = _step(tok, loss_on_prompt=False)
+    for row, mb in zip(rows, mbs):
+        prompt = encode_prompt(tok, render_student_prompt(tok, row.problem, PromptConfig()))
+        solution = encode_prompt(tok, row.solution) + [tok.eos_token_id]
+        assert mb.student_tokens[0].tolist() == prompt + solution
+        assert mb.score_tokens.tolist() == solution
+        assert tok.convert_ids_to_tokens(solution[-1]) == "<|im_end|>"
+    assert method.step_metrics() == {"sft_truncated": 0}
+
+
+def test_prompt_tokens_are_scored_with_loss_on_prompt(tok):
+    _, _, mbs = _step(tok, loss_on_prompt=True)
+    for mb in mbs:
+        assert mb.score_tokens.tolist() == mb.student_tokens[0, 1:].tolist()
+
+
+def test_a_long_sequence_is_cut_and_counted(tok):
+    rows, method, mbs = _step(tok, loss_on_prompt=False, max_length=50)
+    prompt_len = len(encode_prompt(tok, render_student_prompt(tok, rows[0].problem, PromptConfig())))
+    assert prompt_len < 50
+    for mb in mbs:
+        assert mb.student_tokens.shape[1] == 50 and mb.num_tokens == 50 - prompt_len
+    assert method.step_metrics() == {"sft_truncated": 2}

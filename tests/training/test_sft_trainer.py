@@ -1,0 +1,115 @@
+"""The SFT baseline through the whole trainer on the tiny CPU preset (``--method=sft``): resume is exact,
+the official baseline's switches change what is scored, truncation is counted, bad settings are one line."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ..helpers import run_python
+from ..helpers.tiny_run import assert_ok, read_metrics, train
+from .test_run_export import _documented_metrics
+
+SFT = ("--method=sft", "--lr=1e-3")
+
+
+def _adapters(run_dir):
+    return load_file(os.path.join(run_dir, "export", "peft_adapter", "adapter_model.safetensors"))
+
+
+def test_sft_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    common = (*SFT, "--training.train_iters=4", "--checkpoint.save_interval=2")
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    assert_ok(train(hf, data, straight, *common))
+    assert_ok(train(hf, data, resumed, *SFT, "--training.train_iters=2", "--checkpoint.save_interval=2"))
+    assert_ok(train(hf, data, resumed, *common))  # resumes from iter 2 of the same run dir
+    s, r = read_metrics(straight), read_metrics(resumed)
+    assert [m["step"] for m in r] == [1, 2, 3, 4]
+    for a, b in zip(s, r):
+        assert a["grad_norm"] > 0 and a["num_tokens"] > 0 and a["sft_truncated"] == 0
+        for key in ("loss", "grad_norm", "lr", "num_tokens", "rollout_digest"):
+            assert b[key] == a[key], (a["step"], key)
+    assert s[-1]["loss"] < s[0]["loss"]  # lr 1e-3 on the same small set: the cross-entropy falls
+    for k, v in _adapters(straight).items():
+        torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
+    with open(os.path.join(straight, "checkpoints", "iter_0000004", "meta.json")) as f:
+        parts = json.load(f)["parts"]
+    assert "teacher" not in parts and "adapters" in parts  # no teacher, no EMA state
+    written = {k for m in s for k in m}
+    assert written <= _documented_metrics(), sorted(written - _documented_metrics())
+    assert not written & {"loss_opsd", "loss_flow", "time_teacher_s", "sync_probe_diff"}
+
+
+def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
+    """``sft.loss_on_prompt`` scores more tokens of the same sequences; ``sft.max_length`` cuts and counts."""
+    hf, data = tiny_inputs
+    common = (*SFT, "--training.train_iters=1", "--checkpoint.save_interval=0")
+    runs = {}
+    for name, extra in (("solution", ()), ("prompt", ("--sft.loss_on_prompt",)),
+                        ("cut", ("--sft.max_length=55",))):
+        assert_ok(train(hf, data, str(tmp_path / name), *common, *extra))
+        [runs[name]] = read_metrics(str(tmp_path / name))
+    solution, prompt, cut = runs["solution"], runs["prompt"], runs["cut"]
+    assert solution["sft_truncated"] == prompt["sft_truncated"] == 0
+    assert prompt["num_tokens"] > solution["num_tokens"] and prompt["loss"] != solution["loss"]
+    # every toy sequence (a ~45-token prompt, a ~19-token solution) is longer than 55: each keeps part of its solution
+    assert cut["sft_truncated"] == cut["sequences"] == solution["sequences"]
+    assert 0 < cut["num_tokens"] < solution["num_tokens"]
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (("--rollout.n=2",), "error: --rollout.n: 2: --method=sft trains each row's solution once; set --rollout.n=1"),
+    (("--data.reason_first",), "error: --data.reason_first: is a PHF teacher option; --method=sft has no teacher"),
+    (("--rollout.async_steps=1",), "error: --rollout.async_steps: --method=sft has no rollouts to overlap"),
+    (("--sft.max_length=1",), "error: --sft.max_length: needs at least 2 tokens"),
+])
+def test_bad_sft_settings_are_one_line(flags, expected):
+    proc = run_python(["-m", "phf_megatron.train", "--method=sft", "--training.global_batch_size=4",
+                       "--training.micro_batch_size=2", *flags], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_maximum_length_past_the_model_is_one_line(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    proc = train(hf, data, str(tmp_path / "long"), "--method=sft", "--sft.max_length=2000")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == ("error: --sft.max_length: 2000 exceeds the model's "
+                                                    "max_position_embeddings (1024)")
+
+
+@pytest.mark.parametrize("loss_on_prompt", [False, True])
+def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, tmp_path, loss_on_prompt):
+    """The trainer's step-1 loss (LoRA's B = 0: the base model) equals HF transformers' causal-LM loss on the
+    step's rows, built here from the data file: ``chat(problem) ; solution ; <|im_end|>``, scored on the
+    solution (or every token but the first); float64 HF against the float32 trainer."""
+    from phf_megatron.data import PromptConfig, load_math_dataset
+    from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+    from phf_megatron.data.sampler import EpochSampler
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    hf, data = tiny_inputs
+    run = str(tmp_path / "one")
+    extra = ("--sft.loss_on_prompt",) if loss_on_prompt else ()
+    assert_ok(train(hf, data, run, *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0", *extra))
+    [m] = read_metrics(run)
+    tok = load_qwen3_tokenizer(hf)
+    rows = load_math_dataset(data).rows
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float64)
+    total, count = 0.0, 0
+    for i in EpochSampler(len(rows), seed=42, shuffle=True).take(4):  # data.shuffle_seed 42, global batch 4
+        prompt = encode_prompt(tok, render_student_prompt(tok, rows[i].problem, PromptConfig()))
+        ids = torch.tensor([prompt + encode_prompt(tok, rows[i].solution) + [tok.convert_tokens_to_ids("<|im_end|>")]])
+        labels = ids.clone()
+        if not loss_on_prompt:
+            labels[0, : len(prompt)] = -100
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += float(model(input_ids=ids, labels=labels).loss) * n
+        count += n
+    assert m["num_tokens"] == count
+    assert m["loss"] == pytest.approx(total / count, rel=1e-5)
