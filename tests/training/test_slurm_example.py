@@ -21,7 +21,9 @@ for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i 
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 [ "$1 $2 $3" = "show hostnames gpu[017-018]" ] || { echo "unexpected: scontrol $*" >&2; exit 1; }
-printf 'gpu017\\ngpu018\\n'
+# the second name comes late, as from a slow controller: a reader that stops after the first
+# line (head -n 1) then kills this with SIGPIPE, which `set -o pipefail` turns into a failed job
+echo gpu017; sleep 0.3; echo gpu018
 """
 
 
