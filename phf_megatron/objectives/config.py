@@ -23,6 +23,11 @@ FLOW_CHOICES = FLOW_VARIANTS + ("none",)
 #: ``TrainConfig.method``: what a step trains on (``training.methods``).
 METHODS = ("phf", "sft")
 DEFAULT_SFT_MAX_LENGTH = 16000
+#: GRPO's choices (TRL 0.26 ``GRPOConfig``; ``grpo.py`` transcribes each).
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+GRPO_SCALE_REWARDS = ("group", "batch", "none")
+GRPO_IS_LEVELS = ("token", "sequence")
+GRPO_VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass
@@ -117,3 +122,72 @@ class SftConfig:
     def __post_init__(self) -> None:
         if self.max_length < 2:
             raise ValueError(f"max_length: needs at least 2 tokens (one predicted), got {self.max_length}")
+
+
+@dataclass
+class GrpoConfig:
+    """The GRPO baseline (``--method grpo``): TRL 0.26's ``GRPOTrainer`` loss on the trainer's own rollouts.
+
+    G, the completions per prompt, is ``rollout.n`` (TRL's ``num_generations``; paper 8). The paper's
+    other GRPO settings are existing ones: effective batch 32 completions
+    (``training.global_batch_size``), lr 5e-6 (``optimizer.lr``), LoRA, step 100. The official run
+    (``scripts/run_grpo.sh`` at 7448751) also samples at temperature 1.2 (``rollout.temperature``)
+    up to 16,000 tokens (``rollout.max_tokens``). Where the paper is silent the defaults below are
+    the official run's values (TRL 0.26's defaults where the script sets nothing).
+    """
+
+    loss_type: str = "grpo"
+    """How token losses are averaged (``objectives.grpo.token_weights``): grpo (each sequence's token
+    mean, averaged over sequences; official) | bnpo | dr_grpo | dapo (TRL's default)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group (divide by each group's std; official) | batch | none (Dr. GRPO)."""
+    num_iterations: int = 2
+    """Optimizer steps per rollout batch (TRL's mu; official 2): the batch sampled for step k also
+    trains step k+1, whose ratio to the sampling policy is then no longer 1."""
+    epsilon: float = 0.2
+    """Lower clip of the ratio, 1 - epsilon (official 0.2)."""
+    epsilon_high: float | None = None
+    """Upper clip, 1 + epsilon_high (None: = epsilon, as TRL)."""
+    delta: float | None = None
+    """INTELLECT-2's two-sided clip of the unclipped branch (None: off, as TRL)."""
+    importance_sampling_level: str = "token"
+    """token (GRPO) | sequence (GSPO): one ratio per token or the sequence's mean log-ratio."""
+    beta: float = 0.0
+    """KL coefficient against the reference model (adapters off); 0 (paper and official): no reference pass."""
+    vllm_importance_sampling_correction: bool = True
+    """Correct for the engine's sampling distribution differing from the trainer's (TRL's default, on
+    in the official run): the loss times ``exp(log pi_old - log pi_engine)``, capped."""
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    """token_truncate | token_mask | sequence_truncate | sequence_mask (TRL's default): per token or
+    per sequence; truncate caps the ratio, mask drops what exceeds the cap."""
+    vllm_importance_sampling_cap: float = 3.0
+    """The cap C of the correction (TRL's default 3)."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at ``rollout.max_tokens`` out of the loss (TRL's default False)."""
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("loss_type", self.loss_type, GRPO_LOSS_TYPES),
+                                     ("scale_rewards", self.scale_rewards, GRPO_SCALE_REWARDS),
+                                     ("importance_sampling_level", self.importance_sampling_level, GRPO_IS_LEVELS),
+                                     ("vllm_importance_sampling_mode", self.vllm_importance_sampling_mode,
+                                      GRPO_VLLM_IS_MODES)):
+            if value not in allowed:
+                raise ValueError(f"{name}: must be one of {', '.join(allowed)}, got {value!r}")
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations: must be >= 1, got {self.num_iterations}")
+        if not 0 < self.epsilon < 1:
+            raise ValueError(f"epsilon: must lie in (0, 1), got {self.epsilon}")
+        if self.epsilon_high is not None and self.epsilon_high <= 0:
+            raise ValueError(f"epsilon_high: must be > 0, got {self.epsilon_high}")
+        if self.delta is not None and self.delta <= 1:
+            raise ValueError(f"delta: must be > 1 (a cap above the ratio 1), got {self.delta}")
+        if self.beta < 0:
+            raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        if self.vllm_importance_sampling_cap <= 0:
+            raise ValueError(f"vllm_importance_sampling_cap: must be > 0, got {self.vllm_importance_sampling_cap}")
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """The old policy's log-probs are recomputed (a scoring pass) when a ratio can differ from 1
+        or the engine's correction compares with them (TRL: ``num_iterations > 1`` or the correction)."""
+        return self.num_iterations > 1 or self.vllm_importance_sampling_correction

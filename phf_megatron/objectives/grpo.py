@@ -50,15 +50,11 @@ from __future__ import annotations
 import torch
 
 from .checks import check_same_shape
+from .config import GRPO_IS_LEVELS as IS_LEVELS
+from .config import GRPO_LOSS_TYPES as LOSS_TYPES
+from .config import GRPO_SCALE_REWARDS as SCALE_REWARDS
+from .config import GRPO_VLLM_IS_MODES as VLLM_IS_MODES
 
-#: ``scale_rewards`` values (TRL also accepts True = "group", False = "none").
-SCALE_REWARDS = ("group", "batch", "none")
-#: ``importance_sampling_level`` values: a ratio per token, or one per sequence (GSPO).
-IS_LEVELS = ("token", "sequence")
-#: ``vllm_importance_sampling_mode`` values: ``{token,sequence}_{truncate,mask}``.
-VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-#: ``loss_type`` values transcribed here.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 #: Added to the standard deviation before dividing (TRL's constant).
 STD_EPS = 1e-4
 
