@@ -21,7 +21,7 @@ CLIP_MODES = ("element", "token")
 #: ``flow_variant`` values: the paper's variants plus ``"none"`` (the OPSD-only ablation).
 FLOW_CHOICES = FLOW_VARIANTS + ("none",)
 #: ``TrainConfig.method``: what a step trains on (``training.methods``).
-METHODS = ("phf", "sft")
+METHODS = ("phf", "sft", "grpo")
 DEFAULT_SFT_MAX_LENGTH = 16000
 #: GRPO's choices (TRL 0.26 ``GRPOConfig``; ``grpo.py`` transcribes each).
 GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")

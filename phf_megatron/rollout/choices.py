@@ -8,5 +8,9 @@ BACKENDS = ("auto", "vllm", "hf", "vllm_server")
 #: How weights reach a vllm_server (``server_engine``): "auto" (nccl with CUDA on vLLM 0.32.x, else rpc) |
 #: "rpc" | "nccl".
 WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
+#: ``EngineConfig.logprobs_mode``: what ``SamplingParams.logprobs`` returns. raw: log_softmax of the
+#: model's logits; processed: of the logits the token was drawn from (temperature, top-k, top-p
+#: applied, the rest -inf; vLLM's ``logprobs_mode="processed_logprobs"``, what TRL's GRPO reads).
+LOGPROBS_MODES = ("raw", "processed")
 #: vllm_server + nccl: the default port of the weight push's rendezvous.
 DEFAULT_NCCL_PORT = 29600

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .choices import BACKENDS, DEFAULT_NCCL_PORT, WEIGHT_TRANSPORTS
+from .choices import BACKENDS, DEFAULT_NCCL_PORT, LOGPROBS_MODES, WEIGHT_TRANSPORTS
 from .engine import RolloutEngine
 
 #: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
@@ -57,6 +57,11 @@ class EngineConfig:
     separate_process: bool = False
     """vLLM: run the engine core in a spawned process even in a world of one (it is spawned anyway
     inside a multi-rank process group or with TP > 1); the overlapped mode decodes there."""
+    logprobs_mode: str = "raw"
+    """What a request's ``logprobs`` returns: raw | processed (after temperature, top-k, top-p: vLLM's
+    ``processed_logprobs``; GRPO's importance-sampling correction). Scoring (``score``) stays raw.
+    vllm_server: the server's own flag, ``--logprobs-mode processed_logprobs``
+    (``server_process.server_command(logprobs_mode=...)``); the client cannot change it."""
     vllm_kwargs: dict = field(default_factory=dict)
     """extra keyword arguments for ``vllm.LLM``."""
 
@@ -71,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.backend == "vllm_server" and not self.server_url:
             raise ValueError("server_url: required with backend='vllm_server'")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode: {self.logprobs_mode!r} is not one of {LOGPROBS_MODES}")
         if self.server_weight_transport not in WEIGHT_TRANSPORTS:
             raise ValueError(f"server_weight_transport: {self.server_weight_transport!r} is not one of {WEIGHT_TRANSPORTS}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -105,8 +112,10 @@ def build_engine(config: EngineConfig) -> RolloutEngine:
                           kv_cache_bytes=config.kv_cache_bytes, enable_sleep_mode=config.enable_sleep_mode,
                           bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s,
                           separate_process=config.separate_process,
-                          **{"enforce_eager": config.enforce_eager, **config.vllm_kwargs})
+                          **{"enforce_eager": config.enforce_eager, **config.vllm_kwargs,
+                             **({"logprobs_mode": "processed_logprobs"} if config.logprobs_mode == "processed" else {})})
     from .hf_engine import HFEngine
     return HFEngine(config.model_dir, dtype=config.dtype, device=config.device,
                     max_batch_size=config.max_batch_size, bucket_bytes=config.bucket_bytes,
-                    timeout_s=config.timeout_s, max_model_len=config.max_model_len)
+                    timeout_s=config.timeout_s, max_model_len=config.max_model_len,
+                    logprobs_mode=config.logprobs_mode)

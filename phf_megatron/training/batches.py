@@ -11,10 +11,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable, Sequence
 
+import torch
+
 from ..data import PromptPair, build_distill_batch
 from ..data.batch import DistillBatch
 from ..objectives.window import DEFAULT_WINDOW_BUDGET
 from ..parallel.batch import PhfMicroBatch
+from ..parallel.grpo_step import GrpoMicroBatch
 from ..parallel.sft_step import SftMicroBatch
 
 
@@ -47,6 +50,45 @@ def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt:
         scored = batch.scored_positions("student")
     return [SftMicroBatch(batch.student_input_ids[lo: lo + micro_batch_size], scored[lo: lo + micro_batch_size])
             for lo in range(0, batch.student_input_ids.shape[0], micro_batch_size)]
+
+
+def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,
+                      sampler_logps: Sequence[Sequence[float]] | None = None,
+                      unscored: torch.Tensor | None = None) -> list[GrpoMicroBatch]:
+    """GRPO's micro-batches of a rank's batch: the student sequences scored on the completion, each
+    sample's advantage and (the vLLM correction) the engine's log-prob of each completion token at
+    that token's position.
+
+    ``advantages [B]`` (float64), ``sampler_logps`` (B lists, one value per completion token) and
+    ``unscored [B]`` (bool: samples left out of the loss, ``grpo.mask_truncated_completions``) follow
+    the batch's rows, i.e. this rank's samples in ``local_samples`` order."""
+    b = batch.student_input_ids.shape[0]
+    if advantages.shape != (b,):
+        raise ValueError(f"advantages: expected [{b}], got {tuple(advantages.shape)}")
+    scored = batch.scored_positions("student")
+    if unscored is not None:
+        scored[unscored] = False
+    sampler = None
+    if sampler_logps is not None:
+        if len(sampler_logps) != b or any(len(lp) != int(n) for lp, n in zip(sampler_logps, batch.response_lengths)):
+            raise ValueError("sampler_logps: expected one log-prob per completion token of each sample")
+        per_token = torch.zeros(batch.response_ids.shape, dtype=torch.float32)
+        for r, lp in enumerate(sampler_logps):
+            per_token[r, : len(lp)] = torch.tensor(list(lp), dtype=torch.float32)
+        positions = batch.response_positions("student", "token")
+        rows = torch.arange(b).unsqueeze(1).expand_as(positions)
+        keep = batch.response_mask
+        sampler = torch.zeros(scored.shape, dtype=torch.float32)
+        sampler[rows[keep], positions[keep]] = per_token[keep]
+    full = batch.response_mask.sum(-1)  # dapo's N_tok counts masked-out completions too (TRL)
+    out = []
+    for lo in range(0, b, micro_batch_size):
+        sl = slice(lo, lo + micro_batch_size)
+        out.append(GrpoMicroBatch(student_tokens=batch.student_input_ids[sl], scored=scored[sl],
+                                  advantages=advantages[sl].to(torch.float64),
+                                  sampler_logps=None if sampler is None else sampler[sl],
+                                  num_items=None if unscored is None else int(full[sl].sum())))
+    return out
 
 
 def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int | None,

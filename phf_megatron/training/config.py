@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phf_megatron.objectives.config import METHODS, ObjectiveConfig, SftConfig
+from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
 from .config_sections import (  # noqa: F401 - re-exported: the sections are part of this module's API
     LORA_TARGETS, CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig,
@@ -43,7 +43,9 @@ class TrainConfig:
     """Directory of the run: resolved config, metrics, plots, default checkpoint dir."""
     method: str = "phf"
     """What a step trains: phf (OPSD + hidden flow, the paper's method; the ablations too) | sft
-    (the SFT baseline: cross-entropy on the rows' solutions, see ``sft``; no rollouts, no teacher)."""
+    (the SFT baseline: cross-entropy on the rows' solutions, see ``sft``; no rollouts, no teacher) | grpo
+    (the GRPO baseline: ``rollout.n`` rollouts per prompt rewarded by their answer, TRL 0.26's clipped
+    policy-gradient loss, see ``grpo``; no teacher)."""
     ablation: str | None = None
     """A paper ablation: opsd_only | local_only | direction_only | geometry_only | pointwise_mse |
     selected_layers (with objective.flow_layers); None: the main PHF recipe."""
@@ -56,6 +58,7 @@ class TrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     sft: SftConfig = field(default_factory=SftConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -65,6 +68,8 @@ class TrainConfig:
         check_choice("method", self.method, METHODS)
         if self.method == "sft":
             self._check_sft()
+        if self.method == "grpo":
+            self._check_grpo()
         if self.ablation is not None:
             check_choice("ablation", self.ablation, tuple(ABLATIONS))
             for key, value in ABLATIONS[self.ablation].items():
@@ -90,7 +95,39 @@ class TrainConfig:
         if self.rollout.async_steps:
             raise fail("rollout.async_steps", "--method=sft has no rollouts to overlap; set --rollout.async_steps=0")
 
+    def _check_grpo(self) -> None:
+        """Settings GRPO cannot honour (each one line naming the setting)."""
+        g, n = self.grpo, self.rollout.n
+        if n < 2:
+            raise fail("rollout.n", f"{n}: --method=grpo compares G >= 2 completions per prompt (TRL's "
+                       "num_generations; paper 8); set e.g. --rollout.n=8")
+        if self.data.reason_first:
+            raise fail("data.reason_first", "is a PHF teacher option; --method=grpo has no teacher")
+        if self.rollout.lmbda != 1.0:
+            raise fail("rollout.lmbda", f"{self.rollout.lmbda}: --method=grpo trains on its rollouts only; "
+                       "set --rollout.lmbda=1")
+        if self.rollout.async_steps:
+            raise fail("rollout.async_steps", "is not supported with --method=grpo (each rollout batch is sampled "
+                       "by the policy its first optimizer step starts from); set --rollout.async_steps=0")
+        if self.checkpoint.save_interval % g.num_iterations:
+            raise fail("checkpoint.save_interval", f"{self.checkpoint.save_interval} is not a multiple of "
+                       f"grpo.num_iterations = {g.num_iterations}: checkpoints must fall between rollout batches")
+        if self.training.train_iters % g.num_iterations:
+            raise fail("training.train_iters", f"{self.training.train_iters} is not a multiple of "
+                       f"grpo.num_iterations = {g.num_iterations}: the run must end between rollout batches")
+        if self.rollout.sync_interval != 1:
+            raise fail("rollout.sync_interval", f"{self.rollout.sync_interval}: --method=grpo pushes the weights "
+                       "before every rollout batch (as TRL); set --rollout.sync_interval=1")
+        if g.beta != 0 and not self.lora.enabled:
+            raise fail("grpo.beta", f"{g.beta}: the KL reference is the base model with the adapters off and "
+                       "needs --lora.enabled=true (or --grpo.beta=0)")
+
     # ------------------------------------------------------------------ derived values
+
+    @property
+    def iterations(self) -> int:
+        """Optimizer steps per rollout batch (``grpo.num_iterations`` for GRPO, else 1)."""
+        return self.grpo.num_iterations if self.method == "grpo" else 1
 
     @property
     def save_dir(self) -> str:

@@ -115,6 +115,8 @@ class Trainer:
                                    row_inputs=self.method.row_inputs)
         self.method.check_rows(self.planner)  # a row over data.max_prompt_length: named now, before any training
         self._plans = {}
+        self._round = None
+        """(plan, samples, completions, micro-batches) of the rollout batch in training (``method.iterations``)."""
         self.step = 0
         self.nonfinite_steps = 0
         """Steps skipped for a NaN/inf loss or gradient, over the whole run (resumes included)."""
@@ -214,17 +216,25 @@ class Trainer:
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        plan = self._plan(self.step)
-        samples = self._samples(plan)
-        group = self.rollouts.groups.prompts(self.rollouts.engine_index, len(plan.rows))
-        pairs, completions = self.method.training_samples(self.planner, plan, samples, group)
-        t1 = time.perf_counter()
-        sp = self.student.config.sequence_parallel
         dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
-                                 micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank, dp_size=dp_size,
-                                 pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
-                                 make=self.method.microbatches)
+        iteration = self.step % self.method.iterations
+        if iteration == 0:  # a new rollout batch (every step, but for GRPO's grpo.num_iterations)
+            plan = self._plan(self.step)
+            samples = self._samples(plan)
+            group = self.rollouts.groups.prompts(self.rollouts.engine_index, len(plan.rows))
+            pairs, completions = self.method.training_samples(self.planner, plan, samples, group)
+            sp = self.student.config.sequence_parallel
+            mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
+                                     micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank,
+                                     dp_size=dp_size, pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
+                                     make=self.method.microbatches)
+            self._round = (plan, samples, completions, mbs)
+        elif self._round is None:
+            raise RuntimeError(f"step {self.step}: iteration {iteration} of a rollout batch this run did not sample "
+                               "(a checkpoint inside a batch of grpo.num_iterations steps)")
+        else:
+            plan, samples, completions, mbs = self._round
+        t1 = time.perf_counter()
         interval = cfg.logging.loss_tokens_interval
         metrics = run_update(self.student, self.method, mbs,
                              collect_loss_tokens=bool(interval) and (self.step + 1) % interval == 0,
@@ -238,8 +248,10 @@ class Trainer:
         if not metrics["update_skipped"]:
             self._engines_current = False
         metrics["nonfinite_steps"] = self.nonfinite_steps
-        if self.sampler.take(len(plan.rows)) != plan.indices:
-            raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
+        if iteration == self.method.iterations - 1:  # the batch's last step: its rows are done
+            self._round = None
+            if self.sampler.take(len(plan.rows)) != plan.indices:
+                raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
         t2 = time.perf_counter()
         metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, step_time=t2 - t0,
                        time_engine_s=max(self.rollouts.last_engine_s, default=None),
@@ -256,7 +268,8 @@ class Trainer:
         """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
         t0 = time.perf_counter()
         wait = 0.0
-        if self.step % self.cfg.rollout.sync_interval == 0:
+        # (self.step counts this step) the engines sample next at a rollout batch's first step
+        if self.step % self.cfg.rollout.sync_interval == 0 and self.step % self.method.iterations == 0:
             if self.prefetch is not None:  # the prefetch in flight read the version it samples with
                 self.prefetch.settle()
                 wait = time.perf_counter() - t0

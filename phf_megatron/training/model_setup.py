@@ -190,7 +190,7 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
     config = chunks[0].config
     config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     config.grad_scale_func = optimizer.scale_loss
-    scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.prompts_per_step, num_rows)
+    scheduler = build_scheduler(optimizer, cfg.optimizer, cfg.prompts_per_step, num_rows, cfg.iterations)
     return StudentModel(chunks, arch, hf_config, optimizer, scheduler)
 
 

@@ -83,6 +83,10 @@ class StepSamples:
     """optimizer steps in the weights that sampled it (the trainer's step count at the last sync)."""
     completions: dict[int, list[int]] = field(default_factory=dict)
     """sample index (prompt x rollout.n + j) -> completion ids, for the group's on-policy samples."""
+    logprobs: dict[int, list[float]] = field(default_factory=dict)
+    """sample index -> the engine's processed log-prob of each completion token (``EngineConfig.logprobs_mode``
+    ``"processed"``: after temperature, top-k and top-p, as TRL's vLLM correction reads them); only
+    when the driver was built with ``sampler_logprobs``."""
     analyses: dict[int, list[int]] = field(default_factory=dict)
     """prompt index -> the teacher's analysis ids (``data.reason_first``)."""
     seconds: float = 0.0
@@ -92,10 +96,14 @@ class StepSamples:
 class RolloutDriver:
     """Owns this rank's engine (hosts) and the collective protocol around the engines (all ranks)."""
 
-    def __init__(self, cfg: TrainConfig, student: StudentModel, engine_model_dir: str, eos_token_ids: tuple[int, ...]):
+    def __init__(self, cfg: TrainConfig, student: StudentModel, engine_model_dir: str, eos_token_ids: tuple[int, ...],
+                 sampler_logprobs: bool = False):
+        """``sampler_logprobs``: the rollouts also bring the engine's processed log-prob of each token
+        (``StepSamples.logprobs``; GRPO's vLLM importance-sampling correction)."""
         from megatron.core import parallel_state as ps
 
         self.cfg = cfg
+        self.sampler_logprobs = sampler_logprobs
         self.student = student
         self.eos_token_ids = eos_token_ids
         self.engine = None
@@ -136,6 +144,7 @@ class RolloutDriver:
             timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
             gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
             enforce_eager=r.enforce_eager,
+            logprobs_mode="processed" if self.sampler_logprobs else "raw",
             separate_process=bool(r.async_steps),
             max_model_len=cfg.data.max_prompt_length + max(
                 r.max_tokens, cfg.data.reason_first_max_tokens if cfg.data.reason_first else 0))
@@ -178,7 +187,8 @@ class RolloutDriver:
         r = self.cfg.rollout
         return SamplingParams(n=1, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
                               seed=sample_seed(self.cfg.training.seed, step, prompt, sample),
-                              stop_token_ids=self.eos_token_ids)
+                              stop_token_ids=self.eos_token_ids,
+                              logprobs=self.sampler_logprobs)
 
     def analysis_params(self, step: int, prompt: int) -> SamplingParams:
         """The teacher's reason-first analysis (``data.reason_first``): one sample per prompt at the
@@ -198,23 +208,26 @@ class RolloutDriver:
         rows = self.groups.prompts(self.engine_index, len(requests.prompts))
         out = StepSamples(requests.step, self.policy_version)
         if requests.analysis_prompts is not None:
-            ids = self._generate([requests.analysis_prompts[i] for i in rows],
-                                 [self.analysis_params(requests.step, i) for i in rows])
-            out.analyses = dict(zip(rows, ids))
+            done = self._generate([requests.analysis_prompts[i] for i in rows],
+                                  [self.analysis_params(requests.step, i) for i in rows])
+            out.analyses = {i: list(c.token_ids) for i, c in zip(rows, done)}
         wanted = [i for i in range(rows.start * n, rows.stop * n) if requests.on_policy[i]]
-        ids = self._generate([requests.prompts[i // n] for i in wanted],
-                             [self.rollout_params(requests.step, i // n, i % n) for i in wanted])
-        out.completions = dict(zip(wanted, ids))
+        done = self._generate([requests.prompts[i // n] for i in wanted],
+                              [self.rollout_params(requests.step, i // n, i % n) for i in wanted])
+        out.completions = {i: list(c.token_ids) for i, c in zip(wanted, done)}
+        if self.sampler_logprobs:
+            out.logprobs = {i: [float(v) for v in c.logprobs] for i, c in zip(wanted, done)}
         out.seconds = time.perf_counter() - t0
         return out
 
-    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list:
+        """One ``Completion`` per prompt."""
         if not prompts:
             return []
         self._wake()
         outs = self.engine.generate(prompts, params)
         self._sleep()
-        return [list(c.token_ids) for (c,) in outs]
+        return [c for (c,) in outs]
 
     def share(self, local: StepSamples | BaseException | None, step: int) -> StepSamples:
         """Collective: every host's outcome reaches every rank (a failed one raises ``RolloutFailure``

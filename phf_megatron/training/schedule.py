@@ -21,26 +21,30 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from .config import OptimizerConfig, TrainConfig, fail
 
 
-def steps_per_epoch(num_rows: int, rows_per_step: int) -> int:
+def steps_per_epoch(num_rows: int, rows_per_step: int, iterations: int = 1) -> int:
     """Optimizer steps in one pass over the data (the last, short batch counts, as in HF).
 
-    ``rows_per_step`` is the number of dataset rows (prompts) one step consumes:
+    ``rows_per_step`` is the number of dataset rows (prompts) one rollout batch reads:
     ``TrainConfig.prompts_per_step`` = ``global_batch_size / rollout.n`` (``global_batch_size``
     counts completions; with ``rollout.n = G`` completions per prompt a step reads G times fewer rows).
+    ``iterations``: optimizer steps per rollout batch (``grpo.num_iterations``, TRL's mu: its
+    sampler repeats each generation batch mu times), so an epoch is mu times as many steps.
     """
+    if iterations < 1:
+        raise ValueError(f"iterations: must be >= 1, got {iterations}")
     if num_rows <= 0:
         raise ValueError(f"num_rows: the dataset is empty ({num_rows} rows)")
     if rows_per_step <= 0:
         raise ValueError(f"rows_per_step: must be > 0, got {rows_per_step}")
-    return math.ceil(num_rows / rows_per_step)
+    return math.ceil(num_rows / rows_per_step) * iterations
 
 
-def lr_decay_iters(optim: OptimizerConfig, rows_per_step: int, num_rows: int) -> int:
+def lr_decay_iters(optim: OptimizerConfig, rows_per_step: int, num_rows: int, iterations: int = 1) -> int:
     """The cosine's length in steps: ``optimizer.lr_decay_iters`` or epochs x steps per epoch."""
     if optim.lr_decay_iters is not None:
         decay = optim.lr_decay_iters
     else:
-        decay = math.ceil(optim.num_train_epochs * steps_per_epoch(num_rows, rows_per_step))
+        decay = math.ceil(optim.num_train_epochs * steps_per_epoch(num_rows, rows_per_step, iterations))
     if decay <= optim.lr_warmup_iters:
         raise fail("optimizer.lr_decay_iters", f"the schedule spans {decay} steps, not more than "
                    f"lr_warmup_iters = {optim.lr_warmup_iters}")
@@ -76,7 +80,8 @@ def _check_param_groups(optimizer, optim: OptimizerConfig) -> None:
                                  f"{want!r}; build the Megatron optimizer with megatron_optimizer_config(cfg)")
 
 
-def build_scheduler(optimizer, optim: OptimizerConfig, rows_per_step: int, num_rows: int) -> OptimizerParamScheduler:
+def build_scheduler(optimizer, optim: OptimizerConfig, rows_per_step: int, num_rows: int,
+                    iterations: int = 1) -> OptimizerParamScheduler:
     """Megatron's scheduler over ``optimizer.param_groups`` (a Megatron or a torch optimizer).
 
     It sets ``lr`` of every param group at construction (step 0); call ``.step(1)`` after each
@@ -84,7 +89,7 @@ def build_scheduler(optimizer, optim: OptimizerConfig, rows_per_step: int, num_r
     ``state_dict()`` goes into the checkpoint.
     """
     _check_param_groups(optimizer, optim)
-    decay = lr_decay_iters(optim, rows_per_step, num_rows)
+    decay = lr_decay_iters(optim, rows_per_step, num_rows, iterations)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0 if optim.lr_warmup_iters > 0 else optim.lr,

@@ -63,7 +63,8 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     device = next(p for c in student.chunks for p in c.parameters()).device
-    mbs = [mb.to(device) for mb in microbatches] if device.type != "cpu" else microbatches
+    # a micro-batch already there is used as it is (GRPO's round keeps what its scoring passes left on them)
+    mbs = [mb if mb.student_tokens.device == device else mb.to(device) for mb in microbatches]
     step = method.step(student)
     step.collect_loss_tokens = collect_loss_tokens
     step.prepare(mbs)

@@ -11,10 +11,14 @@ A method supplies what differs between PHF and its baselines; the loop, the upda
 * ``step(student)``: the forward-step object of one update (``parallel.PhfStep`` / ``SftStep``),
   ``passes(step, mbs)``: its forward-only ``update.ScoringPass``es before the student's (PHF: the teacher);
 * ``after_step()`` (PHF: the EMA), ``parts()`` (checkpoint parts of its own), ``step_metrics()``,
-  ``implementations()`` (its loss kernels, for the start-up line), ``close()``.
+  ``implementations()`` (its loss kernels, for the start-up line), ``close()``;
+* ``iterations``: optimizer steps per rollout batch (GRPO's ``grpo.num_iterations``; else 1). The
+  loop samples, calls ``training_samples`` and builds the micro-batches at a batch's first step
+  only, keeps them for the next ``iterations - 1`` steps, and advances the sampler and pushes the
+  weights after its last.
 
-GRPO fits the same shape: its passes are the old-policy and reference log-probs, its micro-batches
-carry per-sample scalars (advantages) and per-token tensors (sampler log-probs).
+GRPO (``grpo.py``): its passes are the old-policy and reference log-probs (at a batch's first step),
+its micro-batches carry per-sample scalars (advantages) and per-token tensors (sampler log-probs).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ def build_method(cfg, student):
         from .sft import SftMethod
 
         return SftMethod(cfg)
+    if cfg.method == "grpo":
+        from .grpo import GrpoMethod
+
+        return GrpoMethod(cfg, student)
     from .phf import PhfMethod
 
     return PhfMethod(cfg, student)

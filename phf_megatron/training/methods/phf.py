@@ -19,6 +19,7 @@ class PhfMethod:
     """The paper's method: ``L_OPSD + alpha * L_flow`` against the teacher (``teacher.mode``)."""
 
     name = "phf"
+    iterations = 1
 
     def __init__(self, cfg, student):
         self.cfg = cfg

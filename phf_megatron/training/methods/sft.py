@@ -75,6 +75,7 @@ class SftMethod:
     """``sum_t -log p(y_t) / N_tok`` over the solution tokens (``sft.loss_on_prompt``: every token)."""
 
     name = "sft"
+    iterations = 1
 
     def __init__(self, cfg):
         self.cfg = cfg
