@@ -1,0 +1,126 @@
+"""The GRPO baseline through the whole trainer on the tiny CPU preset (``--method=grpo``, the HF engine).
+
+The tiny random model never writes a ``\\boxed{}``, so the official reward would be 0 everywhere
+(every advantage 0, nothing to learn). These runs swap in a reward that is a deterministic function
+of the decoded completion (``_REWARD``), so groups differ and the policy gradient is not zero; the
+official reward itself is tested on real strings in ``test_grpo_method.py``.
+"""
+
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ..helpers import run_python
+from ..helpers.tiny_run import assert_ok, read_metrics, train_command
+from .test_run_export import _documented_metrics
+
+#: G = 2 completions of 2 prompts per step; each rollout batch trains 2 optimizer steps
+GRPO = ("--method=grpo", "--rollout.n=2", "--grpo.num_iterations=2", "--lr=1e-3",
+        "--grpo.vllm_importance_sampling_correction=false")
+REWARD_KEYS = ("reward", "accuracy", "reward_std", "frac_reward_zero_std", "grpo_truncated")
+
+_REWARD = """
+import sys
+from phf_megatron.training.methods import grpo
+grpo.reward_correctness = lambda text, gold: (sum(map(ord, text)) % 101) / 100.0
+from phf_megatron.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _reward(text: str) -> float:
+    return (sum(map(ord, text)) % 101) / 100.0
+
+
+def _train(hf, data, run_dir, *overrides):
+    argv, _ = train_command(hf, data, run_dir, *overrides)
+    return run_python(["-c", _REWARD, *argv[3:]], timeout=600)
+
+
+def _adapters(run_dir):
+    return load_file(os.path.join(run_dir, "export", "peft_adapter", "adapter_model.safetensors"))
+
+
+def test_grpo_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
+    """Two rollout batches of two steps each: straight, and interrupted after the first batch (a
+    checkpoint at step 2) then resumed: equal metrics and adapters, bit for bit."""
+    hf, data = tiny_inputs
+    common = (*GRPO, "--training.train_iters=4", "--checkpoint.save_interval=2")
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    assert_ok(_train(hf, data, straight, *common))
+    assert_ok(_train(hf, data, resumed, *GRPO, "--training.train_iters=2", "--checkpoint.save_interval=2"))
+    assert_ok(_train(hf, data, resumed, *common))
+    s, r = read_metrics(straight), read_metrics(resumed)
+    assert [m["step"] for m in r] == [1, 2, 3, 4]
+    for a, b in zip(s, r):
+        for key in ("loss", "grad_norm", "lr", "num_tokens", "rollout_digest", *REWARD_KEYS):
+            assert b[key] == a[key], (a["step"], key)
+    for k, v in _adapters(straight).items():
+        torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
+    # a rollout batch feeds two steps: the same rollouts and rewards, the old log-probs computed once
+    assert s[0]["rollout_digest"] == s[1]["rollout_digest"] != s[2]["rollout_digest"] == s[3]["rollout_digest"]
+    assert [m["rollout_staleness"] for m in s] == [0, 1, 0, 1]
+    assert "time_old_logps_s" in s[0] and "time_old_logps_s" not in s[1]
+    assert any(m["grad_norm"] > 0 for m in s)  # rewards differ within a group: a policy gradient
+    assert s[0]["frac_reward_zero_std"] < 1
+    written = {k for m in s for k in m}
+    assert set(REWARD_KEYS) <= written
+    assert written <= _documented_metrics(), sorted(written - _documented_metrics())
+    assert not written & {"loss_opsd", "loss_flow", "time_teacher_s"}
+
+
+def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_inputs, tmp_path):
+    """The step's rollouts sampled again here by the HF engine from the base model (LoRA's B = 0) with
+    the trainer's seeds: the same rollouts (``rollout_digest``), and the metrics' rewards, group stds
+    and mean advantage equal those recomputed from them; the first step's loss equals the float64
+    transcription (``objectives.grpo.grpo_loss``, ratio 1) on HF float64 log-probs."""
+    from phf_megatron.data import PromptConfig, load_math_dataset
+    from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+    from phf_megatron.data.sampler import EpochSampler
+    from phf_megatron.objectives.grpo import group_advantages, grpo_loss
+    from phf_megatron.rollout import SamplingParams
+    from phf_megatron.rollout.hf_engine import HFEngine
+    from phf_megatron.rollout.seeds import sample_seed
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    from phf_megatron.training.loop import _eos_token_ids
+    from phf_megatron.training.step_plan import local_rollout_record, rollout_stats
+    from transformers import AutoModelForCausalLM
+
+    hf, data = tiny_inputs
+    run = str(tmp_path / "one")
+    assert_ok(_train(hf, data, run, *GRPO, "--training.train_iters=2", "--checkpoint.save_interval=0"))
+    first = read_metrics(run)[0]
+    tok = load_qwen3_tokenizer(hf)
+    rows = load_math_dataset(data).rows
+    prompts = [encode_prompt(tok, render_student_prompt(tok, rows[i].problem, PromptConfig()))
+               for i in EpochSampler(len(rows), seed=42, shuffle=True).take(2)]  # 4 completions / G = 2 prompts
+    engine = HFEngine(hf, dtype="float32", device="cpu")
+    params = [SamplingParams(temperature=1.1, top_p=0.95, top_k=20, max_tokens=12, stop_token_ids=_eos_token_ids(tok),
+                             seed=sample_seed(1234, 0, i // 2, i % 2)) for i in range(4)]
+    completions = [list(c.token_ids) for (c,) in engine.generate([prompts[i // 2] for i in range(4)], params)]
+    engine.close()
+    assert rollout_stats([local_rollout_record(completions, 0, 1)])["rollout_digest"] == first["rollout_digest"]
+    rewards = torch.tensor([_reward(tok.decode(c, skip_special_tokens=True)) for c in completions], dtype=torch.float64)
+    advantages = group_advantages(rewards, 2, "group")
+    assert first["reward"] == pytest.approx(float(rewards.mean()), abs=1e-12)
+    assert first["reward_std"] == pytest.approx(float(rewards.view(2, 2).std(dim=1).mean()), abs=1e-12)
+    assert first["grpo_advantage"] == pytest.approx(float(advantages.mean()), abs=1e-9)
+
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float64)
+    total = 0.0
+    for b in range(0, 4, 2):  # micro-batches of 2, as the trainer's (grpo: each one's share, over GA = 2)
+        width = max(len(prompts[i // 2]) + len(completions[i]) for i in range(b, b + 2))
+        ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros(2, width, dtype=torch.bool)
+        for r, i in enumerate(range(b, b + 2)):
+            seq = prompts[i // 2] + completions[i]
+            ids[r, : len(seq)] = torch.tensor(seq)
+            mask[r, len(prompts[i // 2]): len(seq)] = torch.tensor([t != tok.pad_token_id for t in completions[i]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits / 1.1
+        logps = torch.zeros(2, width, dtype=torch.float64)
+        logps[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        total += float(grpo_loss(logps, logps, advantages[b: b + 2], mask, loss_type="grpo", grad_accum_steps=2))
+    assert first["loss"] == pytest.approx(total, abs=1e-6)
