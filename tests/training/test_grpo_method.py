@@ -1,0 +1,146 @@
+"""GRPO's method pieces with the real Qwen3 tokenizer: gold answers at load, the official reward on real
+completions, advantages per group (over every engine group's samples), the rank / micro-batch split of
+advantages and sampler log-probs, the metrics, the schedule's epoch and the settings refused in one line."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from phf_megatron.data import PromptConfig
+from phf_megatron.data.rows import BadRowError, MathRow
+from phf_megatron.data.toy import toy_row
+from phf_megatron.errors import ConfigError
+from phf_megatron.objectives.grpo import group_advantages
+from phf_megatron.tokenizer import load_qwen3_tokenizer
+from phf_megatron.training.batches import build_microbatches, grpo_microbatches, local_samples
+from phf_megatron.training.config_io import load_config
+from phf_megatron.training.methods.grpo import GrpoMethod, check_gold_answers
+from phf_megatron.training.rollouts import StepRequests, StepSamples
+from phf_megatron.training.schedule import steps_per_epoch
+from phf_megatron.training.step_plan import StepPlan, StepPlanner
+
+ROWS = [toy_row(12, 19), toy_row(31, 40)]  # answers "1" and "1"
+#: completions of the two prompts (G = 2 each): the first group's rewards differ, the second's do not
+TEXTS = ["<think>12 + 19 = 31 so \\boxed{7}</think> The last digit is \\boxed{1}.",
+         "<think>\\boxed{1}</think> so \\boxed{ 2 }",
+         "no box at all",
+         "</think> \\boxed{1"]  # unbalanced: no answer
+REWARDS = [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_qwen3_tokenizer()
+
+
+def _method(tok, *flags, gather=None):
+    cfg = load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4",
+                             "--training.micro_batch_size=1", *flags])
+    method = GrpoMethod(cfg, SimpleNamespace(chunks=[torch.nn.Linear(1, 1)]))
+    method.eos_token_ids = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
+    method.driver = SimpleNamespace(gather=gather or (lambda obj: [obj]))
+    return cfg, method
+
+
+def _round(tok, method, cfg, group=range(2), texts=TEXTS):
+    planner = StepPlanner(cfg, None, tok, PromptConfig(), 1, row_inputs=method.row_inputs)
+    pairs = [method.row_inputs(tok, r, PromptConfig()) for r in ROWS]
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    completions = {i: tok.encode(texts[i], add_special_tokens=False) + ([im_end] if i != 2 else [])
+                   for i in range(group.start * 2, group.stop * 2)}
+    plan = StepPlan(0, [0, 1], ROWS, pairs, StepRequests(0, [p.student_ids for p in pairs], [True] * 4))
+    samples = StepSamples(0, 0, completions=completions,
+                          logprobs={i: [-0.5 - 0.01 * t for t in range(len(c))] for i, c in completions.items()})
+    return method.training_samples(planner, plan, samples, group)
+
+
+def test_gold_answers_and_one_line_for_rows_without_one():
+    check_gold_answers([MathRow("p", "so \\boxed{\\frac{1}{2}}", None, "a.jsonl:1"), ROWS[0]])
+    bad = [MathRow("p", "no box", None, "a.jsonl:3"), MathRow("p", "\\boxed{}", None, "a.jsonl:4"), ROWS[0]]
+    with pytest.raises(BadRowError) as err:
+        check_gold_answers(bad)
+    line = str(err.value)
+    assert line.startswith("a.jsonl:3: no gold answer for the GRPO reward") and "(and 1 more row(s): a.jsonl:4)" in line
+    assert "\n" not in line
+
+
+def test_rewards_of_real_completions_and_group_advantages(tok):
+    cfg, method = _method(tok)
+    pairs, completions = _round(tok, method, cfg)
+    assert all(p.student_ids == p.teacher_ids for p in pairs)  # the student prompt on both sides
+    rnd = method.round
+    assert rnd.rewards.tolist() == REWARDS
+    torch.testing.assert_close(rnd.advantages, group_advantages(torch.tensor(REWARDS, dtype=torch.float64), 2),
+                               rtol=0, atol=0)
+    assert rnd.advantages[0] > 0 > rnd.advantages[1] and rnd.advantages[2:].tolist() == [0.0, 0.0]
+    assert rnd.truncated.tolist() == [False, False, True, False]  # the one without <|im_end|>
+    metrics = method.step_metrics()
+    assert metrics["reward"] == 0.25 and metrics["accuracy"] == 0.25 and metrics["grpo_truncated"] == 1
+    assert metrics["frac_reward_zero_std"] == 0.5
+    assert metrics["reward_std"] == pytest.approx(float(torch.tensor([1.0, 0.0]).std()) / 2)
+
+
+def test_batch_scaling_and_groups_from_other_engines(tok):
+    """Each rank rewards its engine group's samples; the gather gives every rank the whole step's, and
+    ``scale_rewards=batch`` takes the std of all of them."""
+    other = {2: (1.0, False), 3: (1.0, False)}  # engine group 1's samples, rewarded on its ranks
+    cfg, method = _method(tok, "--grpo.scale_rewards=batch", gather=lambda mine: [mine, other])
+    _round(tok, method, cfg, group=range(1))
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    assert method.round.rewards.tolist() == rewards.tolist()
+    torch.testing.assert_close(method.round.advantages, group_advantages(rewards, 2, "batch"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dp_rank", [0, 1])
+def test_advantages_and_sampler_logps_follow_the_rank_and_micro_batch_split(tok, monkeypatch, dp_rank):
+    from megatron.core import parallel_state as ps
+
+    monkeypatch.setattr(ps, "get_data_parallel_rank", lambda *a, **k: dp_rank)
+    monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda *a, **k: 2)
+    cfg, method = _method(tok)
+    pairs, completions = _round(tok, method, cfg)
+    mbs = build_microbatches(pairs, completions, pad_id=tok.pad_token_id, micro_batch_size=1, dp_rank=dp_rank,
+                             dp_size=2, pad_multiple=1, make=method.microbatches)
+    local = local_samples(4, dp_rank, 2)
+    assert len(mbs) == len(local) == 2
+    for mb, i in zip(mbs, local):
+        assert mb.advantages.tolist() == [float(method.round.advantages[i])]
+        assert mb.score_tokens.tolist() == completions[i]  # scored: the completion, EOS included
+        assert mb.sampler_logps[mb.scored].tolist() == pytest.approx([-0.5 - 0.01 * t for t in range(len(completions[i]))])
+        assert float(mb.sampler_logps[~mb.scored].abs().sum()) == 0.0
+
+
+def test_masked_truncated_completions_still_count_for_dapo(tok):
+    cfg, method = _method(tok, "--grpo.mask_truncated_completions=true")
+    pairs, completions = _round(tok, method, cfg)
+    batch_mbs = build_microbatches(pairs, completions, pad_id=tok.pad_token_id, micro_batch_size=2, dp_rank=0,
+                                   dp_size=1, pad_multiple=1, make=lambda b, m: grpo_microbatches(
+                                       b, m, method.round.advantages, None, method.round.truncated))
+    second = batch_mbs[1]  # samples 2 (truncated) and 3
+    assert not bool(second.scored[0].any()) and second.num_tokens == len(completions[3])
+    assert second.num_items == len(completions[2]) + len(completions[3])
+
+
+def test_an_epoch_counts_each_rollout_batch_num_iterations_times():
+    assert steps_per_epoch(29434, 4, iterations=1) == 7359  # 32 completions of G = 8: 4 prompts a step
+    assert steps_per_epoch(29434, 4, iterations=2) == 2 * 7359
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (("--rollout.n=1",), "--rollout.n: 1: --method=grpo compares G >= 2 completions per prompt"),
+    (("--rollout.n=3",), "--training.global_batch_size: 4 rollouts do not split into prompts of rollout.n = 3"),
+    (("--data.reason_first",), "--data.reason_first: is a PHF teacher option; --method=grpo has no teacher"),
+    (("--rollout.lmbda=0.5",), "--rollout.lmbda: 0.5: --method=grpo trains on its rollouts only"),
+    (("--rollout.async_steps=1",), "--rollout.async_steps: is not supported with --method=grpo"),
+    (("--checkpoint.save_interval=3",), "--checkpoint.save_interval: 3 is not a multiple of grpo.num_iterations = 2"),
+    (("--training.train_iters=5",), "--training.train_iters: 5 is not a multiple of grpo.num_iterations = 2"),
+    (("--rollout.sync_interval=2",), "--rollout.sync_interval: 2: --method=grpo pushes the weights"),
+    (("--grpo.beta=0.04", "--lora.enabled=false"), "--grpo.beta: 0.04: the KL reference is the base model"),
+    (("--grpo.loss_type=cispo",), "--grpo.loss_type: must be one of grpo, bnpo, dr_grpo, dapo"),
+])
+def test_bad_grpo_settings_are_one_line(flags, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4",
+                           "--training.train_iters=4", "--checkpoint.save_interval=2", *flags])
+    assert err.value.line.startswith(expected) and "\n" not in err.value.line, err.value.line
