@@ -118,6 +118,12 @@ class TrainConfig:
         if self.rollout.sync_interval != 1:
             raise fail("rollout.sync_interval", f"{self.rollout.sync_interval}: --method=grpo pushes the weights "
                        "before every rollout batch (as TRL); set --rollout.sync_interval=1")
+        r = self.rollout
+        if g.vllm_importance_sampling_correction and (r.top_k > 0 or r.top_p < 1):
+            raise fail("grpo.vllm_importance_sampling_correction", f"compares the engine's log-probs after top-k / "
+                       f"top-p (rollout.top_k={r.top_k}, rollout.top_p={r.top_p}) with the trainer's over the whole "
+                       "vocabulary: every ratio would be far from 1; sample unfiltered (--rollout.top_k=0 "
+                       "--rollout.top_p=1.0, TRL's defaults) or set it to false")
         if g.beta != 0 and not self.lora.enabled:
             raise fail("grpo.beta", f"{g.beta}: the KL reference is the base model with the adapters off and "
                        "needs --lora.enabled=true (or --grpo.beta=0)")

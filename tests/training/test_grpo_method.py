@@ -36,7 +36,7 @@ def tok():
 
 def _method(tok, *flags, gather=None):
     cfg = load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4",
-                             "--training.micro_batch_size=1", *flags])
+                             "--training.micro_batch_size=1", "--rollout.top_k=0", "--rollout.top_p=1.0", *flags])
     method = GrpoMethod(cfg, SimpleNamespace(chunks=[torch.nn.Linear(1, 1)]))
     method.eos_token_ids = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
     method.driver = SimpleNamespace(gather=gather or (lambda obj: [obj]))
@@ -137,10 +137,12 @@ def test_an_epoch_counts_each_rollout_batch_num_iterations_times():
     (("--training.train_iters=5",), "--training.train_iters: 5 is not a multiple of grpo.num_iterations = 2"),
     (("--rollout.sync_interval=2",), "--rollout.sync_interval: 2: --method=grpo pushes the weights"),
     (("--grpo.beta=0.04", "--lora.enabled=false"), "--grpo.beta: 0.04: the KL reference is the base model"),
+    (("--grpo.vllm_importance_sampling_correction=true", "--rollout.top_k=20"),
+     "--grpo.vllm_importance_sampling_correction: compares the engine's log-probs after top-k / top-p"),
     (("--grpo.loss_type=cispo",), "--grpo.loss_type: must be one of grpo, bnpo, dr_grpo, dapo"),
 ])
 def test_bad_grpo_settings_are_one_line(flags, expected):
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4",
-                           "--training.train_iters=4", "--checkpoint.save_interval=2", *flags])
+        load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4", "--rollout.top_k=0",
+                           "--rollout.top_p=1.0", "--training.train_iters=4", "--checkpoint.save_interval=2", *flags])
     assert err.value.line.startswith(expected) and "\n" not in err.value.line, err.value.line

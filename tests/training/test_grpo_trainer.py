@@ -124,3 +124,16 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
         logps[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
         total += float(grpo_loss(logps, logps, advantages[b: b + 2], mask, loss_type="grpo", grad_accum_steps=2))
     assert first["loss"] == pytest.approx(total, abs=1e-6)
+
+
+def test_vllm_correction_reads_the_engines_processed_logprobs(tiny_inputs, tmp_path):
+    """With the correction on (unfiltered sampling, as TRL's defaults) the engine's processed log-probs
+    reach the loss: at the batch's first step they equal the trainer's old log-probs (float32 both)."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "is")
+    assert_ok(_train(hf, data, run, *GRPO[:-1], "--grpo.vllm_importance_sampling_correction=true",
+                     "--rollout.top_k=0", "--rollout.top_p=1.0", "--training.train_iters=2",
+                     "--checkpoint.save_interval=0"))
+    first = read_metrics(run)[0]
+    assert first["grpo_sampler_logp_diff"] < 1e-4
+    assert first["grpo_is_ratio"] == pytest.approx(1.0, abs=1e-3) and first["grpo_is_capped"] == 0
