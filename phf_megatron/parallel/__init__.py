@@ -17,6 +17,8 @@ Map (one idea per module):
 * ``loss``: ``L_OPSD + alpha L_flow`` per micro-batch in Megatron's loss conventions; logs;
 * ``step``: ``PhfStep``, the teacher and student forward-step functions for
   ``forward_backward_func``;
+* ``sft_step``, ``grpo_step``: the baselines' micro-batches and forward-step functions (SFT's
+  cross-entropy; TRL 0.26's GRPO loss, with its old-policy and reference scoring passes);
 * ``timing``: optional device-time regions of the PHF-only work (benchmarks).
 
 The process group, Megatron's session and the CPU shims are ``phf_megatron.runtime``'s.
