@@ -91,6 +91,10 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
 
 
 def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, errors) -> None:
+    from ..runtime.process_group import RENDEZVOUS_VARS
+
+    for name in RENDEZVOUS_VARS:          # a group of its own, not the parent's (whose port is taken)
+        os.environ.pop(name, None)
     try:
         from phf_megatron.convert.checkpoints import convert_mcore_to_hf
         convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir, progress=False)
@@ -112,7 +116,9 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
 
     cmd = [sys.executable, "-m", "phf_megatron.tools.mcore_to_hf", "--mcore_dir", ckpt_dir, "--out_dir", out_dir,
            *(["--base_model", base_model] if base_model else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    from ..runtime.process_group import standalone_environ
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=standalone_environ())
     if proc.returncode == 2:
         why = proc.stderr.strip().splitlines()[-1].removeprefix("error: ")
         raise UserError(f"--megatron_checkpoint: a training checkpoint; tools/convert/mcore_to_hf.py says: {why}")

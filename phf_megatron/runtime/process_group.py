@@ -14,6 +14,17 @@ import torch
 import torch.distributed as dist
 
 
+#: What ``join_default_group`` reads (torchrun sets them; a world of one sets them itself).
+RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def standalone_environ(environ=None) -> dict[str, str]:
+    """``environ`` (default this process's) without ``RENDEZVOUS_VARS``: for a child process that forms
+    a process group of its own (a converter, a second run). Inherited, they would send the child to
+    this process's rendezvous port, which this process still holds (``EADDRINUSE``)."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if k not in RENDEZVOUS_VARS}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:

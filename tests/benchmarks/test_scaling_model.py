@@ -15,6 +15,7 @@ from benchmarks.scaling_inputs import (CPU_DECODE, PAPER, TOY, cpu_costs, cpu_to
                                        render_doc, sections, toy_setting)
 from benchmarks.scaling_model import (MODES, Costs, DecodeCost, IdsCost, decode_step_s, fit_line, prefill_s, rollout_s,
                                       step_time, wave_s)
+from phf_megatron.runtime.process_group import standalone_environ
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 NODES = (1, 2, 3, 4, 8, 16)
@@ -157,7 +158,7 @@ def test_docs_tables_are_the_models():
 
 
 def test_cli_prints_the_tables_and_plots(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "MPLBACKEND": "Agg"}
+    env = {**standalone_environ(), "PYTHONPATH": os.path.abspath(ROOT), "MPLBACKEND": "Agg"}
     png = tmp_path / "nodes.png"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "scaling.py"), "--plot", str(png)],
                           env=env, capture_output=True, text=True, timeout=120)
@@ -167,7 +168,7 @@ def test_cli_prints_the_tables_and_plots(tmp_path):
 
 
 def test_ids_broadcast_benchmark_round_trips_the_ids(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**standalone_environ(), "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -184,7 +185,7 @@ def test_ids_broadcast_benchmark_round_trips_the_ids(tmp_path):
 @pytest.mark.slow
 def test_decode_benchmark_runs_on_vllm_cpu(tmp_path):
     pytest.importorskip("vllm")
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**standalone_environ(), "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "rollout_decode.py"), "--sizes", "toy",
                            "--batches", "1", "4", "--decode-tokens", "4", "--repeats", "1", "--prefill-lens", "8", "32",
                            "--context-len", "40", "--context-batch", "4", "--prompt-len", "8", "--kv-cache-mb", "16",
@@ -192,5 +193,6 @@ def test_decode_benchmark_runs_on_vllm_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads((tmp_path / "rollout_decode.json").read_text())["rows"][0]
     assert [d["batch"] for d in row["decode"]] == [1, 4] and row["vocab"] == 512
-    assert all(d["step_s"] > 0 and d["first_token_s"] > 0 for d in row["decode"])
+    # a step is a difference of two timings (clamped at 0): on a loaded machine it may come out 0
+    assert all(d["step_s"] >= 0 and d["first_token_s"] > 0 for d in row["decode"])
     assert math.isfinite(row["decode_fit"]["fixed_s"]) and math.isfinite(row["prefill_fit"]["per_request_s"])

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -156,9 +157,11 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets):
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
 
 
-def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_sets):
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_sets, monkeypatch):
     """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
-    samples as evaluating the HF directory (the conversion round trip is bit-exact)."""
+    samples as evaluating the HF directory (the conversion round trip is bit-exact). The evaluator
+    runs as in a process that holds a one-process group of its own (its rendezvous variables set,
+    their port taken): the converter's process forms its own group, not the parent's."""
     pytest.importorskip("phf_megatron.convert.checkpoints")
     mcore = str(tmp_path / "mcore")
     run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_dir, "--out-dir",
@@ -166,7 +169,14 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_se
     kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
     from_mcore = _config(tmp_path, None, eval_sets, name="from_mcore", megatron_checkpoint=mcore, **kw)
     from_hf = _config(tmp_path, tiny_dir, eval_sets, name="from_hf", **kw)
-    assert _check_run(from_mcore, run_eval(from_mcore)) == _check_run(from_hf, run_eval(from_hf))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(held.getsockname()[1])).items():
+            monkeypatch.setenv(name, value)
+        converted = run_eval(from_mcore)
+    assert _check_run(from_mcore, converted) == _check_run(from_hf, run_eval(from_hf))
     with pytest.raises(UserError, match="converting the Megatron checkpoint .* failed"):
         (tmp_path / "not_mcore").mkdir()
         run_eval(_config(tmp_path, None, eval_sets, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),

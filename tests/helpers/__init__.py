@@ -21,6 +21,8 @@ import subprocess
 import sys
 from typing import Sequence
 
+from phf_megatron.runtime.process_group import standalone_environ
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: The small OPSD-format training set (problem, solution, answer; ``examples/data/README.md``).
 EXAMPLE_MATH = os.path.join(REPO, "examples", "data", "train_math_small.jsonl")
@@ -28,17 +30,11 @@ EXAMPLE_MATH = os.path.join(REPO, "examples", "data", "train_math_small.jsonl")
 GRADER_CASES = os.path.join(REPO, "tests", "data", "grader_cases.jsonl")
 
 
-#: What ``runtime.join_default_group`` sets in a test process that ran a one-process group: not
-#: for a child (it would take the parent's rendezvous port, still in use).
-_PROCESS_GROUP_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
 def python_env(**env: str) -> dict[str, str]:
     """This process's environment with the checkout first on ``PYTHONPATH``, one OpenMP thread
     (unless given) and ``env``, without this process's rendezvous variables."""
     path = os.pathsep.join([REPO] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    inherited = {k: v for k, v in os.environ.items() if k not in _PROCESS_GROUP_VARS}
-    return {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
+    return {**standalone_environ(), "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
 
 
 def run_python(args: Sequence[str], *, timeout: float = 300, cwd: str | None = REPO,

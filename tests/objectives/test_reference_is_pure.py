@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from phf_megatron.objectives import flow, hidden_flow_loss
+from phf_megatron.runtime.process_group import standalone_environ
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -35,7 +36,7 @@ def test_an_evaluation_never_imports_the_kernels():
             "for variant in ('phf', 'local', 'direction', 'geometry', 'pointwise_mse'):\n"
             "    hidden_flow_loss(s.requires_grad_(), t, variant=variant).backward()\n"
             "print(sorted(m for m in sys.modules if m.startswith('phf_megatron.kernels')))\n")
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**standalone_environ(), "PYTHONPATH": os.path.abspath(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]", proc.stdout

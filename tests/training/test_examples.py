@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from phf_megatron.runtime.process_group import standalone_environ
 
 from ..helpers import REPO
 from ..helpers.tiny_qwen3 import make_tiny_hf
@@ -29,7 +30,7 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
         backend = "vllm"
     except ImportError:
         backend = "hf"
-    env = {**os.environ, "HF_MODEL": hf, "DATA": data, "RUN_DIR": str(run), "NGPU": "2", "OMP_NUM_THREADS": "1",
+    env = {**standalone_environ(), "HF_MODEL": hf, "DATA": data, "RUN_DIR": str(run), "NGPU": "2", "OMP_NUM_THREADS": "1",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     for name in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL"):
         env.pop(name, None)   # the defaults a user gets

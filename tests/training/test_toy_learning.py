@@ -25,6 +25,8 @@ import sys
 
 import pytest
 
+from phf_megatron.runtime.process_group import standalone_environ
+
 from ..helpers import REPO
 from ..helpers.tiny_run import warning_lines
 
@@ -41,7 +43,7 @@ def test_readme_promises_the_tested_margin():
 @pytest.mark.timeout(1800)  # the whole main job: ~4 min on a quiet 2-core machine
 def test_main_job_learns_the_toy_task_with_a_quiet_log(tmp_path):
     run = tmp_path / "phf_tiny"
-    env = {**os.environ, "PHF_SKIP_SETUP": "1", "RUN_DIR": str(run), "OMP_NUM_THREADS": "2",
+    env = {**standalone_environ(), "PHF_SKIP_SETUP": "1", "RUN_DIR": str(run), "OMP_NUM_THREADS": "2",
            "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     for name in ("VLLM_LOGGING_LEVEL", "PYTHONWARNINGS", "TORCH_LOGS", "TORCH_CPP_LOG_LEVEL", "SEED", "VERBOSE"):
