@@ -66,9 +66,11 @@ def method_flags(row: str, num_layers: int) -> tuple[str, ...]:
 
 def toy_method_flags(row: str) -> tuple[str, ...]:
     """The toy's version: configs/toy_cpu.yaml's batch (64 = 2 micro-batches of 32) and sampling
-    (T 1.0, no top-k/top-p) stay; SFT keeps the toy's micro-batch; GRPO draws G = 8 per prompt."""
-    flags = method_flags(row, SCALE_LAYERS["toy"])
-    return tuple(f for f in flags if not f.startswith("--training.micro_batch_size"))
+    (T 1.0, no top-k/top-p) stay; SFT keeps the toy's micro-batch and fits its sequences to the tiny
+    model's 512 positions; GRPO draws G = 8 per prompt (the toy rows carry answers the official
+    reward grades: ``7+8=15 \\boxed{5}`` against ``5``)."""
+    flags = tuple(f for f in method_flags(row, SCALE_LAYERS["toy"]) if not f.startswith("--training.micro_batch_size"))
+    return flags + (("--sft.max_length=512",) if row == "sft" else ())
 
 
 @dataclass(frozen=True)

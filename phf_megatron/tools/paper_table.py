@@ -4,7 +4,7 @@
     # selected layers) at one scale: train each to step 100, evaluate checkpoint 100 by Average@12
     python tools/paper_table.py --hf_model /models/Qwen3-1.7B --scale 1p7b --out runs/table_1p7b
     python tools/paper_table.py ... --rows base,opsd,phf --dry_run          # print the commands only
-    python tools/paper_table.py ... --rows sft -- --training.micro_batch_size=2   # trainer overrides after --
+    python tools/paper_table.py ... --rows sft --eval_args="--limit 5" -- --training.micro_batch_size=2  # eval flags; trainer overrides after --
     python tools/paper_table.py ... --table_only       # assemble the table from the rows' directories
     python tools/paper_table.py --toy --out runs/table_toy   # the embedded toy task on a CPU (minutes)
 
@@ -22,7 +22,6 @@ difference. Logs: <out>/<row>/train.log, eval.log.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -31,8 +30,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..cli import command
-from ..errors import UsageError
+from ..cli import command, parse_command_line
+from ..config_errors import check_choice, fail
 from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, PaperNumbers,
                             method_flags, toy_method_flags)
 
@@ -41,53 +40,73 @@ OFFICIAL_DATA = "siyanzhao/Openthoughts_math_30k_opsd"
 TOY_NOTE = "n/a: toy task, not comparable"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit code 2 (phf_megatron.cli.command)
-        raise UsageError(message)
+@dataclass
+class PaperTable:
+    """Which rows, at which scale, into which directory (trainer overrides go after ``--``)."""
+
+    out: str
+    """the table's directory: <out>/<row>/ per row (run, logs, eval_step<step>/), table.md, table.json."""
+    hf_model: str | None = None
+    """the HF Qwen3 directory of the scale: Base is this model, every other row starts from it."""
+    scale: str | None = None
+    """1p7b | 4b | 8b: the preset (configs/phf_qwen3_<scale>.yaml) and the paper's numbers."""
+    toy: bool = False
+    """the embedded toy task on a CPU instead (no hf_model/scale): its tiny model, configs/toy_cpu.yaml,
+    the toy's held-out evaluation; no paper numbers (not comparable)."""
+    rows: tuple[str, ...] = ROWS
+    """comma-separated: base, sft, grpo, opsd, phf (Table 1), direction_only, geometry_only,
+    selected_layers (Table 3)."""
+    step: int = 100
+    """train each row to this step and evaluate its checkpoint (paper: 100)."""
+    k: int = 12
+    """samples per problem of Average@k (paper: 12)."""
+    ngpu: int = 0
+    """processes per training run (torchrun when > 1); 0: 8 (one node, as the examples), toy 1."""
+    data: str | None = None
+    """the training set; None: the official OPSD set (toy: its train.jsonl)."""
+    eval_args: str = ""
+    """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32")."""
+    seed: int = 0
+    """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
+    warmup_steps: int = 300
+    """toy: supervised warm-up steps of the tiny model (python -m phf_megatron.toy prepare)."""
+    dry_run: bool = False
+    """print the commands (those a rerun would skip marked), run nothing."""
+    table_only: bool = False
+    """write the table from the rows' directories (rows run as separate jobs), run nothing."""
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.rows if r not in ROWS]
+        if bad or not self.rows:
+            raise fail("rows", f"unknown row {bad[0] if bad else ''!r} (rows: {', '.join(ROWS)})")
+        for key in ("step", "k", "warmup_steps"):
+            if getattr(self, key) < 1:
+                raise fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.toy:
+            if self.hf_model or self.scale:
+                raise fail("toy", "the toy builds its own model: drop --hf_model and --scale")
+            return
+        if self.scale is None:
+            raise fail("scale", "required: 1p7b, 4b or 8b (or --toy)")
+        check_choice("scale", self.scale, SCALES)
+        if not self.hf_model:
+            raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
+        if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
+            raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]):
+    """The config (absolute paths, ngpu and scale resolved) and ``overrides``: what follows ``--``,
+    passed to every trainer; None after ``--help``."""
     head, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = _Parser(prog="tools/paper_table.py", description=__doc__.split("\n")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("--out", required=True, help="the table's directory: <out>/<row>/ per row, table.md, table.json")
-    p.add_argument("--hf_model", help="the HF Qwen3 directory of the scale (Base is it; every row starts from it)")
-    p.add_argument("--scale", choices=SCALES, help="which preset and which paper numbers")
-    p.add_argument("--toy", action="store_true", help="the embedded toy task on a CPU instead (no --hf_model/--scale)")
-    p.add_argument("--rows", default=None, help=f"comma-separated, from {','.join(ROWS)} (default: all)")
-    p.add_argument("--step", type=int, default=100, help="train to this step and evaluate its checkpoint (paper: 100)")
-    p.add_argument("--k", type=int, default=12, help="samples per problem of Average@k (paper: 12)")
-    p.add_argument("--ngpu", type=int, default=None, help="processes per run (torchrun when > 1; default 8, toy 1)")
-    p.add_argument("--data", default=None, help=f"training set (default {OFFICIAL_DATA}; toy: its train.jsonl)")
-    p.add_argument("--eval_arg", action="append", default=[], metavar="FLAG",
-                   help="passed to every evaluation, e.g. --eval_arg=--limit=5 (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="toy: the split/init/warm-up seed (trainer seed 1234 + seed)")
-    p.add_argument("--warmup_steps", type=int, default=300, help="toy: supervised warm-up steps of the tiny model")
-    p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-    p.add_argument("--table_only", action="store_true", help="write the table from the rows' directories, run nothing")
-    args = p.parse_args(head)
-    args.overrides = overrides
-    rows = ROWS if args.rows is None else tuple(r.strip() for r in args.rows.split(",") if r.strip())
-    bad = [r for r in rows if r not in ROWS]
-    if bad or not rows:
-        raise UsageError(f"--rows: unknown row {bad[0] if bad else args.rows!r} (rows: {', '.join(ROWS)})")
-    args.rows = rows
-    if args.step < 1 or args.k < 1:
-        raise UsageError(f"--step and --k must be >= 1, got {args.step} and {args.k}")
-    if args.toy:
-        if args.hf_model or args.scale:
-            raise UsageError("--toy builds its own model: drop --hf_model and --scale")
-        args.scale = "toy"
-    else:
-        if not args.scale:
-            raise UsageError("--scale: required (1p7b, 4b or 8b), or --toy")
-        if not args.hf_model:
-            raise UsageError("--hf_model: required (the HF Qwen3 directory of the scale)")
-        if not os.path.isfile(os.path.join(args.hf_model, "config.json")):
-            raise UsageError(f"--hf_model: {args.hf_model} has no config.json (not a HF model directory)")
-        args.hf_model = os.path.abspath(args.hf_model)
-    args.ngpu = args.ngpu or (1 if args.toy else 8)
+    args = parse_command_line(PaperTable, head, __doc__)[0]
+    if args is None:
+        return None
     args.out = os.path.abspath(args.out)
+    args.hf_model = args.hf_model and os.path.abspath(args.hf_model)
+    args.scale = "toy" if args.toy else args.scale
+    args.ngpu = args.ngpu or (1 if args.toy else 8)
+    args.overrides, args.eval_arg = overrides, shlex.split(args.eval_args)
     return args
 
 
@@ -118,17 +137,21 @@ def toy_paths(args) -> dict[str, str]:
 
 
 def prepare_steps(args) -> list[tuple[str, list[str], str]]:
-    """``(what, argv, done_path)``: the inputs every row shares, made once."""
+    """``(what, argv, done_path)``: the inputs every row shares, made once (as examples/launch_phf.sh
+    and examples/train_phf_tiny.sh do); the conversion only when a row trains."""
+    steps, trains = [], any(r != "base" for r in args.rows)
     if args.toy:
         p = toy_paths(args)
-        return [("toy model + data", _python("phf_megatron.toy", "prepare", "--out", p["toy"], "--seed", str(args.seed),
-                                            "--warmup-steps", str(args.warmup_steps)),
-                 os.path.join(p["hf"], "model.safetensors")),
-                ("convert HF -> Megatron-Core", _python("phf_megatron.tools.hf_to_mcore", "--hf_dir", p["hf"],
-                                                        "--out_dir", p["mcore"], "--dtype", "fp32"), p["mcore"])]
-    mcore = os.path.join(args.out, "mcore_base")
-    return [("convert HF -> Megatron-Core", _python("phf_megatron.tools.hf_to_mcore", "--hf_dir", args.hf_model,
-                                                    "--out_dir", mcore, "--dtype", "bf16"), mcore)]
+        steps.append(("toy model + data", _python("phf_megatron.toy", "prepare", "--out", p["toy"], "--seed",
+                                                  str(args.seed), "--warmup-steps", str(args.warmup_steps)),
+                      os.path.join(p["hf"], "model.safetensors")))
+        hf, mcore, dtype = p["hf"], p["mcore"], "fp32"
+    else:
+        hf, mcore, dtype = args.hf_model, os.path.join(args.out, "mcore_base"), "bf16"
+    if trains:
+        steps.append(("convert HF -> Megatron-Core", _python("phf_megatron.tools.hf_to_mcore", "--hf_dir", hf,
+                                                             "--out_dir", mcore, "--dtype", dtype), mcore))
+    return steps
 
 
 def plan_row(args, name: str) -> Row:
@@ -306,6 +329,8 @@ def run_rows(args, rows: list[Row]) -> int:
 
 def paper_table(argv: list[str], quiet: bool) -> int:
     args = parse_args(argv)
+    if args is None:
+        return 0
     rows = [plan_row(args, name) for name in args.rows]
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
