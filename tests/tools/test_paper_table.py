@@ -212,3 +212,33 @@ def test_toy_table_survives_a_kill_and_a_rerun_skips_finished_rows(tmp_path):
             or ": resuming" in line or "running" in line] == []
     assert third.stdout.count("finished, skipped") == 5
     assert {p: os.stat(p).st_mtime_ns for p in logs} == logs
+
+
+def test_table_only_assembles_rows_run_as_separate_jobs(tmp_path, capsys):
+    """Rows finished elsewhere (a trainer's checkpoint + export, an eval summary.json) are read into
+    table.md / table.json beside the paper's numbers with the difference; a row without its
+    directory is "not run"; nothing is launched."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,geometry_only"]
+    args = paper_table.parse_args(argv)
+    for name, score in (("base", 60.0), ("geometry_only", 62.0)):
+        row = paper_table.plan_row(args, name)
+        os.makedirs(os.path.dirname(row.eval_result))
+        json.dump({"k": 12, "suite_average_at_k_by_grader": {"official": score, "extended": 99.0},
+                   "benchmarks": {b: {"average_at_k_by_grader": {"official": score + i, "extended": 99.0}}
+                                  for i, b in enumerate(BENCHMARKS)}}, open(row.eval_result, "w"))
+        if row.train:
+            os.makedirs(os.path.join(row.run_dir, "checkpoints"))
+            open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
+            os.makedirs(row.adapter)
+    assert paper_table.main([*argv, "--table_only"]) == 0
+    assert "training" not in capsys.readouterr().out
+    table = json.load(open(os.path.join(out, "table.json")))
+    base, sft, geo = (table["rows"][r] for r in ("base", "sft", "geometry_only"))
+    assert base["ours"] == {"aime24": 60.0, "aime25": 61.0, "hmmt25": 62.0, "average": 60.0}   # the official grader
+    assert base["paper"]["aime24"] == 74.17 and base["delta_average"] == round(60.0 - 60.30, 2)
+    assert sft["status"] == "not run" and sft["ours"] is None and sft["paper"]["average"] == 57.22
+    assert geo["paper"]["average"] == 62.59 and "aime24" not in geo["paper"] and geo["delta_average"] == -0.59
+    md = open(os.path.join(out, "table.md")).read()
+    assert "| base | 60.00 / 74.17 | 61.00 / 66.67 | 62.00 / 40.06 | 60.00 / 60.30 | -0.30 | done |" in md
+    assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | not run |" in md
