@@ -254,7 +254,8 @@ def test_every_console_script_is_a_command_that_answers_help(capsys):
     import importlib
 
     scripts = _console_scripts()
-    assert set(scripts) == {"phf-train", "phf-hf-to-mcore", "phf-mcore-to-hf", "phf-eval", "phf-plot-run"}
+    assert set(scripts) == {"phf-train", "phf-hf-to-mcore", "phf-mcore-to-hf", "phf-eval", "phf-plot-run",
+                            "phf-paper-table"}
     for name, target in scripts.items():
         module, _, function = target.partition(":")
         main = getattr(importlib.import_module(module), function)
@@ -269,12 +270,13 @@ def test_the_installed_eval_command_answers_help():
     assert proc.returncode == 0 and "  --out_dir=<str>  (required)" in proc.stdout, proc.stderr
 
 
-@pytest.mark.parametrize("config", ["TrainConfig", "EvalConfig", "HfToMcore", "McoreToHf", "PlotRun"])
+@pytest.mark.parametrize("config", ["TrainConfig", "EvalConfig", "HfToMcore", "McoreToHf", "PlotRun", "PaperTable"])
 def test_every_setting_of_every_command_has_its_docstring(config):
     """``--help`` documents every flag from the docstring under its field."""
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.tools.hf_to_mcore import HfToMcore
     from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.paper_table import PaperTable
     from phf_megatron.tools.plot_run import PlotRun
     from phf_megatron.training.config import TrainConfig
 
@@ -341,6 +343,7 @@ def test_the_readme_after_training_commands_use_real_flags():
 
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.paper_table import PaperTable
     from phf_megatron.tools.plot_run import PlotRun
 
     readme = open(os.path.join(REPO, "README.md")).read()

@@ -1,0 +1,358 @@
+"""The paper's Table 1 and ablation table on our stack, from one command (resumable).
+
+    # every row of Table 1 (Base, SFT, GRPO, OPSD, PHF) and Table 3 (direction only, geometry only,
+    # selected layers) at one scale: train each to step 100, evaluate checkpoint 100 by Average@12
+    python tools/paper_table.py --hf_model /models/Qwen3-1.7B --scale 1p7b --out runs/table_1p7b
+    python tools/paper_table.py ... --rows base,opsd,phf --dry_run          # print the commands only
+    python tools/paper_table.py ... --rows sft --eval_args="--limit 5" -- --training.micro_batch_size=2  # eval flags; trainer overrides after --
+    python tools/paper_table.py ... --table_only       # assemble the table from the rows' directories
+    python tools/paper_table.py --toy --out runs/table_toy   # the embedded toy task on a CPU (minutes)
+
+Each row runs the trainer as the examples do (the scale's preset configs/phf_qwen3_<scale>.yaml plus
+the row's flags from ``paper_recipes``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
+eval (``tools/eval_avg_at_k.py``, Average@k, official grader) of the run's PEFT adapter at --step into
+<out>/<row>/eval_step<step>/ (Base: the HF model itself). The rows run one after the other; a row
+whose training is finished and whose eval summary is present is skipped, an unfinished one resumes
+(the trainer and the eval resume their directories), so a rerun after a kill completes the table.
+Rows can also run as separate jobs (``--rows sft`` each) and be assembled with ``--table_only``.
+Writes <out>/table.md and <out>/table.json: our Average@k per benchmark and suite mean beside the
+paper's (``paper_numbers.json``: the numbers with their line in the paper's LaTeX source), and the
+difference. Logs: <out>/<row>/train.log, eval.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from ..cli import command, parse_command_line
+from ..config_errors import check_choice, fail
+from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, PaperNumbers,
+                            method_flags, toy_method_flags)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OFFICIAL_DATA = "siyanzhao/Openthoughts_math_30k_opsd"
+TOY_NOTE = "n/a: toy task, not comparable"
+
+
+@dataclass
+class PaperTable:
+    """Which rows, at which scale, into which directory (trainer overrides go after ``--``)."""
+
+    out: str
+    """the table's directory: <out>/<row>/ per row (run, logs, eval_step<step>/), table.md, table.json."""
+    hf_model: str | None = None
+    """the HF Qwen3 directory of the scale: Base is this model, every other row starts from it."""
+    scale: str | None = None
+    """1p7b | 4b | 8b: the preset (configs/phf_qwen3_<scale>.yaml) and the paper's numbers."""
+    toy: bool = False
+    """the embedded toy task on a CPU instead (no hf_model/scale): its tiny model, configs/toy_cpu.yaml,
+    the toy's held-out evaluation; no paper numbers (not comparable)."""
+    rows: tuple[str, ...] = ROWS
+    """comma-separated: base, sft, grpo, opsd, phf (Table 1), direction_only, geometry_only,
+    selected_layers (Table 3)."""
+    step: int = 100
+    """train each row to this step and evaluate its checkpoint (paper: 100)."""
+    k: int = 12
+    """samples per problem of Average@k (paper: 12)."""
+    ngpu: int = 0
+    """processes per training run (torchrun when > 1); 0: 8 (one node, as the examples), toy 1."""
+    data: str | None = None
+    """the training set; None: the official OPSD set (toy: its train.jsonl)."""
+    eval_args: str = ""
+    """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32")."""
+    seed: int = 0
+    """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
+    warmup_steps: int = 300
+    """toy: supervised warm-up steps of the tiny model (python -m phf_megatron.toy prepare)."""
+    dry_run: bool = False
+    """print the commands (those a rerun would skip marked), run nothing."""
+    table_only: bool = False
+    """write the table from the rows' directories (rows run as separate jobs), run nothing."""
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.rows if r not in ROWS]
+        if bad or not self.rows:
+            raise fail("rows", f"unknown row {bad[0] if bad else ''!r} (rows: {', '.join(ROWS)})")
+        for key in ("step", "k", "warmup_steps"):
+            if getattr(self, key) < 1:
+                raise fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.toy:
+            if self.hf_model or self.scale:
+                raise fail("toy", "the toy builds its own model: drop --hf_model and --scale")
+            return
+        if self.scale is None:
+            raise fail("scale", "required: 1p7b, 4b or 8b (or --toy)")
+        check_choice("scale", self.scale, SCALES)
+        if not self.hf_model:
+            raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
+        if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
+            raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
+
+
+def parse_args(argv: list[str]):
+    """The config (absolute paths, ngpu and scale resolved) and ``overrides``: what follows ``--``,
+    passed to every trainer; None after ``--help``."""
+    head, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = parse_command_line(PaperTable, head, __doc__)[0]
+    if args is None:
+        return None
+    args.out = os.path.abspath(args.out)
+    args.hf_model = args.hf_model and os.path.abspath(args.hf_model)
+    args.scale = "toy" if args.toy else args.scale
+    args.ngpu = args.ngpu or (1 if args.toy else 8)
+    args.overrides, args.eval_arg = overrides, shlex.split(args.eval_args)
+    return args
+
+
+@dataclass
+class Row:
+    name: str
+    run_dir: str
+    train: list[str] | None        # None: Base (the model itself)
+    adapter: str | None
+    eval: list[str]
+    eval_result: str               # present once the eval has finished
+
+
+def _python(*module_args: str) -> list[str]:
+    return [sys.executable, "-m", *module_args]
+
+
+def _train_launcher(ngpu: int) -> list[str]:
+    if ngpu > 1:  # examples/launch_phf.sh's torchrun --standalone --nproc-per-node NGPU
+        return _python("torch.distributed.run", "--standalone", f"--nproc-per-node={ngpu}", "-m", "phf_megatron.train")
+    return _python("phf_megatron.train")
+
+
+def toy_paths(args) -> dict[str, str]:
+    toy = os.path.join(args.out, "toy")
+    return {"toy": toy, "hf": os.path.join(toy, "hf"), "mcore": os.path.join(toy, "mcore"),
+            "train": os.path.join(toy, "train.jsonl")}
+
+
+def prepare_steps(args) -> list[tuple[str, list[str], str]]:
+    """``(what, argv, done_path)``: the inputs every row shares, made once (as examples/launch_phf.sh
+    and examples/train_phf_tiny.sh do); the conversion only when a row trains."""
+    steps, trains = [], any(r != "base" for r in args.rows)
+    if args.toy:
+        p = toy_paths(args)
+        steps.append(("toy model + data", _python("phf_megatron.toy", "prepare", "--out", p["toy"], "--seed",
+                                                  str(args.seed), "--warmup-steps", str(args.warmup_steps)),
+                      os.path.join(p["hf"], "model.safetensors")))
+        hf, mcore, dtype = p["hf"], p["mcore"], "fp32"
+    else:
+        hf, mcore, dtype = args.hf_model, os.path.join(args.out, "mcore_base"), "bf16"
+    if trains:
+        steps.append(("convert HF -> Megatron-Core", _python("phf_megatron.tools.hf_to_mcore", "--hf_dir", hf,
+                                                             "--out_dir", mcore, "--dtype", dtype), mcore))
+    return steps
+
+
+def plan_row(args, name: str) -> Row:
+    run_dir = os.path.join(args.out, name)
+    eval_dir = os.path.join(run_dir, f"eval_step{args.step}")
+    adapter = None if name == "base" else os.path.join(run_dir, "export", "peft_adapter")
+    if args.toy:
+        p = toy_paths(args)
+        train = None if name == "base" else [
+            *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", "toy_cpu.yaml"),
+            f"--run_dir={run_dir}", f"--model.hf_dir={p['hf']}", f"--model.pretrained_checkpoint={p['mcore']}",
+            f"--data.path={args.data or p['train']}", f"--training.seed={1234 + args.seed}",
+            f"--training.train_iters={args.step}", *toy_method_flags(name), *args.overrides]
+        result = os.path.join(eval_dir, "toy_eval.json")
+        ev = _python("phf_megatron.toy", "evaluate", "--hf-dir", p["hf"], "--seed", str(args.seed),
+                     *(["--adapter", adapter] if adapter else []), "--json", result, *args.eval_arg)
+        return Row(name, run_dir, train, adapter, ev, result)
+    train = None if name == "base" else [
+        *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", f"phf_qwen3_{args.scale}.yaml"),
+        f"--run_dir={run_dir}", f"--model.hf_dir={args.hf_model}",
+        f"--model.pretrained_checkpoint={os.path.join(args.out, 'mcore_base')}", f"--data.path={args.data or OFFICIAL_DATA}",
+        *PAPER_COMMON, f"--training.train_iters={args.step}", *method_flags(name, SCALE_LAYERS[args.scale]),
+        *args.overrides]
+    ev = _python("phf_megatron.tools.eval_avg_at_k", "--model", args.hf_model, *(["--adapter", adapter] if adapter else []),
+                 "--out_dir", eval_dir, "--n", str(args.k), *args.eval_arg)
+    return Row(name, run_dir, train, adapter, ev, os.path.join(eval_dir, "summary.json"))
+
+
+def training_finished(row: Row, step: int) -> bool:
+    """As the trainer decides (training/export.py ``finished_step``): the latest checkpoint has
+    reached ``step`` and the export is written."""
+    if row.train is None:
+        return True
+    latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
+    if not (os.path.isfile(latest) and os.path.isdir(row.adapter or "")):
+        return False
+    text = open(latest).read().strip()
+    return text.isdigit() and int(text) >= step
+
+
+def eval_finished(row: Row, k: int, toy: bool) -> bool:
+    if not os.path.isfile(row.eval_result):
+        return False
+    return toy or json.load(open(row.eval_result)).get("k") == k
+
+
+def _say(msg: str) -> None:
+    print(f"paper_table: {msg}", flush=True)
+
+
+def _run(argv: list[str], log: str) -> tuple[int, float]:
+    """Run ``argv`` with its output appended to ``log`` (in this process group: a kill of the
+    harness's group stops it too)."""
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": REPO + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
+    start = time.monotonic()
+    with open(log, "a") as f:
+        f.write(f"\n$ {shlex.join(argv)}\n")
+        f.flush()
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    return rc, time.monotonic() - start
+
+
+def _failed(what: str, rc: int, log: str) -> int:
+    tail = open(log).read().splitlines()[-15:]
+    print("\n".join(tail), file=sys.stderr)
+    print(f"error: {what} failed (exit code {rc}); its log: {log}", file=sys.stderr)
+    return 1
+
+
+def read_scores(row: Row, toy: bool) -> dict | None:
+    """Our numbers for a finished row: ``{benchmark: percent, ..., "average": percent}``."""
+    if not os.path.isfile(row.eval_result):
+        return None
+    data = json.load(open(row.eval_result))
+    if toy:  # greedy held-out no-reference accuracy (phf_megatron/toy/evaluate.py)
+        scores = {b: 100.0 * data[f"noref_{b}"] for b in TOY_BENCHMARKS}
+        return {**scores, "average": sum(scores.values()) / len(scores)}
+    scores = {b: data["benchmarks"][b]["average_at_k_by_grader"]["official"] for b in BENCHMARKS if b in data["benchmarks"]}
+    return {**scores, "average": data["suite_average_at_k_by_grader"]["official"]}
+
+
+def build_table(args, rows: list[Row]) -> dict:
+    paper = PaperNumbers.load()
+    out = {"scale": args.scale, "step": args.step, "k": args.k, "toy": args.toy,
+           "benchmarks": list(TOY_BENCHMARKS if args.toy else BENCHMARKS), "rows": {}}
+    for row in rows:
+        ours = read_scores(row, args.toy) if training_finished(row, args.step) else None
+        ref = None if args.toy else paper.row(args.scale, row.name)
+        entry = {"ours": ours, "paper": ref, "run_dir": row.run_dir, "eval": row.eval_result,
+                 "status": "done" if ours is not None else "not run"}
+        if args.toy:
+            entry["paper_note"] = TOY_NOTE
+        if ours is not None and ref is not None:
+            entry["delta_average"] = round(ours["average"] - ref["average"], 2)
+        out["rows"][row.name] = entry
+    return out
+
+
+def _cell(ours: dict | None, ref: dict | None, key: str, toy: bool) -> str:
+    a = "—" if ours is None or key not in ours else f"{ours[key]:.2f}"
+    if toy:
+        return a
+    return f"{a} / {'—' if ref is None or key not in ref else f'{ref[key]:.2f}'}"
+
+
+def table_markdown(table: dict) -> str:
+    toy, bench = table["toy"], table["benchmarks"]
+    if toy:
+        head = (f"# The paper's rows on the toy task (checkpoint {table['step']})\n\n"
+                "Held-out greedy no-reference accuracy (%) of the toy's evaluation (`python -m phf_megatron.toy "
+                "evaluate`): `unseen` = cells the warm-up never showed, `seen` = the others; average = their mean. "
+                f"Paper numbers: {TOY_NOTE}.\n")
+        cols = ["row", *bench, "average", "status"]
+    else:
+        head = (f"# The paper's tables on our stack: Qwen3 {table['scale']}, checkpoint {table['step']}, "
+                f"Average@{table['k']} (official grader)\n\nEach cell: ours / paper (percent); Δ = ours − paper on "
+                "the suite average. Paper: Table 1 (tab:main) and, for the ablation rows (average only), Table 3 "
+                "(tab:ablations); sources in `phf_megatron/tools/paper_numbers.json`.\n")
+        cols = ["row", *bench, "average", "Δ average", "status"]
+    lines = [head, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, e in table["rows"].items():
+        cells = [name, *[_cell(e["ours"], e["paper"], b, toy) for b in bench], _cell(e["ours"], e["paper"], "average", toy)]
+        if not toy:
+            cells.append(f"{e['delta_average']:+.2f}" if "delta_average" in e else "—")
+        cells.append(e["status"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(args, rows: list[Row]) -> dict:
+    from ..output_files import write_json, write_text
+
+    table = build_table(args, rows)
+    write_json(os.path.join(args.out, "table.json"), table, indent=1)
+    write_text(os.path.join(args.out, "table.md"), table_markdown(table))
+    return table
+
+
+def run_rows(args, rows: list[Row]) -> int:
+    for what, argv, done in prepare_steps(args):
+        if os.path.exists(done):
+            _say(f"{what}: present ({done})")
+            continue
+        log = os.path.join(args.out, "prepare.log")
+        _say(f"{what}: running (log: {log})")
+        rc, secs = _run(argv, log)
+        if rc != 0:
+            return _failed(what, rc, log)
+        _say(f"{what}: done in {secs:.0f} s")
+    for i, row in enumerate(rows, 1):
+        tag = f"[{i}/{len(rows)}] {row.name}"
+        if training_finished(row, args.step) and eval_finished(row, args.k, args.toy):
+            _say(f"{tag}: finished, skipped")
+            continue
+        if not training_finished(row, args.step):
+            log = os.path.join(row.run_dir, "train.log")
+            state = "resuming" if os.path.isdir(os.path.join(row.run_dir, "checkpoints")) else "training"
+            _say(f"{tag}: {state} to step {args.step} (log: {log})")
+            rc, secs = _run(row.train, log)
+            if rc != 0 or not training_finished(row, args.step):
+                return _failed(f"{row.name}: training", rc, log)
+            _say(f"{tag}: trained in {secs:.0f} s")
+        log = os.path.join(row.run_dir, "eval.log")
+        _say(f"{tag}: evaluating (log: {log})")
+        rc, secs = _run(row.eval, log)
+        if rc != 0 or not eval_finished(row, args.k, args.toy):
+            return _failed(f"{row.name}: evaluation", rc, log)
+        scores = read_scores(row, args.toy)
+        _say(f"{tag}: " + "  ".join(f"{k} {v:.2f}" for k, v in scores.items()) + f"  ({secs:.0f} s)")
+        write_table(args, rows)
+    return 0
+
+
+def paper_table(argv: list[str], quiet: bool) -> int:
+    args = parse_args(argv)
+    if args is None:
+        return 0
+    rows = [plan_row(args, name) for name in args.rows]
+    if args.dry_run:
+        for what, argv_, done in prepare_steps(args):
+            print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))
+        for row in rows:
+            skip = training_finished(row, args.step) and eval_finished(row, args.k, args.toy)
+            for argv_ in ([row.train] if row.train else []) + [row.eval]:
+                print(f"# {row.name}" + (" (finished, skipped)" if skip else "") + "\n+ " + shlex.join(argv_))
+        return 0
+    if not args.table_only:
+        _say(f"{len(rows)} rows ({', '.join(args.rows)}) at scale {args.scale}, step {args.step} -> {args.out}")
+        rc = run_rows(args, rows)
+        if rc != 0:
+            return rc
+    write_table(args, rows)
+    _say(f"table: {os.path.join(args.out, 'table.md')} and table.json")
+    print(table_markdown(build_table(args, rows)), end="")
+    return 0
+
+
+main = command(paper_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

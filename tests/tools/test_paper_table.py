@@ -1,0 +1,244 @@
+"""``tools/paper_table.py``: the paper's rows from one table of recipes, run, resumed and skipped.
+
+The real scales cannot train here: their dry run must print the recipe of every row (method, the
+paper's batch, lr, LoRA, step 100, torchrun on 8 GPUs) and each trainer command line must load as a
+valid config. The toy mode runs every Table 1 row end to end on the CPU, is killed during a row's
+training and completes on a rerun (that row's trainer resumes), and a third run relaunches nothing.
+"""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phf_megatron.tools import paper_table
+from phf_megatron.tools.paper_recipes import ABLATION_ROWS, BENCHMARKS, ROWS, TABLE1_ROWS, PaperNumbers, method_flags
+
+from ..helpers import REPO, python_env
+
+#: the paper's source where the project keeps it (beside the checkout, or two levels up from a worktree)
+PAPER_TEX = next((p for p in (os.path.join(os.path.dirname(REPO), "shared", "paper", "phf_paper.tex"),
+                              os.path.join(os.path.dirname(os.path.dirname(REPO)), "shared", "paper", "phf_paper.tex"))
+                  if os.path.isfile(p)), "")
+
+
+def _fake_model(tmp_path, layers=28, name="hf"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    return str(d)
+
+
+def _commands(out: str) -> dict[str, list[list[str]]]:
+    """The dry run's commands by row (``# row`` then ``+ argv``), prepare steps under ``""``."""
+    by_row, row = {}, ""
+    for line in out.splitlines():
+        if line.startswith("# "):
+            row = line[2:].split()[0]
+        elif line.startswith("+ "):
+            by_row.setdefault(row, []).append(shlex.split(line[2:]))
+    return by_row
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+# ----------------------------------------------------------------------------- the paper's numbers
+
+
+def test_paper_numbers_are_consistent_transcriptions():
+    """Each Table 1 average is the mean of its three benchmarks (to the paper's rounding), and Table
+    3's OPSD and PHF columns repeat Table 1's averages."""
+    paper = PaperNumbers.load()
+    for scale in ("1p7b", "4b", "8b"):
+        for row in TABLE1_ROWS:
+            r = paper.row(scale, row)
+            assert abs(sum(r[b] for b in BENCHMARKS) / 3 - r["average"]) <= 0.011, (scale, row)
+            assert "Table 1" in r["source"]
+        for row in ("opsd", "phf"):
+            assert paper.table3["rows"][row][scale] == paper.row(scale, row)["average"]
+        for row in ABLATION_ROWS:
+            assert set(paper.row(scale, row)) == {"average", "source"}
+
+
+@pytest.mark.skipif(not os.path.isfile(PAPER_TEX), reason="the paper's LaTeX source is not beside the repository")
+def test_paper_numbers_are_on_the_lines_they_name():
+    lines = open(PAPER_TEX).read().splitlines()
+    data = json.load(open(os.path.join(REPO, "phf_megatron", "tools", "paper_numbers.json")))
+    for scale, rows in data["table1"]["rows"].items():
+        for row, r in rows.items():
+            nums = [float(x) for x in re.findall(r"\d+\.\d+", lines[r["line"] - 1])]
+            assert nums == [r[c] for c in data["table1"]["columns"]], (scale, row)
+            assert row.lower() in lines[r["line"] - 1].lower()
+    for row, r in data["table3"]["rows"].items():
+        assert [float(x) for x in re.findall(r"\d+\.\d+", lines[r["line"] - 1])] == [r[c] for c in ("1p7b", "4b", "8b")]
+
+
+# ----------------------------------------------------------------------------- the real scales: dry run
+
+
+@pytest.mark.parametrize("scale,layers", [("1p7b", 28), ("8b", 36)])
+def test_dry_run_prints_every_rows_recipe_and_runs_nothing(tmp_path, capsys, scale, layers):
+    hf, out = _fake_model(tmp_path, layers), str(tmp_path / "table")
+    assert paper_table.main(["--hf_model", hf, "--scale", scale, "--out", out, "--dry_run"]) == 0
+    cmds = _commands(capsys.readouterr().out)
+    assert not os.path.exists(out)                                        # nothing ran, nothing written
+    assert set(cmds) == {"", *ROWS}
+    assert cmds[""][0][2] == "phf_megatron.tools.hf_to_mcore"
+    assert cmds["base"] == [[sys.executable, "-m", "phf_megatron.tools.eval_avg_at_k", "--model", hf, "--out_dir",
+                             os.path.join(out, "base", "eval_step100"), "--n", "12"]]
+    expected_method = {"sft": "sft", "grpo": "grpo"}
+    for row in ROWS[1:]:
+        train, ev = cmds[row]
+        assert train[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8", "-m"]
+        assert train[6:9] == ["phf_megatron.train", "--config", os.path.join(REPO, "configs", f"phf_qwen3_{scale}.yaml")]
+        f = _flags(train)
+        assert f.get("method", "phf") == expected_method.get(row, "phf"), row
+        assert (f["training.global_batch_size"], f["optimizer.lr"], f["lora.r"], f["lora.alpha"],
+                f["training.train_iters"]) == ("32", "5e-6", "64", "128", "100"), row
+        assert f["run_dir"] == os.path.join(out, row) and f["model.hf_dir"] == hf
+        assert f.get("ablation") == {"opsd": "opsd_only", "sft": None, "grpo": None, "phf": None}.get(row, row)
+        assert ev[ev.index("--adapter") + 1] == os.path.join(out, row, "export", "peft_adapter")
+        assert ev[ev.index("--n") + 1] == "12"
+    assert _flags(cmds["grpo"][0])["rollout.n"] == "8"
+    assert _flags(cmds["sft"][0])["training.micro_batch_size"] == "1"
+    assert _flags(cmds["selected_layers"][0])["objective.flow_layers"] == (
+        "6,7,20,21" if layers == 28 else "8,9,26,27")
+
+
+@pytest.mark.parametrize("row", ROWS[1:])
+def test_every_rows_command_line_is_a_valid_training_config(tmp_path, row):
+    """The trainer's own loader accepts each row's flags at each scale (no setting a typo or a
+    combination the trainer refuses)."""
+    from phf_megatron.training.config_io import load_config
+
+    for scale, layers in (("1p7b", 28), ("4b", 36), ("8b", 36)):
+        args = paper_table.parse_args(["--hf_model", _fake_model(tmp_path, layers, scale), "--scale", scale, "--out", "o"])
+        train = paper_table.plan_row(args, row).train
+        cfg = load_config(train[train.index("--config") + 1], train[train.index("--config") + 2:])
+        assert cfg.training.train_iters == 100 and cfg.training.global_batch_size == 32
+        assert (cfg.lora.r, cfg.lora.alpha, cfg.optimizer.lr) == (64, 128, 5e-6)
+        assert cfg.method == {"sft": "sft", "grpo": "grpo"}.get(row, "phf")
+
+
+@pytest.mark.parametrize("script,row", [("train_sft_qwen3.sh", "sft"), ("train_grpo_qwen3.sh", "grpo")])
+def test_the_examples_train_the_recipes_rows(script, row):
+    """The shell examples and the harness's table agree: every flag the example adds is the row's."""
+    text = open(os.path.join(REPO, "examples", script)).read()
+    exec_line = text[text.index("exec bash"):]
+    example = set(re.findall(r"--[\w.]+=\S+", exec_line.split('"$@"')[0]))
+    assert example <= set(method_flags(row, 28)) | set(paper_table.PAPER_COMMON), example
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--toy", "--out", "o", "--rows", "base,nope"], "error: --rows: unknown row 'nope'"),
+    (["--scale", "1p7b", "--out", "o", "--hf_model", "/no/such/model"], "error: --hf_model: /no/such/model has no config.json"),
+    (["--out", "o", "--hf_model", "x"], "error: --scale: required"),
+    (["--toy", "--scale", "4b", "--out", "o"], "error: --toy: the toy builds its own model"),
+])
+def test_one_line_errors(capsys, argv, line):
+    assert paper_table.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line) and "\n" not in err, err
+
+
+# ----------------------------------------------------------------------------- the toy, end to end
+
+#: the smallest toy that still trains: a short warm-up, 4 steps of 16 (GRPO: 2 prompts x G 8), a
+#: checkpoint at step 2, the transformers engine (starts in seconds)
+TOY = ["--toy", "--warmup_steps", "20", "--step", "4", "--rows", "base,sft,grpo,opsd,phf", "--",
+       "--rollout.backend=hf", "--checkpoint.save_interval=2", "--training.global_batch_size=16",
+       "--training.micro_batch_size=8", "--logging.tensorboard=false", "--logging.progress_bar=false"]
+
+
+def _harness(out):
+    return [sys.executable, os.path.join(REPO, "tools", "paper_table.py"), "--out", out, *TOY]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # ~3-4 min on a quiet 2-core machine
+def test_toy_table_survives_a_kill_and_a_rerun_skips_finished_rows(tmp_path):
+    out = str(tmp_path / "toy_table")
+    env = python_env(OMP_NUM_THREADS="1")
+    # 1. run until the OPSD row has saved its step-2 checkpoint, then SIGKILL the harness's process group
+    log1 = open(tmp_path / "run1.log", "w")
+    proc = subprocess.Popen(_harness(out), cwd=REPO, env=env, stdout=log1, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    latest = os.path.join(out, "opsd", "checkpoints", "latest_checkpointed_iteration.txt")
+    while proc.poll() is None and not (os.path.isfile(latest) and open(latest).read().strip() == "2"):
+        time.sleep(0.05)
+    assert proc.poll() is None, open(tmp_path / "run1.log").read()[-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = open(tmp_path / "run1.log").read()
+    assert "[4/5] opsd: training to step 4" in first and "[4/5] opsd: trained" not in first, first
+
+    # 2. rerun: finished rows are skipped, the killed row resumes from its checkpoint, the table completes
+    second = subprocess.run(_harness(out), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    for i, row in enumerate(("base", "sft", "grpo"), 1):
+        assert f"[{i}/5] {row}: finished, skipped" in second.stdout
+    assert "[4/5] opsd: resuming to step 4" in second.stdout and "[5/5] phf: training to step 4" in second.stdout
+    assert "phf_megatron.train: resuming from step 2 of 4" in open(os.path.join(out, "opsd", "train.log")).read()
+    table = json.load(open(os.path.join(out, "table.json")))
+    assert list(table["rows"]) == ["base", "sft", "grpo", "opsd", "phf"] and table["toy"]
+    for row, e in table["rows"].items():
+        assert e["status"] == "done" and e["paper"] is None and e["paper_note"].startswith("n/a"), row
+        assert set(e["ours"]) == {"unseen", "seen", "average"}
+        assert all(0 <= v <= 100 for v in e["ours"].values())
+        assert e["ours"]["average"] == pytest.approx((e["ours"]["unseen"] + e["ours"]["seen"]) / 2)
+    md = open(os.path.join(out, "table.md")).read()
+    for row in table["rows"]:
+        assert re.search(rf"^\| {row} \| [\d.]+ \| [\d.]+ \| [\d.]+ \| done \|$", md, re.M), (row, md)
+    for row in ("sft", "grpo", "opsd", "phf"):   # every trained row reached step 4 through its own method
+        metrics = [json.loads(line) for line in open(os.path.join(out, row, "metrics.jsonl"))]
+        assert metrics[-1]["step"] == 4
+    assert "reward" in json.loads(open(os.path.join(out, "grpo", "metrics.jsonl")).readline())
+
+    # 3. a third run relaunches nothing: every row skipped, no log touched
+    logs = {p: os.stat(p).st_mtime_ns for row in table["rows"] for p in (os.path.join(out, row, "train.log"),
+                                                                         os.path.join(out, row, "eval.log"))
+            if os.path.exists(p)}
+    third = subprocess.run(_harness(out), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert [line for line in third.stdout.splitlines() if ": training" in line or ": evaluating" in line
+            or ": resuming" in line or "running" in line] == []
+    assert third.stdout.count("finished, skipped") == 5
+    assert {p: os.stat(p).st_mtime_ns for p in logs} == logs
+
+
+def test_table_only_assembles_rows_run_as_separate_jobs(tmp_path, capsys):
+    """Rows finished elsewhere (a trainer's checkpoint + export, an eval summary.json) are read into
+    table.md / table.json beside the paper's numbers with the difference; a row without its
+    directory is "not run"; nothing is launched."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,geometry_only"]
+    args = paper_table.parse_args(argv)
+    for name, score in (("base", 60.0), ("geometry_only", 62.0)):
+        row = paper_table.plan_row(args, name)
+        os.makedirs(os.path.dirname(row.eval_result))
+        json.dump({"k": 12, "suite_average_at_k_by_grader": {"official": score, "extended": 99.0},
+                   "benchmarks": {b: {"average_at_k_by_grader": {"official": score + i, "extended": 99.0}}
+                                  for i, b in enumerate(BENCHMARKS)}}, open(row.eval_result, "w"))
+        if row.train:
+            os.makedirs(os.path.join(row.run_dir, "checkpoints"))
+            open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
+            os.makedirs(row.adapter)
+    assert paper_table.main([*argv, "--table_only"]) == 0
+    assert "training" not in capsys.readouterr().out
+    table = json.load(open(os.path.join(out, "table.json")))
+    base, sft, geo = (table["rows"][r] for r in ("base", "sft", "geometry_only"))
+    assert base["ours"] == {"aime24": 60.0, "aime25": 61.0, "hmmt25": 62.0, "average": 60.0}   # the official grader
+    assert base["paper"]["aime24"] == 74.17 and base["delta_average"] == round(60.0 - 60.30, 2)
+    assert sft["status"] == "not run" and sft["ours"] is None and sft["paper"]["average"] == 57.22
+    assert geo["paper"]["average"] == 62.59 and "aime24" not in geo["paper"] and geo["delta_average"] == -0.59
+    md = open(os.path.join(out, "table.md")).read()
+    assert "| base | 60.00 / 74.17 | 61.00 / 66.67 | 62.00 / 40.06 | 60.00 / 60.30 | -0.30 | done |" in md
+    assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | not run |" in md
