@@ -66,13 +66,13 @@ class TrainConfig:
         if not self.run_dir:
             raise fail("run_dir", "is empty")
         check_choice("method", self.method, METHODS)
+        if self.training.packing and self.method != "sft":
+            raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
+                       "packing supports --method=sft")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":
             self._check_grpo()
-        if self.training.packing and self.method != "sft":
-            raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
-                       "packing supports --method=sft")
         if self.ablation is not None:
             check_choice("ablation", self.ablation, tuple(ABLATIONS))
             for key, value in ABLATIONS[self.ablation].items():
