@@ -89,3 +89,12 @@ def test_one_line_errors():
         SequenceLayout.pad(tokens, lengths[:3])
     with pytest.raises(ValueError, match="^pad_multiple: must be >= 1, got 0$"):
         SequenceLayout.pack(tokens, lengths, 0)
+
+
+def test_the_planners_packed_token_count_is_the_layouts_length():
+    """``training.microbatch_plan.microbatch_tokens(..., "packed", m)`` counts what ``pack`` computes."""
+    from phf_megatron.training.microbatch_plan import microbatch_tokens
+
+    tokens, lengths = _rows()
+    for m in (1, 2, 4, 8):
+        assert SequenceLayout.pack(tokens, lengths, m).seq_len == microbatch_tokens(lengths.tolist(), "packed", m)
