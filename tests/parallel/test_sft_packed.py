@@ -7,8 +7,8 @@ the row padded to the rank's one packed length, a multiple of TP under sequence 
 with a trailing pad segment). The batch holds a one-token completion (sample 1), and the
 layouts cut it so that some packed rows end exactly at the TP multiple and others carry a pad
 segment. Loss and every parameter's gradient, at float32 tolerance against float64, at: one
-process (2 micro-batches), TP=2 + SP (2 micro-batches: no pad segment; 4: each with one), PP=2 (tied, recompute), PP=2 x VPP=2, DP=2 (both loss
-conventions).
+process (2 micro-batches); TP=2 + SP (2 micro-batches: no pad segment; 4: each with one); PP=2
+(tied, recompute); PP=2 x VPP=2; DP=2 (both loss conventions).
 """
 
 import functools
