@@ -80,7 +80,8 @@ class SequenceLayout:
         size = -(-used // pad_multiple) * pad_multiple
         if total is not None:
             if total < size or total % pad_multiple:
-                raise ValueError(f"total: {total} is below the packed length {size} or not a multiple of {pad_multiple}")
+                raise ValueError(f"total: {total} is below the packed length {size} or not a multiple of "
+                                 f"{pad_multiple}")
             size = total
         keep = torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None]
         row = torch.full((1, size), pad_id, dtype=torch.long, device=tokens.device)

@@ -81,7 +81,8 @@ def test_packed_microbatches_score_what_the_padded_ones_score(tok, loss_on_promp
     assert lengths[0] == padded[0].student_tokens.shape[1] > lengths[1]
     assert set(padded[1].student_tokens[0, lengths[1]:].tolist()) == {tok.pad_token_id}
     assert packed.student_tokens.shape == (1, sum(lengths)) and packed.batch_size == 1
-    assert packed.student_tokens[0].tolist() == [t for mb, n in zip(padded, lengths) for t in mb.student_tokens[0, :n].tolist()]
+    rows_alone = [t for mb, n in zip(padded, lengths) for t in mb.student_tokens[0, :n].tolist()]
+    assert packed.student_tokens[0].tolist() == rows_alone
     assert packed.score_tokens.tolist() == [t for mb in padded for t in mb.score_tokens.tolist()]
     assert packed.num_sequences == 2 and packed.layout.cu_seqlens.tolist() == [0, lengths[0], sum(lengths)]
     assert not bool(packed.scored[0, lengths[0]])
