@@ -26,19 +26,22 @@ import torch.distributed as dist
 
 from .batch import PhfMicroBatch
 from .collectives import all_reduce_, group_size
+from .layout import SequenceLayout
 from .logit_rows import scored_logits
 from .loss import LOSS, LOSS_TOKENS, LossConventions, _token_logs, megatron_return, sum_logs, top_loss_tokens
 from .sampled_token import vocab_parallel_token_logprob
-from .step import _no_loss, _positions, final_hidden_states
+from .step import _no_loss, final_hidden_states
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
 
 @dataclass
 class SftMicroBatch:
-    """``student_tokens [B, T]`` right-padded, ``scored [B, T]`` bool (True on the tokens the loss predicts;
-    never position 0)."""
+    """``student_tokens [b_act, S]`` (the activation: ``layout.tokens``), ``scored [b_act, S]`` bool (True on the
+    tokens the loss predicts; never a sequence's first token) and the ``layout`` (default: right-padded rows,
+    ``SequenceLayout.pad``). ``SftMicroBatch.packed`` builds the packed one from per-sample rows."""
 
     student_tokens: torch.Tensor
     scored: torch.Tensor
+    layout: SequenceLayout | None = None
 
     def __post_init__(self) -> None:
         if self.student_tokens.dim() != 2 or self.student_tokens.dtype != torch.long:
@@ -47,18 +50,35 @@ class SftMicroBatch:
         if self.scored.shape != self.student_tokens.shape or self.scored.dtype != torch.bool:
             raise ValueError(f"scored: expected a bool tensor of shape {tuple(self.student_tokens.shape)}, got "
                              f"{self.scored.dtype} {tuple(self.scored.shape)}")
-        if bool(self.scored[:, 0].any()):
-            raise ValueError("scored: a token at position 0 has no predecessor to predict it")
+        if self.layout is None:
+            self.layout = SequenceLayout.pad(self.student_tokens)
+        elif self.layout.tokens is not self.student_tokens and not torch.equal(self.layout.tokens, self.student_tokens):
+            raise ValueError("student_tokens: must be the layout's tokens")
+        if bool((self.scored & self.layout.sequence_starts()).any()):
+            raise ValueError("scored: a sequence's first token has no predecessor to predict it")
         self.score_index = PhfMicroBatch.score_index(self.scored)
         self.score_tokens = self.student_tokens.reshape(-1)[self.score_index + 1]
         self.num_tokens = int(self.score_index.numel())
 
+    @classmethod
+    def packed(cls, tokens: torch.Tensor, scored: torch.Tensor, lengths: torch.Tensor, *, pad_multiple: int = 1,
+               pad_id: int = 0, total: int | None = None) -> "SftMicroBatch":
+        """Right-padded per-sample ``tokens``/``scored [B, T]`` with their ``lengths [B]``, packed into one row
+        (``SequenceLayout.pack``)."""
+        layout = SequenceLayout.pack(tokens, lengths, pad_multiple, pad_id, total)
+        return cls(layout.tokens, layout.place(scored, False), layout)
+
     def to(self, device) -> "SftMicroBatch":
-        return SftMicroBatch(self.student_tokens.to(device), self.scored.to(device))
+        return SftMicroBatch(self.student_tokens.to(device), self.scored.to(device), self.layout.to(device))
 
     @property
     def batch_size(self) -> int:
+        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
         return self.student_tokens.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.layout.num_sequences
 
 
 class SftStep:
@@ -99,10 +119,10 @@ class SftStep:
         if self.num_tokens is None:
             raise RuntimeError("SftStep.prepare(microbatches) must run before the student pass")
         chunk = unwrap(model)
-        tokens = mb.student_tokens
+        tokens, kwargs = mb.student_tokens, mb.layout.forward_kwargs()
         if chunk.post_process:
-            return final_hidden_states(model, tokens, _positions(tokens), None), partial(self._loss, mb, model)
-        return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None), _no_loss
+            return final_hidden_states(model, tokens, **kwargs), partial(self._loss, mb, model)
+        return model(input_ids=tokens, **kwargs), _no_loss
 
     def _loss(self, mb: SftMicroBatch, model, output):
         index = mb.score_index.to(output.device)
@@ -115,7 +135,7 @@ class SftStep:
         dev = nll_sum.device
         logs = {"nll_sum": nll_sum.detach().double().reshape(1),
                 "num_tokens": torch.full((1,), mb.num_tokens, dtype=torch.float64, device=dev),
-                "sequences": torch.full((1,), mb.batch_size, dtype=torch.float64, device=dev)}
+                "sequences": torch.full((1,), mb.num_sequences, dtype=torch.float64, device=dev)}
         if self.collect_loss_tokens:
             logs.update(_token_logs(nll, tokens, logits.shape[-1] * group_size(self.tp_group)))
         return megatron_return(nll_sum / n_tok, mb.num_tokens, n_tok, self.conventions, logs)

@@ -42,10 +42,12 @@ from .timing import region
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS, JSD_BACKENDS, resolve_backend
 
 
-def final_hidden_states(model, tokens, position_ids, attention_mask):
+def final_hidden_states(model, tokens, position_ids, attention_mask, packed_seq_params=None):
     from ..models.lm_head import final_hidden_states as hidden_after_final_norm  # Megatron: on first use
 
-    return hidden_after_final_norm(model, tokens, position_ids, attention_mask)
+    if packed_seq_params is None:
+        return hidden_after_final_norm(model, tokens, position_ids, attention_mask)
+    return hidden_after_final_norm(model, tokens, position_ids, attention_mask, packed_seq_params=packed_seq_params)
 
 
 def _positions(tokens: torch.Tensor) -> torch.Tensor:

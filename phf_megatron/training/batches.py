@@ -18,6 +18,7 @@ from ..data.batch import DistillBatch
 from ..objectives.window import DEFAULT_WINDOW_BUDGET
 from ..parallel.batch import PhfMicroBatch
 from ..parallel.grpo_step import GrpoMicroBatch
+from ..parallel.layout import packed_length
 from ..parallel.sft_step import SftMicroBatch
 
 
@@ -40,16 +41,30 @@ def phf_microbatches(batch: DistillBatch, micro_batch_size: int, window_budget: 
     return out
 
 
-def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt: bool) -> list[SftMicroBatch]:
+def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt: bool, packing: bool = False,
+                     pad_multiple: int = 1) -> list[SftMicroBatch]:
     """SFT's micro-batches: the student sequences, scored on the completion (the rows' solutions), or with
-    ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set)."""
+    ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set).
+
+    ``packing`` (``training.packing``): each micro-batch's sequences packed into one row
+    (``SequenceLayout.pack``), every micro-batch of the rank to one length (``packed_length``: a multiple of
+    ``pad_multiple``, the TP size under sequence parallelism)."""
     if loss_on_prompt:
         scored = batch.student_attention_mask.clone()
         scored[:, 0] = False
     else:
         scored = batch.scored_positions("student")
-    return [SftMicroBatch(batch.student_input_ids[lo: lo + micro_batch_size], scored[lo: lo + micro_batch_size])
-            for lo in range(0, batch.student_input_ids.shape[0], micro_batch_size)]
+    tokens, cuts = batch.student_input_ids, _cuts(batch.student_input_ids.shape[0], micro_batch_size)
+    if not packing:
+        return [SftMicroBatch(tokens[sl], scored[sl]) for sl in cuts]
+    lengths = batch.student_attention_mask.sum(1)
+    total = packed_length([lengths[sl] for sl in cuts], pad_multiple)
+    return [SftMicroBatch.packed(tokens[sl], scored[sl], lengths[sl], pad_multiple=pad_multiple, total=total)
+            for sl in cuts]
+
+
+def _cuts(num_samples: int, micro_batch_size: int) -> list[slice]:
+    return [slice(lo, lo + micro_batch_size) for lo in range(0, num_samples, micro_batch_size)]
 
 
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,

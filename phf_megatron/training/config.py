@@ -66,6 +66,9 @@ class TrainConfig:
         if not self.run_dir:
             raise fail("run_dir", "is empty")
         check_choice("method", self.method, METHODS)
+        if self.training.packing and self.method != "sft":
+            raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
+                       "packing supports --method=sft")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":

@@ -32,6 +32,7 @@ RESUME_MUTABLE = (
     "run_dir",
     "training.train_iters",
     "training.max_nonfinite_steps",
+    "training.packing",
     "model.hf_dir",
     "model.pretrained_checkpoint",
     "model.tensor_model_parallel_size",

@@ -337,6 +337,11 @@ class TrainingConfig:
     which rank) after this many consecutive steps with a non-finite loss or gradient. Each such
     step is skipped on every rank (no weight, Adam, LR-schedule or EMA-teacher change) and counted
     (``nonfinite_steps`` in metrics.jsonl); 0: never stop."""
+    packing: bool = False
+    """Pack each micro-batch's sequences into one row without padding (THD: positions restarting per
+    sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
+    under sequence parallelism; the update equals the padded one. Supported with --method=sft; not yet
+    with phf or grpo."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):

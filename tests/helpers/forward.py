@@ -19,13 +19,13 @@ def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def megatron_logits(model, ids: torch.Tensor, packed_seq_params=None):
+def megatron_logits(model, ids: torch.Tensor, packed_seq_params=None, position_ids=None):
     """Forward ``ids`` [b, s] through the pipeline; full logits [b, s, V] on the last stage, else None."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     b, s = ids.shape
-    positions = torch.arange(s)[None].expand(b, -1)
+    positions = torch.arange(s)[None].expand(b, -1) if position_ids is None else position_ids
 
     def step(data_iterator, model_chunk):
         out = model_chunk(ids, positions, attention_mask=None, packed_seq_params=packed_seq_params)

@@ -28,6 +28,8 @@ class Layout:
     overrides: dict = field(default_factory=dict)
     step_options: dict = field(default_factory=dict)
     """Extra ``PhfStep`` keyword arguments (e.g. ``score_rows_only=False``)."""
+    packed: bool = False
+    """Micro-batches packed into one row (``parallel.layout``; the methods that support it)."""
 
     def config_overrides(self) -> dict:
         out = dict(calculate_per_token_loss=self.per_token_loss, **self.overrides)

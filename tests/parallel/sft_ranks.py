@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from phf_megatron.parallel.layout import packed_length
 from phf_megatron.parallel.sft_step import SftMicroBatch
 
 from ..helpers.tiny_qwen3 import tiny_hf_model
@@ -33,13 +34,21 @@ def global_batch(with_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, scored
 
 
-def sft_microbatches(with_prompt: bool, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1) -> list[SftMicroBatch]:
+def sft_microbatches(with_prompt: bool, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1, packed: bool = False,
+                     pad_multiple: int = 1) -> list[SftMicroBatch]:
+    """This DP rank's contiguous share in ``num_micro`` micro-batches: right-padded, or ``packed`` into one row
+    each, every one to the rank's ``packed_length`` (a multiple of ``pad_multiple``)."""
     tokens, scored = global_batch(with_prompt)
+    lengths = torch.tensor([len(s) for s, _ in sample_tokens(VOCAB)])
     per_rank = tokens.shape[0] // dp_size
     size = per_rank // num_micro
     lo = dp_rank * per_rank
-    return [SftMicroBatch(tokens[lo + k * size: lo + (k + 1) * size], scored[lo + k * size: lo + (k + 1) * size])
-            for k in range(num_micro)]
+    cuts = [slice(lo + k * size, lo + (k + 1) * size) for k in range(num_micro)]
+    if not packed:
+        return [SftMicroBatch(tokens[sl], scored[sl]) for sl in cuts]
+    total = packed_length([lengths[sl] for sl in cuts], pad_multiple)
+    return [SftMicroBatch.packed(tokens[sl], scored[sl], lengths[sl], pad_multiple=pad_multiple, total=total)
+            for sl in cuts]
 
 
 def hf_sft_reference(model, with_prompt: bool) -> dict:
@@ -72,7 +81,8 @@ def run_sft_layouts(rank, world_size, plans):
         arch = Qwen3Arch.from_hf(hf.config)
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         for with_prompt in (False, True):
-            mbs = sft_microbatches(with_prompt, dp_rank, dp, layout.num_micro)
+            mbs = sft_microbatches(with_prompt, dp_rank, dp, layout.num_micro, layout.packed,
+                                   layout.tp if layout.sp else 1)
             step = SftStep(chunks[0].config, tp_group=ps.get_tensor_model_parallel_group(),
                            dp_group=ps.get_data_parallel_group())
             step.prepare(mbs)

@@ -113,3 +113,32 @@ def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, 
         count += n
     assert m["num_tokens"] == count
     assert m["loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_packing_gives_the_padded_update(tiny_inputs, tmp_path):
+    """``--training.packing``: two SFT steps (micro-batches of 2 sequences packed into one row each) give the
+    padded run's loss, token count and gradient norm at every step, to float32 precision."""
+    hf, data = tiny_inputs
+    common = (*SFT, "--training.train_iters=2", "--checkpoint.save_interval=0", "--training.micro_batch_size=2")
+    runs = {}
+    for name, extra in (("padded", ()), ("packed", ("--training.packing",))):
+        assert_ok(train(hf, data, str(tmp_path / name), *common, *extra))
+        runs[name] = read_metrics(str(tmp_path / name))
+    for a, b in zip(runs["padded"], runs["packed"]):
+        assert b["num_tokens"] == a["num_tokens"] and b["sequences"] == a["sequences"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["phf", "grpo"])
+def test_packing_not_yet_supported_is_one_line(method):
+    extra = ("--rollout.n=2",) if method == "grpo" else ()
+    proc = run_python(["-m", "phf_megatron.train", f"--method={method}", "--training.packing", *extra], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    expected = f"error: --training.packing: not yet: --method={method} trains right-padded micro-batches"
+    assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_help_lists_packing():
+    proc = run_python(["-m", "phf_megatron.train", "--help"], timeout=120)
+    assert proc.returncode == 0 and "--training.packing" in proc.stdout, proc.stdout[-2000:]

@@ -108,7 +108,13 @@ class SftMethod:
         return pairs, completions
 
     def microbatches(self, batch, micro_batch_size: int):
-        return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt)
+        """Padded, or packed with ``training.packing`` (to a multiple of the TP size under sequence parallelism,
+        as the batch builder pads)."""
+        from megatron.core import parallel_state as ps
+
+        multiple = ps.get_tensor_model_parallel_world_size() if self.cfg.model.sequence_parallel else 1
+        return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt, self.cfg.training.packing,
+                                multiple)
 
     def step(self, student) -> SftStep:
         from megatron.core import parallel_state as ps
