@@ -9,8 +9,16 @@ PP=2 with tied embeddings and recomputation under the (loss, logs) convention; i
 PP=2 x VPP=2; DP=2 under both conventions. The harness builds float32 Megatron models (as
 ``test_phf_step``), so the tolerance is float32's against the float64 oracle: loss and every
 parameter's gradient, per tensor ``max|g - g_ref| <= 1e-5 * max|g_ref|``.
+
+Packed (``training.packing``, the ``*_packed`` layouts): each micro-batch packed into one row
+(``SftMicroBatch.packed``: positions restarting per sequence, block-diagonal causal attention, the
+row padded to the rank's one packed length, a multiple of TP under sequence parallelism, with a
+trailing pad segment) gives the same loss and gradients against the same oracle. The batch holds
+a one-token completion (sample 1); TP=2 + SP packed with 2 micro-batches ends every row exactly at
+the TP multiple, with 4 every row carries a pad segment.
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -18,16 +26,25 @@ import pytest
 from ..helpers.spawn import run_ranks
 from ..helpers.tiny_qwen3 import tiny_hf_model
 from .harness import Layout, assert_grads_close, merge_rank_results
-from .sft_ranks import SEED, global_batch, hf_sft_reference, run_sft_layouts
+from .sft_ranks import SEED, global_batch, hf_sft_reference, run_sft_layouts, sft_microbatches
 
-ONE_RANK = [("single", Layout(num_micro=2), "gqa")]
-TWO_RANKS = [
+PADDED_ONE_RANK = [("single", Layout(num_micro=2), "gqa")]
+PADDED_TWO_RANKS = [
     ("tp2_sp", Layout(tp=2, sp=True, num_micro=2), "gqa"),
     ("pp2_tied_recompute", Layout(pp=2, num_micro=2, recompute=True, per_token_loss=False), "tied"),
     ("pp2_vpp2", Layout(pp=2, vpp=2, num_micro=4, overrides={"batch_p2p_comm": False}), "gqa"),
     ("dp2", Layout(num_micro=2), "gqa"),
     ("dp2_legacy_loss", Layout(num_micro=2, per_token_loss=False), "gqa"),
 ]
+
+
+def _packed(cases):
+    return [(f"{name}_packed", dataclasses.replace(layout, packed=True), model) for name, layout, model in cases]
+
+
+ONE_RANK = PADDED_ONE_RANK + _packed(PADDED_ONE_RANK)
+TWO_RANKS = PADDED_TWO_RANKS + _packed(PADDED_TWO_RANKS) + [
+    ("tp2_sp_pad_segment_packed", Layout(tp=2, sp=True, num_micro=4, packed=True), "gqa")]
 MODEL_OF = {name: model for name, _, model in ONE_RANK + TWO_RANKS}
 CASES = [(name, p) for name in MODEL_OF for p in (False, True)]
 REL_TOL = 1e-5
@@ -75,3 +92,17 @@ def test_hf_causal_lm_loss_equals_the_oracle():
         for name, p in model.named_parameters():
             g_ref = ref["grads"][name]
             assert float((p.grad - g_ref).abs().max() / g_ref.abs().max()) <= 1e-5, name
+
+
+def test_the_packed_layouts_cover_a_pad_segment_and_the_tp_boundary():
+    """TP=2 + SP's packed rows: with 2 micro-batches each ends exactly at the multiple of 2 (no pad segment),
+    with 4 each carries a trailing pad segment; every micro-batch is one row of the rank's one length and
+    scores what the padded micro-batch scores."""
+    for num_micro, pad_segment in ((2, False), (4, True)):
+        mbs = sft_microbatches(True, num_micro=num_micro, packed=True, pad_multiple=2)
+        seq_len = mbs[0].layout.seq_len
+        assert seq_len % 2 == 0 and {mb.student_tokens.shape for mb in mbs} == {(1, seq_len)}
+        assert all((int(mb.layout.lengths.sum()) < seq_len) == pad_segment for mb in mbs)
+        for mb, ref in zip(mbs, sft_microbatches(True, num_micro=num_micro)):
+            assert mb.num_tokens == ref.num_tokens and mb.num_sequences == ref.batch_size
+            assert mb.score_tokens.tolist() == ref.score_tokens.tolist()
