@@ -72,7 +72,8 @@ class TrainConfig:
         if self.training.max_tokens_per_microbatch is not None:
             if self.method != "sft":
                 raise fail("training.max_tokens_per_microbatch", f"not yet: --method={self.method} trains "
-                           "micro-batches of training.micro_batch_size sequences; the token budget supports --method=sft")
+                           "micro-batches of training.micro_batch_size sequences; the token budget supports "
+                           "--method=sft")
             if not self.training.packing:
                 raise fail("training.max_tokens_per_microbatch", "counts packed tokens: it needs --training.packing")
             if (self.model.virtual_pipeline_model_parallel_size or 1) > 1:
