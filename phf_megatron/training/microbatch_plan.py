@@ -7,7 +7,8 @@ computes the same plan and reads its own part. Two modes:
 * **fixed count** (:func:`fixed_plan`, today's split, ``batches.build_microbatches``): rank ``r``
   takes the contiguous block ``[r·n/dp, (r+1)·n/dp)`` of the ``n`` samples, cut into consecutive
   micro-batches of ``micro_batch_size``.
-* **token budget** (:func:`token_budget_plan`, ``max_tokens_per_microbatch``): the samples are
+* **token budget** (:func:`token_budget_plan`, ``training.max_tokens_per_microbatch``, which
+  ``batches.build_microbatches`` plans with for ``--method=sft`` with packing): the samples are
   first spread over the data-parallel ranks by LPT (longest processing time first: in decreasing
   cost, each to the least-loaded rank so far), which bounds the slowest rank's load by
   ``(4/3 - 1/(3·dp))`` times the best possible (Graham 1969). The cost of a sample is
