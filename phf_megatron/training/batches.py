@@ -1,13 +1,16 @@
 """From a step's rows and rollouts (or, for SFT, solutions) to this rank's micro-batches.
 
 Each sample is one (prompt, completion) pair: ``rollout.n`` completions per prompt. The step's
-samples are split evenly over the data-parallel ranks, then into micro-batches. All micro-batches
-of a rank are padded to one student and one teacher length (pipeline schedules send fixed-size
-activations), rounded up to the TP size under sequence parallelism.
+samples are split evenly over the data-parallel ranks, then into micro-batches of
+``training.micro_batch_size``; or, with ``training.max_tokens_per_microbatch``, by the token-budget
+plan (``microbatch_plan``). All micro-batches of a rank are padded to one student and one teacher
+length (pipeline schedules send fixed-size activations), rounded up to the TP size under sequence
+parallelism.
 """
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 from typing import Callable, Sequence
 
@@ -20,6 +23,7 @@ from ..parallel.batch import PhfMicroBatch
 from ..parallel.grpo_step import GrpoMicroBatch
 from ..parallel.layout import packed_length
 from ..parallel.sft_step import SftMicroBatch
+from .microbatch_plan import token_budget_plan
 
 
 def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
@@ -41,14 +45,15 @@ def phf_microbatches(batch: DistillBatch, micro_batch_size: int, window_budget: 
     return out
 
 
-def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt: bool, packing: bool = False,
-                     pad_multiple: int = 1) -> list[SftMicroBatch]:
+def sft_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], loss_on_prompt: bool,
+                     packing: bool = False, pad_multiple: int = 1) -> list[SftMicroBatch]:
     """SFT's micro-batches: the student sequences, scored on the completion (the rows' solutions), or with
     ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set).
 
-    ``packing`` (``training.packing``): each micro-batch's sequences packed into one row
-    (``SequenceLayout.pack``), every micro-batch of the rank to one length (``packed_length``: a multiple of
-    ``pad_multiple``, the TP size under sequence parallelism)."""
+    ``micro_batch_size``: consecutive rows per micro-batch, or each micro-batch's row count in order (a
+    token-budget plan, ``build_microbatches`` with ``max_tokens``). ``packing`` (``training.packing``): each
+    micro-batch's sequences packed into one row (``SequenceLayout.pack``), every micro-batch of the rank to one
+    length (``packed_length``: a multiple of ``pad_multiple``, the TP size under sequence parallelism)."""
     if loss_on_prompt:
         scored = batch.student_attention_mask.clone()
         scored[:, 0] = False
@@ -63,8 +68,14 @@ def sft_microbatches(batch: DistillBatch, micro_batch_size: int, loss_on_prompt:
             for sl in cuts]
 
 
-def _cuts(num_samples: int, micro_batch_size: int) -> list[slice]:
-    return [slice(lo, lo + micro_batch_size) for lo in range(0, num_samples, micro_batch_size)]
+def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice]:
+    """Consecutive slices: of ``micro_batch_size`` rows, or of each given count (they must sum to ``num_samples``)."""
+    if isinstance(micro_batch_size, int):
+        return [slice(lo, lo + micro_batch_size) for lo in range(0, num_samples, micro_batch_size)]
+    if sum(micro_batch_size) != num_samples or min(micro_batch_size, default=0) < 1:
+        raise ValueError(f"micro_batch_size: counts {list(micro_batch_size)} do not split {num_samples} samples")
+    bounds = [0, *itertools.accumulate(micro_batch_size)]
+    return [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
 
 
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,
@@ -109,19 +120,35 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: to
 def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int | None,
                        micro_batch_size: int, dp_rank: int, dp_size: int, pad_multiple: int,
                        window_budget: int = DEFAULT_WINDOW_BUDGET, max_length: int | None = None,
-                       make: Callable[[DistillBatch, int], list] | None = None) -> list:
+                       make: Callable[[DistillBatch, int | list[int]], list] | None = None,
+                       max_tokens: int | None = None, origins: Sequence[str] | None = None) -> list:
     """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``; the
     tokenizer's ``pad_id`` is not scored where a rollout holds it (``data.batch``). ``make(batch,
     micro_batch_size)`` cuts the rank's padded batch into the method's micro-batches (default: PHF's,
-    with ``window_budget``)."""
+    with ``window_budget``).
+
+    ``max_tokens`` (``training.max_tokens_per_microbatch``): the step's samples planned by
+    ``microbatch_plan.token_budget_plan`` over packed token counts (LPT over the data-parallel ranks,
+    first-fit decreasing into micro-batches of at most ``max_tokens`` student and teacher tokens), and
+    ``make`` gets this rank's row count of each micro-batch instead of ``micro_batch_size``; ranks may run
+    different numbers of micro-batches. ``origins[i]`` (e.g. the data row's ``file:line``) names sample
+    ``i`` in the error of a sample over the budget alone."""
     if len(pairs) != len(completions):
         raise ValueError(f"completions: {len(completions)} rollouts for {len(pairs)} prompt pairs")
-    idx = local_samples(len(pairs), dp_rank, dp_size)
-    if len(idx) % micro_batch_size:
-        raise ValueError(f"training.micro_batch_size: {micro_batch_size} does not divide the {len(idx)} samples of a "
-                         "data-parallel rank (global_batch_size / data-parallel size)")
+    if max_tokens is None:
+        idx = local_samples(len(pairs), dp_rank, dp_size)
+        if len(idx) % micro_batch_size:
+            raise ValueError(f"training.micro_batch_size: {micro_batch_size} does not divide the {len(idx)} samples "
+                             "of a data-parallel rank (global_batch_size / data-parallel size)")
+        sizes: int | list[int] = micro_batch_size
+    else:
+        student = [len(p.student_ids) + len(c) for p, c in zip(pairs, completions)]
+        teacher = [len(p.teacher_ids) + len(c) for p, c in zip(pairs, completions)]
+        plan = token_budget_plan(student, teacher, dp_size=dp_size, max_tokens=max_tokens, layout="packed",
+                                 pad_multiple=pad_multiple, names=origins)
+        idx, sizes = plan.local_samples(dp_rank), [len(mb) for mb in plan.microbatches(dp_rank)]
     batch = build_distill_batch([pairs[i].student_ids for i in idx], [pairs[i].teacher_ids for i in idx],
                                 [list(completions[i]) for i in idx], pad_id=pad_id, pad_to_multiple_of=pad_multiple,
                                 max_length=max_length)
     make = make or partial(phf_microbatches, window_budget=window_budget)
-    return make(batch, micro_batch_size)
+    return make(batch, sizes)

@@ -69,6 +69,17 @@ class TrainConfig:
         if self.training.packing and self.method != "sft":
             raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
                        "packing supports --method=sft")
+        if self.training.max_tokens_per_microbatch is not None:
+            if self.method != "sft":
+                raise fail("training.max_tokens_per_microbatch", f"not yet: --method={self.method} trains "
+                           "micro-batches of training.micro_batch_size sequences; the token budget supports "
+                           "--method=sft")
+            if not self.training.packing:
+                raise fail("training.max_tokens_per_microbatch", "counts packed tokens: it needs --training.packing")
+            if (self.model.virtual_pipeline_model_parallel_size or 1) > 1:
+                raise fail("training.max_tokens_per_microbatch", "not yet with model.virtual_pipeline_model_parallel_"
+                           "size: the interleaved schedule needs a multiple of the PP size of micro-batches on every "
+                           "rank, which a token budget does not give")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":

@@ -33,6 +33,7 @@ RESUME_MUTABLE = (
     "training.train_iters",
     "training.max_nonfinite_steps",
     "training.packing",
+    "training.max_tokens_per_microbatch",
     "model.hf_dir",
     "model.pretrained_checkpoint",
     "model.tensor_model_parallel_size",

@@ -342,11 +342,20 @@ class TrainingConfig:
     sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
     under sequence parallelism; the update equals the padded one. Supported with --method=sft; not yet
     with phf or grpo."""
+    max_tokens_per_microbatch: int | None = None
+    """With --training.packing: group a step's samples into micro-batches by their token counts instead of
+    micro_batch_size sequences each: spread over the data-parallel ranks by cost (LPT), then first-fit
+    decreasing into micro-batches of at most this many packed tokens (``training.microbatch_plan``); a
+    long sample gets a micro-batch of its own, one over the budget alone is an error naming it. The loss
+    is normalized over the step's token count, so the update equals the fixed micro-batching's (up to
+    float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=sft."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):
             _check_positive(f"training.{name}", getattr(self, name))
         _check_positive("training.max_nonfinite_steps", self.max_nonfinite_steps, allow_zero=True)
+        if self.max_tokens_per_microbatch is not None:
+            _check_positive("training.max_tokens_per_microbatch", self.max_tokens_per_microbatch)
         if self.global_batch_size % self.micro_batch_size:
             raise fail("training.global_batch_size",
                        f"{self.global_batch_size} is not a multiple of micro_batch_size = {self.micro_batch_size}")

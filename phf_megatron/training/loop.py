@@ -85,6 +85,15 @@ def _load_dataset(cfg: TrainConfig):
         raise fail("data.path", str(err).removeprefix("source: ")) from err
 
 
+def _origins(rows: list, num_samples: int) -> list[str] | None:
+    """Each sample's data row (``MathRow.origin``, e.g. ``train.jsonl:17``): the step's samples follow its
+    rows, the same count per row; None when they do not (an engine group's share of the rows)."""
+    if not rows or num_samples % len(rows):
+        return None
+    per_row = num_samples // len(rows)
+    return [getattr(rows[i // per_row], "origin", "") for i in range(num_samples)]
+
+
 def _saved_parts(load_dir: str) -> dict:
     """The parts of the checkpoint a resume reads (its ``meta.json``)."""
     from ..input_files import read_json
@@ -227,7 +236,8 @@ class Trainer:
             mbs = build_microbatches(pairs, completions, pad_id=self.tokenizer.pad_token_id,
                                      micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank,
                                      dp_size=dp_size, pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
-                                     make=self.method.microbatches)
+                                     make=self.method.microbatches, max_tokens=cfg.training.max_tokens_per_microbatch,
+                                     origins=_origins(plan.rows, len(pairs)))
             self._round = (plan, samples, completions, mbs)
         elif self._round is None:
             raise RuntimeError(f"step {self.step}: iteration {iteration} of a rollout batch this run did not sample "

@@ -7,7 +7,8 @@ computes the same plan and reads its own part. Two modes:
 * **fixed count** (:func:`fixed_plan`, today's split, ``batches.build_microbatches``): rank ``r``
   takes the contiguous block ``[r·n/dp, (r+1)·n/dp)`` of the ``n`` samples, cut into consecutive
   micro-batches of ``micro_batch_size``.
-* **token budget** (:func:`token_budget_plan`, ``max_tokens_per_microbatch``): the samples are
+* **token budget** (:func:`token_budget_plan`, ``training.max_tokens_per_microbatch``, which
+  ``batches.build_microbatches`` plans with for ``--method=sft`` with packing): the samples are
   first spread over the data-parallel ranks by LPT (longest processing time first: in decreasing
   cost, each to the least-loaded rank so far), which bounds the slowest rank's load by
   ``(4/3 - 1/(3·dp))`` times the best possible (Graham 1969). The cost of a sample is
@@ -91,12 +92,12 @@ def microbatch_tokens(lengths: Sequence[int], layout: str = "packed", pad_multip
 
 def plan_microbatches(student_lengths: Sequence[int], teacher_lengths: Sequence[int], *, dp_size: int,
                       micro_batch_size: int, max_tokens: int | None = None, layout: str = "packed",
-                      pad_multiple: int = 1) -> MicroBatchPlan:
+                      pad_multiple: int = 1, names: Sequence[str] | None = None) -> MicroBatchPlan:
     """The one call: :func:`token_budget_plan` when ``max_tokens`` is set, else :func:`fixed_plan`."""
     if max_tokens is None:
         return fixed_plan(len(student_lengths), dp_size=dp_size, micro_batch_size=micro_batch_size)
     return token_budget_plan(student_lengths, teacher_lengths, dp_size=dp_size, max_tokens=max_tokens, layout=layout,
-                             pad_multiple=pad_multiple)
+                             pad_multiple=pad_multiple, names=names)
 
 
 def fixed_plan(num_samples: int, *, dp_size: int, micro_batch_size: int) -> MicroBatchPlan:
@@ -116,13 +117,14 @@ def fixed_plan(num_samples: int, *, dp_size: int, micro_batch_size: int) -> Micr
 
 
 def token_budget_plan(student_lengths: Sequence[int], teacher_lengths: Sequence[int], *, dp_size: int,
-                      max_tokens: int, layout: str = "packed", pad_multiple: int = 1) -> MicroBatchPlan:
+                      max_tokens: int, layout: str = "packed", pad_multiple: int = 1,
+                      names: Sequence[str] | None = None) -> MicroBatchPlan:
     """LPT over the ranks by :func:`sample_cost`, then first-fit decreasing into micro-batches whose
     student and teacher tokens (:func:`microbatch_tokens` in ``layout``) are each at most ``max_tokens``.
 
     ``student_lengths[i]`` / ``teacher_lengths[i]``: sample ``i``'s whole sequence (prompt + completion).
     Raises a ``ConfigError`` on ``training.max_tokens_per_microbatch`` naming the first sample that
-    exceeds the budget on its own.
+    exceeds the budget on its own (and ``names[i]``, where it came from, e.g. its data row's origin).
     """
     n = len(student_lengths)
     if len(teacher_lengths) != n:
@@ -138,8 +140,10 @@ def token_budget_plan(student_lengths: Sequence[int], teacher_lengths: Sequence[
         for side, length in (("student", student_lengths[i]), ("teacher", teacher_lengths[i])):
             alone = microbatch_tokens([length], layout, pad_multiple)
             if alone > max_tokens:
-                raise fail(BUDGET_KEY, f"sample {i} alone needs {alone} {side} tokens, over the budget of "
-                           f"{max_tokens}; raise the budget or lower data.max_prompt_length / rollout.max_tokens")
+                named = f" ({names[i]})" if names is not None and names[i] else ""
+                raise fail(BUDGET_KEY, f"sample {i}{named} alone needs {alone} {side} tokens, over the budget of "
+                           f"{max_tokens}; raise the budget or shorten the sequences (sft.max_length; "
+                           "data.max_prompt_length / rollout.max_tokens)")
     costs = [sample_cost(s, t) for s, t in zip(student_lengths, teacher_lengths)]
     order = sorted(range(n), key=lambda i: (-costs[i], i))
     per_rank = lpt_assign([costs[i] for i in order], dp_size)

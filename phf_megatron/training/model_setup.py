@@ -204,7 +204,8 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     cuda = torch.cuda.is_available()
     te = resolve_backend(cfg.model.transformer_impl) == "te"
     no_te = "" if te else (" (Transformer Engine not installed)" if not have_transformer_engine() else "")
-    parts = [f"attention {'Transformer Engine' if te else 'SDPA (Megatron local spec)'}{no_te}",
+    packed = f", packed sequences: {packed_attention(te, cuda)}" if cfg.training.packing else ""
+    parts = [f"attention {'Transformer Engine' if te else 'SDPA (Megatron local spec)'}{no_te}{packed}",
              f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]
     fused = cfg.model.fused_kernels and cuda
     parts.append("fused RMSNorm/RoPE/SwiGLU " + ("on" if fused else "off" + ("" if cuda else " (no CUDA)")))
@@ -213,6 +214,17 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     parts.append(f"optimizer {type(inner).__module__.split('.')[0]}.{type(inner).__name__}")
     parts.append(f"rollout {describe_engine(engine)}" if engine is not None else "no rollout engine")
     return "; ".join(parts)
+
+
+def packed_attention(te: bool, cuda: bool) -> str:
+    """The attention that runs packed sequences (``training.packing``, THD with ``cu_seqlens``): Transformer
+    Engine's THD path; else ``models.attention.SDPACoreAttention``'s block-diagonal causal mask, a dense
+    ``[S, S]`` bool mask, which on CUDA takes PyTorch's memory-efficient kernel (the flash kernel takes no
+    mask) and on CPU PyTorch's own."""
+    if te:
+        return "Transformer Engine THD (cu_seqlens)"
+    kernel = "memory-efficient kernel, dense [S, S] mask" if cuda else "CPU kernel"
+    return f"SDPA block-diagonal causal mask ({kernel})"
 
 
 def loss_kernels(cfg: TrainConfig) -> list[str]:

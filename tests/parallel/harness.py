@@ -30,6 +30,9 @@ class Layout:
     """Extra ``PhfStep`` keyword arguments (e.g. ``score_rows_only=False``)."""
     packed: bool = False
     """Micro-batches packed into one row (``parallel.layout``; the methods that support it)."""
+    max_tokens: int | None = None
+    """With ``packed``: micro-batches by the token-budget plan (``training.microbatch_plan``) instead of
+    ``num_micro`` contiguous ones (the methods that support it)."""
 
     def config_overrides(self) -> dict:
         out = dict(calculate_per_token_loss=self.per_token_loss, **self.overrides)

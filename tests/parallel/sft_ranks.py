@@ -13,6 +13,7 @@ import torch
 
 from phf_megatron.parallel.layout import packed_length
 from phf_megatron.parallel.sft_step import SftMicroBatch
+from phf_megatron.training.microbatch_plan import token_budget_plan
 
 from ..helpers.tiny_qwen3 import tiny_hf_model
 from .harness import build_chunks, hf_grads, init_layout
@@ -35,15 +36,21 @@ def global_batch(with_prompt: bool) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sft_microbatches(with_prompt: bool, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1, packed: bool = False,
-                     pad_multiple: int = 1) -> list[SftMicroBatch]:
+                     pad_multiple: int = 1, max_tokens: int | None = None) -> list[SftMicroBatch]:
     """This DP rank's contiguous share in ``num_micro`` micro-batches: right-padded, or ``packed`` into one row
-    each, every one to the rank's ``packed_length`` (a multiple of ``pad_multiple``)."""
+    each, every one to the rank's ``packed_length`` (a multiple of ``pad_multiple``). ``max_tokens`` (packed):
+    the rank's micro-batches of the token-budget plan instead (``token_budget_plan``: any samples, any count)."""
     tokens, scored = global_batch(with_prompt)
     lengths = torch.tensor([len(s) for s, _ in sample_tokens(VOCAB)])
-    per_rank = tokens.shape[0] // dp_size
-    size = per_rank // num_micro
-    lo = dp_rank * per_rank
-    cuts = [slice(lo + k * size, lo + (k + 1) * size) for k in range(num_micro)]
+    if max_tokens is not None:
+        plan = token_budget_plan(lengths.tolist(), lengths.tolist(), dp_size=dp_size, max_tokens=max_tokens,
+                                 pad_multiple=pad_multiple)
+        cuts = [list(mb) for mb in plan.microbatches(dp_rank)]
+    else:
+        per_rank = tokens.shape[0] // dp_size
+        size = per_rank // num_micro
+        lo = dp_rank * per_rank
+        cuts = [slice(lo + k * size, lo + (k + 1) * size) for k in range(num_micro)]
     if not packed:
         return [SftMicroBatch(tokens[sl], scored[sl]) for sl in cuts]
     total = packed_length([lengths[sl] for sl in cuts], pad_multiple)
@@ -82,7 +89,7 @@ def run_sft_layouts(rank, world_size, plans):
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         for with_prompt in (False, True):
             mbs = sft_microbatches(with_prompt, dp_rank, dp, layout.num_micro, layout.packed,
-                                   layout.tp if layout.sp else 1)
+                                   layout.tp if layout.sp else 1, layout.max_tokens)
             step = SftStep(chunks[0].config, tp_group=ps.get_tensor_model_parallel_group(),
                            dp_group=ps.get_data_parallel_group())
             step.prepare(mbs)
@@ -96,5 +103,5 @@ def run_sft_layouts(rank, world_size, plans):
             metrics = step.reduce_logs(logs) if ps.is_pipeline_last_stage(ignore_virtual=True) else None
             grads = hf_grads(chunks, arch)
             if ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0:
-                out[(layout_name, with_prompt)] = dict(metrics=metrics, grads=grads)
+                out[(layout_name, with_prompt)] = dict(metrics=metrics, grads=grads, num_microbatches=len(mbs))
     return out

@@ -16,6 +16,11 @@ row padded to the rank's one packed length, a multiple of TP under sequence para
 trailing pad segment) gives the same loss and gradients against the same oracle. The batch holds
 a one-token completion (sample 1); TP=2 + SP packed with 2 micro-batches ends every row exactly at
 the TP multiple, with 4 every row carries a pad segment.
+
+Token budget (``training.max_tokens_per_microbatch``, the ``*_budget`` layouts): the samples grouped by
+``token_budget_plan`` (LPT over DP ranks, first-fit decreasing inside each), so DP ranks run different
+numbers of micro-batches of different sizes: the same loss and gradients against the same oracle, and
+equal to the fixed micro-batching's, under per-token and the legacy (loss, logs) convention.
 """
 
 import dataclasses
@@ -42,9 +47,19 @@ def _packed(cases):
     return [(f"{name}_packed", dataclasses.replace(layout, packed=True), model) for name, layout, model in cases]
 
 
-ONE_RANK = PADDED_ONE_RANK + _packed(PADDED_ONE_RANK)
+#: ``training.max_tokens_per_microbatch``: token-budget micro-batches (packed). Budget 20 on one rank: 4
+#: micro-batches of 2 sequences; 18 over DP=2: 2 on rank 0, 3 on rank 1 (one of a single sequence), samples
+#: spread by LPT, not contiguous (``test_the_budget_layouts_give_unequal_counts``).
+BUDGET_ONE_RANK = [("single_budget", Layout(packed=True, max_tokens=20), "gqa")]
+BUDGET_TWO_RANKS = [
+    ("dp2_budget", Layout(packed=True, max_tokens=18), "gqa"),
+    ("dp2_legacy_loss_budget", Layout(packed=True, max_tokens=18, per_token_loss=False), "gqa"),
+    ("tp2_sp_budget", Layout(tp=2, sp=True, packed=True, max_tokens=18), "gqa"),
+    ("pp2_budget", Layout(pp=2, packed=True, max_tokens=18), "gqa"),
+]
+ONE_RANK = PADDED_ONE_RANK + _packed(PADDED_ONE_RANK) + BUDGET_ONE_RANK
 TWO_RANKS = PADDED_TWO_RANKS + _packed(PADDED_TWO_RANKS) + [
-    ("tp2_sp_pad_segment_packed", Layout(tp=2, sp=True, num_micro=4, packed=True), "gqa")]
+    ("tp2_sp_pad_segment_packed", Layout(tp=2, sp=True, num_micro=4, packed=True), "gqa")] + BUDGET_TWO_RANKS
 MODEL_OF = {name: model for name, _, model in ONE_RANK + TWO_RANKS}
 CASES = [(name, p) for name in MODEL_OF for p in (False, True)]
 REL_TOL = 1e-5
@@ -106,3 +121,26 @@ def test_the_packed_layouts_cover_a_pad_segment_and_the_tp_boundary():
         for mb, ref in zip(mbs, sft_microbatches(True, num_micro=num_micro)):
             assert mb.num_tokens == ref.num_tokens and mb.num_sequences == ref.batch_size
             assert mb.score_tokens.tolist() == ref.score_tokens.tolist()
+
+
+def test_the_budget_layouts_give_unequal_counts():
+    """The DP=2 budget spreads the samples unevenly in count (2 and 3 micro-batches) and not contiguously; every
+    micro-batch stays within the budget, and the ranks together score every sample once."""
+    ranks = [sft_microbatches(True, r, 2, packed=True, max_tokens=18) for r in range(2)]
+    assert [len(mbs) for mbs in ranks] == [2, 3]
+    assert all(int(mb.layout.lengths.sum()) <= 18 for mbs in ranks for mb in mbs)
+    assert sum(mb.num_sequences for mbs in ranks for mb in mbs) == global_batch(True)[0].shape[0]
+    assert sum(mb.num_tokens for mbs in ranks for mb in mbs) == int(global_batch(True)[1].sum())
+    assert len(sft_microbatches(True, packed=True, max_tokens=20)) == 4
+
+
+@pytest.mark.parametrize("budget,fixed", [("single_budget", "single_packed"), ("dp2_budget", "dp2_packed"),
+                                          ("dp2_legacy_loss_budget", "dp2_legacy_loss_packed"),
+                                          ("tp2_sp_budget", "tp2_sp_packed")])
+def test_a_token_budget_gives_the_fixed_micro_batchings_update(budget, fixed, results):
+    """Budget against fixed micro-batches on the same layout: loss and every gradient to float32 precision."""
+    for with_prompt in (False, True):
+        got, ref = results[(budget, with_prompt)], results[(fixed, with_prompt)]
+        assert got["metrics"]["loss"] == pytest.approx(ref["metrics"]["loss"], rel=REL_TOL)
+        assert got["metrics"]["num_tokens"] == ref["metrics"]["num_tokens"]
+        assert_grads_close(got["grads"], ref["grads"], REL_TOL)

@@ -176,6 +176,11 @@ def test_cross_section_rules():
     assert load_config(argv=["--tensor_model_parallel_size=1", "--sequence_parallel"]).model.sequence_parallel is False
     with pytest.raises(ValueError, match=r"teacher.ema_start: 'after_first_step' applies to the EMA teacher only"):
         load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
+    budget = ["--method=sft", "--rollout.n=1", "--training.packing", "--training.max_tokens_per_microbatch=4096"]
+    assert load_config(argv=budget).training.max_tokens_per_microbatch == 4096
+    with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with "
+                                         r"model.virtual_pipeline_model_parallel_size"):
+        load_config(argv=budget + ["--pipeline_model_parallel_size=2", "--virtual_pipeline_model_parallel_size=2"])
 
 
 def test_parallel_layout_checks_name_the_flag():

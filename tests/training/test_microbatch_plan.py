@@ -183,3 +183,35 @@ def test_one_call_picks_the_mode_by_the_budget():
     assert plan_microbatches(student, teacher, dp_size=3, micro_batch_size=2, max_tokens=900, layout="padded",
                              pad_multiple=2) == token_budget_plan(student, teacher, dp_size=3, max_tokens=900,
                                                                   layout="padded", pad_multiple=2)
+
+
+@pytest.mark.parametrize("dp,multiple", [(1, 1), (2, 1), (3, 2)])
+def test_budget_mode_is_what_the_trainers_builder_builds(dp, multiple):
+    """``build_microbatches(max_tokens=...)`` with SFT's packed micro-batches: each rank's micro-batches hold the
+    samples the budget plan names (in its order, each its own packed segment), within the budget."""
+    from functools import partial
+
+    from phf_megatron.training.batches import sft_microbatches
+
+    rng = random.Random(dp)
+    prompts = [[1000 + i] + [5] * rng.randint(0, 6) for i in range(12)]
+    pairs = [PromptPair(student_ids=p, teacher_ids=p) for p in prompts]      # SFT: one sequence per sample
+    completions = [[7] * rng.randint(1, 9) for _ in range(12)]
+    lengths = [len(p.student_ids) + len(c) for p, c in zip(pairs, completions)]
+    plan = token_budget_plan(lengths, lengths, dp_size=dp, max_tokens=24, pad_multiple=multiple)
+    make = partial(sft_microbatches, loss_on_prompt=False, packing=True, pad_multiple=multiple)
+    for rank in range(dp):
+        built = build_microbatches(pairs, completions, pad_id=0, micro_batch_size=2, dp_rank=rank, dp_size=dp,
+                                   pad_multiple=multiple, make=make, max_tokens=24)
+        assert [tuple(int(mb.student_tokens[0, s]) - 1000 for s in mb.layout.start) for mb in built] == \
+            [tuple(mb) for mb in plan.microbatches(rank)]
+        assert all(int(mb.layout.lengths.sum()) <= 24 and mb.layout.seq_len % multiple == 0 for mb in built)
+
+
+def test_the_builder_names_the_sample_over_the_budget_by_its_origin():
+    pairs, completions = [PromptPair([1] * 3, [1] * 3), PromptPair([1] * 30, [1] * 30)], [[2], [2]]
+    with pytest.raises(ConfigError) as err:
+        build_microbatches(pairs, completions, pad_id=0, micro_batch_size=1, dp_rank=0, dp_size=1, pad_multiple=1,
+                           max_tokens=16, origins=["train.jsonl:4", "train.jsonl:9"])
+    assert err.value.key == "training.max_tokens_per_microbatch"
+    assert "sample 1 (train.jsonl:9) alone needs 31 student tokens, over the budget of 16" in err.value.line

@@ -3,6 +3,7 @@ the official baseline's switches change what is scored, truncation is counted, b
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -65,6 +66,10 @@ def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
     (("--data.reason_first",), "error: --data.reason_first: is a PHF teacher option; --method=sft has no teacher"),
     (("--rollout.async_steps=1",), "error: --rollout.async_steps: --method=sft has no rollouts to overlap"),
     (("--sft.max_length=1",), "error: --sft.max_length: needs at least 2 tokens"),
+    (("--training.max_tokens_per_microbatch=512",),
+     "error: --training.max_tokens_per_microbatch: counts packed tokens: it needs --training.packing"),
+    (("--training.packing", "--training.max_tokens_per_microbatch=0"),
+     "error: --training.max_tokens_per_microbatch: must be > 0, got 0"),
 ])
 def test_bad_sft_settings_are_one_line(flags, expected):
     proc = run_python(["-m", "phf_megatron.train", "--method=sft", "--training.global_batch_size=4",
@@ -115,19 +120,47 @@ def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, 
     assert m["loss"] == pytest.approx(total / count, rel=1e-5)
 
 
-def test_packing_gives_the_padded_update(tiny_inputs, tmp_path):
+def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path):
     """``--training.packing``: two SFT steps (micro-batches of 2 sequences packed into one row each) give the
-    padded run's loss, token count and gradient norm at every step, to float32 precision."""
+    padded run's loss, token count and gradient norm at every step, to float32 precision; so does
+    ``--training.max_tokens_per_microbatch`` (the tiny rows are ~64 tokens: a budget of 200 groups the step's 4
+    sequences by tokens, up to 3 in one, not 2 + 2). The start line names the packed attention."""
     hf, data = tiny_inputs
     common = (*SFT, "--training.train_iters=2", "--checkpoint.save_interval=0", "--training.micro_batch_size=2")
-    runs = {}
-    for name, extra in (("padded", ()), ("packed", ("--training.packing",))):
-        assert_ok(train(hf, data, str(tmp_path / name), *common, *extra))
+    runs, procs = {}, {}
+    for name, extra in (("padded", ()), ("packed", ("--training.packing",)),
+                        ("budget", ("--training.packing", "--training.max_tokens_per_microbatch=200"))):
+        procs[name] = train(hf, data, str(tmp_path / name), *common, *extra)
+        assert_ok(procs[name])
         runs[name] = read_metrics(str(tmp_path / name))
-    for a, b in zip(runs["padded"], runs["packed"]):
-        assert b["num_tokens"] == a["num_tokens"] and b["sequences"] == a["sequences"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    for name in ("packed", "budget"):
+        assert len(runs[name]) == 2
+        for a, b in zip(runs["padded"], runs[name]):
+            assert b["num_tokens"] == a["num_tokens"] and b["sequences"] == a["sequences"]
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    line = "packed sequences: SDPA block-diagonal causal mask (CPU kernel)"
+    assert line in procs["budget"].stdout + procs["budget"].stderr
+    assert "packed sequences" not in procs["padded"].stdout + procs["padded"].stderr
+
+
+def test_a_sample_over_the_token_budget_is_one_line_naming_its_row(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    proc = train(hf, data, str(tmp_path / "over"), *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0",
+                 "--training.packing", "--training.max_tokens_per_microbatch=30")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: --training\.max_tokens_per_microbatch: sample \d+ \(\S+\.jsonl:\d+\) alone needs "
+                        r"\d+ student tokens, over the budget of 30; raise the budget .*", last), last
+
+
+def test_packed_attention_names_each_backend():
+    from phf_megatron.training.model_setup import packed_attention
+
+    assert packed_attention(te=True, cuda=True) == "Transformer Engine THD (cu_seqlens)"
+    assert packed_attention(te=False, cuda=True) == ("SDPA block-diagonal causal mask (memory-efficient kernel, "
+                                                     "dense [S, S] mask)")
+    assert packed_attention(te=False, cuda=False) == "SDPA block-diagonal causal mask (CPU kernel)"
 
 
 @pytest.mark.parametrize("method", ["phf", "grpo"])
@@ -139,6 +172,15 @@ def test_packing_not_yet_supported_is_one_line(method):
     assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_token_budget_not_yet_supported_is_one_line():
+    proc = run_python(["-m", "phf_megatron.train", "--method=grpo", "--rollout.n=2",
+                       "--training.max_tokens_per_microbatch=512"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    expected = "error: --training.max_tokens_per_microbatch: not yet: --method=grpo trains micro-batches of"
+    assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_help_lists_packing():
     proc = run_python(["-m", "phf_megatron.train", "--help"], timeout=120)
-    assert proc.returncode == 0 and "--training.packing" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "--training.packing" in proc.stdout and "--training.max_tokens_per_microbatch" in proc.stdout
