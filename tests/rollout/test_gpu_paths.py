@@ -196,7 +196,11 @@ def test_eager_mode_goes_from_the_trainer_config_to_the_engine():
     for flag, want in (([], None), (["--rollout.enforce_eager=true"], True),
                        (["--rollout.enforce_eager=false"], False)):
         cfg = config_from_argv(["--model.hf_dir=m", "--data.path=d.jsonl", *flag])
-        assert RolloutDriver._engine_config(SimpleNamespace(cfg=cfg), "m").enforce_eager is want
+        assert RolloutDriver._engine_config(SimpleNamespace(cfg=cfg, sampler_logprobs=False), "m").enforce_eager is want
+    # GRPO's vLLM correction asks the engine for processed (temperature-scaled) log-probs
+    for sampler_logprobs, mode in ((False, "raw"), (True, "processed")):
+        driver = SimpleNamespace(cfg=cfg, sampler_logprobs=sampler_logprobs)
+        assert RolloutDriver._engine_config(driver, "m").logprobs_mode == mode
 
 
 def test_vllm_reads_the_sampler_switch_the_start_environment_sets():
