@@ -12,9 +12,13 @@ Every log-probability is ``log softmax(z / temperature)[o_t]`` (TRL divides the 
 sampling temperature) of the scored tokens only: the last stage projects the scored rows
 (``logit_rows.scored_logits``) and takes the one vocabulary-parallel log-softmax
 (``sampled_token.vocab_parallel_token_logprob``), as ``SftStep``. The ``[N]`` per-token values are
-laid back on the micro-batch's ``[B, T]`` grid (zeros off ``scored``) so that the transcription
+laid back on the micro-batch's per-SAMPLE ``[B, T]`` grid (``GrpoMicroBatch.grid_shape``: one row per
+sequence, ``T`` its longest; zeros off the scored tokens) so that the transcription
 (``objectives.grpo.grpo_token_loss``, ``vllm_importance_ratio``) runs unchanged, sequence-level
-reductions included (a sequence lives in one micro-batch).
+reductions and ``grpo``'s per-sequence token mean included (a sequence lives in one micro-batch).
+Right-padded, that grid is the activation; packed (``training.packing``, ``GrpoMicroBatch.packed``:
+the activation is one row ``[1, S]``, ``parallel.layout``) it is not, and the per-sample grid keeps
+every per-sequence reduction per sequence.
 
 Normalization (``step_token_weights``): each micro-batch returns its SHARE of the step objective,
 with the step's counts from ``prepare`` (one all-reduce over DP), handed to Megatron by
@@ -51,10 +55,11 @@ from ..objectives.config import GrpoConfig
 from ..objectives.grpo import grpo_token_loss, k3_kl, log_importance_weights, vllm_importance_ratio
 from .batch import PhfMicroBatch
 from .collectives import all_reduce_, group_size
+from .layout import SequenceLayout
 from .logit_rows import scored_logits
 from .loss import LOSS, LOSS_TOKENS, LossConventions, _token_logs, megatron_return, sum_logs, top_loss_tokens
 from .sampled_token import vocab_parallel_token_logprob
-from .step import _no_loss, _positions, final_hidden_states
+from .step import _no_loss, final_hidden_states
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
 
 #: metric names of the step (``reduce_logs``), besides ``loss``, ``num_tokens``, ``sequences``
@@ -70,10 +75,11 @@ ADVANTAGE = "grpo_advantage"        # mean advantage over the step's sequences
 
 @dataclass
 class GrpoMicroBatch:
-    """``student_tokens [B, T]`` (prompt ; completion, right-padded), ``scored [B, T]`` bool (True on
-    the completion tokens; never position 0), ``advantages [B]`` float64 (one per completion, over
-    the whole step), ``sampler_logps [B, T]`` float32 (the engine's log-prob of each scored token, 0
-    elsewhere; None when the vLLM correction is off). ``num_items``: this micro-batch's count toward
+    """``student_tokens [b_act, S]`` (the activation, ``layout.tokens``: prompt ; completion, right-padded
+    rows by default), ``scored [b_act, S]`` bool (True on the completion tokens; never a sequence's first
+    token), ``advantages [B]`` float64 (one per completion, over the whole step), ``sampler_logps [b_act, S]``
+    float32 (the engine's log-prob of each scored token, 0 elsewhere; None when the vLLM correction is off),
+    ``layout`` (default ``SequenceLayout.pad``; ``GrpoMicroBatch.packed`` builds the packed one). ``num_items``: this micro-batch's count toward
     dapo's ``N_tok`` (TRL's ``num_items_in_batch`` counts completions before
     ``mask_truncated_completions`` drops them; None: ``num_tokens``). The passes set ``old_logps``
     and ``ref_logps`` ``[N]`` (per scored token, on the last pipeline stage); ``to`` carries them, but what a
@@ -87,6 +93,7 @@ class GrpoMicroBatch:
     num_items: int | None = None
     old_logps: torch.Tensor | None = field(default=None, repr=False)
     ref_logps: torch.Tensor | None = field(default=None, repr=False)
+    layout: SequenceLayout | None = None
 
     def __post_init__(self) -> None:
         if self.student_tokens.dim() != 2 or self.student_tokens.dtype != torch.long:
@@ -96,10 +103,14 @@ class GrpoMicroBatch:
         if self.scored.shape != self.student_tokens.shape or self.scored.dtype != torch.bool:
             raise ValueError(f"scored: expected a bool tensor of shape {shape}, got {self.scored.dtype} "
                              f"{tuple(self.scored.shape)}")
-        if bool(self.scored[:, 0].any()):
-            raise ValueError("scored: a token at position 0 has no predecessor to predict it")
-        if tuple(self.advantages.shape) != shape[:1] or self.advantages.dtype != torch.float64:
-            raise ValueError(f"advantages: expected a float64 tensor of shape {shape[:1]}, got "
+        if self.layout is None:
+            self.layout = SequenceLayout.pad(self.student_tokens)
+        elif self.layout.tokens is not self.student_tokens and not torch.equal(self.layout.tokens, self.student_tokens):
+            raise ValueError("student_tokens: must be the layout's tokens")
+        if bool((self.scored & self.layout.sequence_starts()).any()):
+            raise ValueError("scored: a sequence's first token has no predecessor to predict it")
+        if tuple(self.advantages.shape) != (self.num_sequences,) or self.advantages.dtype != torch.float64:
+            raise ValueError(f"advantages: expected a float64 tensor of shape {(self.num_sequences,)}, got "
                              f"{self.advantages.dtype} {tuple(self.advantages.shape)}")
         if self.sampler_logps is not None and (tuple(self.sampler_logps.shape) != shape
                                                or self.sampler_logps.dtype != torch.float32):
@@ -108,6 +119,7 @@ class GrpoMicroBatch:
         self.score_index = PhfMicroBatch.score_index(self.scored)
         self.score_tokens = self.student_tokens.reshape(-1)[self.score_index + 1]
         self.num_tokens = int(self.score_index.numel())
+        self.grid_shape, self.grid_positions = _sample_grid(self.layout, self.score_index + 1)
         if self.num_items is not None and self.num_items < self.num_tokens:
             raise ValueError(f"num_items: must count at least the {self.num_tokens} scored tokens, "
                              f"got {self.num_items}")
@@ -115,11 +127,39 @@ class GrpoMicroBatch:
     def to(self, device) -> "GrpoMicroBatch":
         move = (lambda t: None if t is None else t.to(device))  # noqa: E731
         return GrpoMicroBatch(self.student_tokens.to(device), self.scored.to(device), self.advantages.to(device),
-                              move(self.sampler_logps), self.num_items, move(self.old_logps), move(self.ref_logps))
+                              move(self.sampler_logps), self.num_items, move(self.old_logps), move(self.ref_logps),
+                              self.layout.to(device))
+
+    @classmethod
+    def packed(cls, tokens: torch.Tensor, scored: torch.Tensor, advantages: torch.Tensor, lengths: torch.Tensor,
+               sampler_logps: torch.Tensor | None = None, num_items: int | None = None, *, pad_multiple: int = 1,
+               pad_id: int = 0, total: int | None = None) -> "GrpoMicroBatch":
+        """Right-padded per-sample ``tokens``/``scored``/``sampler_logps [B, T]`` with their ``lengths [B]``, packed
+        into one row (``SequenceLayout.pack``); ``advantages [B]`` and ``num_items`` as given."""
+        layout = SequenceLayout.pack(tokens, lengths, pad_multiple, pad_id, total)
+        sampler = None if sampler_logps is None else layout.place(sampler_logps, 0.0)
+        return cls(layout.tokens, layout.place(scored, False), advantages, sampler, num_items, layout=layout)
 
     @property
     def batch_size(self) -> int:
+        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
         return self.student_tokens.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.layout.num_sequences
+
+
+def _sample_grid(layout: SequenceLayout, positions: torch.Tensor) -> tuple[tuple[int, int], torch.Tensor]:
+    """``((B, T), [N])``: the per-sample grid (``T`` the longest sample) and, for each activation position in
+    ``positions`` (flat ``column S + start + t``), its flat ``b T + t`` on that grid (the identity when padded)."""
+    dev = layout.tokens.device
+    t = int(layout.lengths.max())
+    keep = torch.arange(t, device=dev)[None] < layout.lengths[:, None]
+    sample, pos = keep.nonzero(as_tuple=True)
+    inverse = torch.full((layout.tokens.numel(),), -1, dtype=torch.long, device=dev)
+    inverse[layout.flat_index(sample, pos)] = sample * t + pos
+    return (layout.num_sequences, t), inverse[positions.to(dev)]
 
 
 @dataclass(frozen=True)
@@ -186,7 +226,7 @@ class GrpoStep:
 
     def prepare(self, microbatches: list[GrpoMicroBatch]) -> GrpoCounts:
         """The step's scored tokens, sequences and dapo items over every micro-batch and DP rank (one all-reduce)."""
-        local = [float(sum(mb.num_tokens for mb in microbatches)), float(sum(mb.batch_size for mb in microbatches)),
+        local = [float(sum(mb.num_tokens for mb in microbatches)), float(sum(mb.num_sequences for mb in microbatches)),
                  float(sum(mb.num_tokens if mb.num_items is None else mb.num_items for mb in microbatches))]
         total = all_reduce_(torch.tensor(local, dtype=torch.float64, device="cuda" if torch.cuda.is_available()
                                          else "cpu"), self.dp_group).tolist()
@@ -204,10 +244,10 @@ class GrpoStep:
         """``(output, last stage?)``: the last stage stops at the final norm (the loss projects scored rows)."""
         from ..models.provider import unwrap  # Megatron: on first use
 
-        tokens = mb.student_tokens
+        tokens, kwargs = mb.student_tokens, mb.layout.forward_kwargs()
         if unwrap(model).post_process:
-            return final_hidden_states(model, tokens, _positions(tokens), None), True
-        return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None), False
+            return final_hidden_states(model, tokens, **kwargs), True
+        return model(input_ids=tokens, **kwargs), False
 
     def _token_logps(self, model, output, mb: GrpoMicroBatch) -> torch.Tensor:
         """``[N]`` ``log softmax(z / temperature)[o_t]`` of the scored tokens (float32, differentiable)."""
@@ -254,9 +294,9 @@ class GrpoStep:
             raise RuntimeError("sampler_logps: required by grpo.vllm_importance_sampling_correction (the engine's "
                                "log-probs of the completion tokens)")
         dev = output.device
-        shape = tuple(mb.student_tokens.shape)
-        positions = (mb.score_index + 1).to(dev)
-        mask = mb.scored.to(dev)
+        shape = mb.grid_shape  # per sample (module docstring): the activation's grid only when padded
+        positions = mb.grid_positions.to(dev)
+        mask = torch.zeros(shape[0] * shape[1], dtype=torch.bool, device=dev).index_fill_(0, positions, True).view(shape)
         token_logps = self._token_logps(model, output, mb)
         logps = _grid(token_logps, positions, shape)
         old = _grid(mb.old_logps.to(dev), positions, shape) if g.needs_old_logps else None
@@ -264,7 +304,7 @@ class GrpoStep:
         advantages = mb.advantages.to(dev, logps.dtype)
         is_ratio = raw_ratio = None
         if g.vllm_importance_sampling_correction:
-            sampler = mb.sampler_logps.to(dev)
+            sampler = _grid(mb.sampler_logps.to(dev).reshape(-1)[(mb.score_index + 1).to(dev)], positions, shape)
             is_ratio = vllm_importance_ratio(old, sampler, mask, g.vllm_importance_sampling_mode,
                                              g.vllm_importance_sampling_cap)
             level = g.vllm_importance_sampling_mode.split("_")[0]
@@ -276,7 +316,8 @@ class GrpoStep:
                                                   self.max_completion_length)
         share = weighted.sum()
         with torch.no_grad():
-            logs = self._logs(share, mb, mask, logps, old, ref, advantages, is_ratio, raw_ratio)
+            logs = self._logs(share, mb, mask, logps, old, ref, advantages, is_ratio, raw_ratio,
+                              None if is_ratio is None else sampler)
             if self.collect_loss_tokens:  # each scored token's term of the step objective
                 logs.update(_token_logs(weighted.detach().reshape(-1)[positions], mb.score_tokens.to(dev),
                                         self._vocab(model)))
@@ -287,7 +328,8 @@ class GrpoStep:
 
         return output_weight(model).shape[0] * group_size(self.tp_group)
 
-    def _logs(self, share, mb, mask, logps, old, ref, advantages, is_ratio, raw_ratio) -> dict[str, torch.Tensor]:
+    def _logs(self, share, mb, mask, logps, old, ref, advantages, is_ratio, raw_ratio,
+              sampler) -> dict[str, torch.Tensor]:
         """Detached sums of one micro-batch (``reduce_logs`` divides them by the step's counts)."""
         g = self.grpo
         dev = share.device
@@ -295,7 +337,7 @@ class GrpoStep:
         m = mask.double()
         logs = {"loss_sum": one(share.detach()),
                 "num_tokens": torch.full((1,), mb.num_tokens, dtype=torch.float64, device=dev),
-                "sequences": torch.full((1,), mb.batch_size, dtype=torch.float64, device=dev),
+                "sequences": torch.full((1,), mb.num_sequences, dtype=torch.float64, device=dev),
                 "advantage_sum": one(mb.advantages.to(dev))}
         # TRL's clip fractions: coef = exp(log w); per token (masked) or per sequence ([B, 1], every sequence)
         old_eff = logps if old is None else old
@@ -311,7 +353,7 @@ class GrpoStep:
             entries = m if is_ratio.shape == mask.shape else torch.ones_like(is_ratio, dtype=torch.float64)
             capped = raw_ratio > g.vllm_importance_sampling_cap
             logs.update(is_sum=one(is_ratio * entries), is_capped=one(capped * entries), is_entries=one(entries),
-                        logp_diff_sum=one((old - mb.sampler_logps.to(dev)).abs() * m))
+                        logp_diff_sum=one((old - sampler).abs() * m))
         return logs
 
     def reduce_logs(self, logs: list[dict]) -> dict | None:

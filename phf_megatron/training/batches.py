@@ -80,14 +80,18 @@ def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice
 
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,
                       sampler_logps: Sequence[Sequence[float]] | None = None,
-                      unscored: torch.Tensor | None = None) -> list[GrpoMicroBatch]:
+                      unscored: torch.Tensor | None = None, packing: bool = False,
+                      pad_multiple: int = 1) -> list[GrpoMicroBatch]:
     """GRPO's micro-batches of a rank's batch: the student sequences scored on the completion, each
     sample's advantage and (the vLLM correction) the engine's log-prob of each completion token at
     that token's position.
 
     ``advantages [B]`` (float64), ``sampler_logps`` (B lists, one value per completion token) and
     ``unscored [B]`` (bool: samples left out of the loss, ``grpo.mask_truncated_completions``) follow
-    the batch's rows, i.e. this rank's samples in ``local_samples`` order."""
+    the batch's rows, i.e. this rank's samples in ``local_samples`` order. ``packing`` (``training.packing``):
+    each micro-batch's sequences, scored mask and sampler log-probs packed into one row
+    (``GrpoMicroBatch.packed``), every micro-batch of the rank to one length (``packed_length``, a multiple of
+    ``pad_multiple``), as ``sft_microbatches``; advantages and ``num_items`` stay per sample."""
     b = batch.student_input_ids.shape[0]
     if advantages.shape != (b,):
         raise ValueError(f"advantages: expected [{b}], got {tuple(advantages.shape)}")
@@ -107,13 +111,15 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: to
         sampler = torch.zeros(scored.shape, dtype=torch.float32)
         sampler[rows[keep], positions[keep]] = per_token[keep]
     full = batch.response_mask.sum(-1)  # dapo's N_tok counts masked-out completions too (TRL)
+    cuts, tokens = _cuts(b, micro_batch_size), batch.student_input_ids
+    lengths = batch.student_attention_mask.sum(1)
+    total = packed_length([lengths[sl] for sl in cuts], pad_multiple) if packing else None
     out = []
-    for lo in range(0, b, micro_batch_size):
-        sl = slice(lo, lo + micro_batch_size)
-        out.append(GrpoMicroBatch(student_tokens=batch.student_input_ids[sl], scored=scored[sl],
-                                  advantages=advantages[sl].to(torch.float64),
-                                  sampler_logps=None if sampler is None else sampler[sl],
-                                  num_items=None if unscored is None else int(full[sl].sum())))
+    for sl in cuts:
+        args = (tokens[sl], scored[sl], advantages[sl].to(torch.float64))
+        rest = (None if sampler is None else sampler[sl], None if unscored is None else int(full[sl].sum()))
+        out.append(GrpoMicroBatch.packed(*args, lengths[sl], *rest, pad_multiple=pad_multiple, total=total)
+                   if packing else GrpoMicroBatch(*args, *rest))
     return out
 
 

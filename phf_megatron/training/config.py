@@ -66,9 +66,9 @@ class TrainConfig:
         if not self.run_dir:
             raise fail("run_dir", "is empty")
         check_choice("method", self.method, METHODS)
-        if self.training.packing and self.method != "sft":
+        if self.training.packing and self.method not in ("sft", "grpo"):
             raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
-                       "packing supports --method=sft")
+                       "packing supports --method=sft and --method=grpo")
         if self.training.max_tokens_per_microbatch is not None:
             if self.method != "sft":
                 raise fail("training.max_tokens_per_microbatch", f"not yet: --method={self.method} trains "

@@ -340,8 +340,8 @@ class TrainingConfig:
     packing: bool = False
     """Pack each micro-batch's sequences into one row without padding (THD: positions restarting per
     sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
-    under sequence parallelism; the update equals the padded one. Supported with --method=sft; not yet
-    with phf or grpo."""
+    under sequence parallelism; the update equals the padded one. Supported with --method=sft and
+    --method=grpo; not yet with phf."""
     max_tokens_per_microbatch: int | None = None
     """With --training.packing: group a step's samples into micro-batches by their token counts instead of
     micro_batch_size sequences each: spread over the data-parallel ranks by cost (LPT), then first-fit

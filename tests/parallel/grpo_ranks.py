@@ -27,9 +27,11 @@ from phf_megatron.objectives.grpo import (
     vllm_importance_ratio,
 )
 from phf_megatron.parallel.grpo_step import GrpoMicroBatch
+from phf_megatron.parallel.layout import packed_length
 
 from ..helpers.tiny_qwen3 import tiny_hf_model
 from .harness import build_chunks, hf_grads, init_layout
+from .reference import sample_tokens
 from .sft_ranks import VOCAB, global_batch
 
 SEED = 0
@@ -111,17 +113,21 @@ def sampler_logps(model_name: str, policy: str) -> torch.Tensor:
 
 
 def grpo_microbatches(case: str, sampler: torch.Tensor, dp_rank: int = 0, dp_size: int = 1,
-                      num_micro: int = 1) -> list[GrpoMicroBatch]:
+                      num_micro: int = 1, packed: bool = False, pad_multiple: int = 1) -> list[GrpoMicroBatch]:
+    """This DP rank's contiguous share in ``num_micro`` micro-batches: right-padded, or ``packed`` into one row
+    each, every one to the rank's ``packed_length`` (a multiple of ``pad_multiple``), as ``sft_ranks``."""
     tokens, scored = global_batch(False)
+    lengths = torch.tensor([len(s) for s, _ in sample_tokens(VOCAB)])
     adv = advantages(case)
     use_sampler = grpo_config(case).vllm_importance_sampling_correction
     per_rank = tokens.shape[0] // dp_size
     size = per_rank // num_micro
-    out = []
-    for k in range(num_micro):
-        sl = slice(dp_rank * per_rank + k * size, dp_rank * per_rank + (k + 1) * size)
-        out.append(GrpoMicroBatch(tokens[sl], scored[sl], adv[sl], sampler[sl] if use_sampler else None))
-    return out
+    cuts = [slice(dp_rank * per_rank + k * size, dp_rank * per_rank + (k + 1) * size) for k in range(num_micro)]
+    if not packed:
+        return [GrpoMicroBatch(tokens[sl], scored[sl], adv[sl], sampler[sl] if use_sampler else None) for sl in cuts]
+    total = packed_length([lengths[sl] for sl in cuts], pad_multiple)
+    return [GrpoMicroBatch.packed(tokens[sl], scored[sl], adv[sl], lengths[sl], sampler[sl] if use_sampler else None,
+                                  pad_multiple=pad_multiple, total=total) for sl in cuts]
 
 
 def trl_terms(case: str, logps, old, ref, sampler, scored, dp_size: int, num_micro: int):
@@ -208,7 +214,8 @@ def run_grpo_layouts(rank, world_size, plans, samplers):
         n = len(student)
         for case in cases:
             cfg = grpo_config(case)
-            mbs = grpo_microbatches(case, samplers[(model_name, old_policy(case))], dp_rank, dp, layout.num_micro)
+            mbs = grpo_microbatches(case, samplers[(model_name, old_policy(case))], dp_rank, dp, layout.num_micro,
+                                    layout.packed, layout.tp if layout.sp else 1)
             step = GrpoStep(student[0].config, cfg, temperature=TEMPERATURE, max_completion_length=MAX_COMPLETION,
                             tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group())
             step.collect_loss_tokens = True

@@ -17,8 +17,15 @@ near-cancelling sum of terms each known to float32's relative precision), the
 clip and correction statistics equal to the oracle's (the oracle checks that no ratio lies within
 float32 noise of a clip bound or the cap), and the loss by token id (``loss_tokens``) equal to the
 oracle's.
+
+Packed (``training.packing``, the ``*_packed`` layouts): each micro-batch packed into one row
+(``GrpoMicroBatch.packed``, as ``test_sft_step``'s), the same oracle: the per-sequence reductions (the
+sequence level, the sequence correction modes, ``grpo``'s per-sequence token mean, bnpo's per-micro-batch
+mean) run on the per-sample grid, not the ``[1, S]`` activation. Main configuration at every layout; the
+sequence level and the sequence correction modes, and bnpo, at one process.
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -38,8 +45,13 @@ TWO_RANKS = [
     ("dp2", Layout(num_micro=2), "gqa", ["main", *OPTIONS]),
     ("dp2_legacy_loss", Layout(num_micro=2, per_token_loss=False), "gqa", ["main"]),
 ]
+PACKED_ONE_RANK = [("single_packed", Layout(num_micro=2, packed=True), "gqa",
+                    ["main", "sequence_level", "sequence_level_token_mask", "sequence_truncate", "bnpo"])]
+PACKED_TWO_RANKS = [(f"{name}_packed", dataclasses.replace(layout, packed=True), model, ["main"])
+                    for name, layout, model, _ in TWO_RANKS]
+ONE_RANK, TWO_RANKS = ONE_RANK + PACKED_ONE_RANK, TWO_RANKS + PACKED_TWO_RANKS
 PLANS = {name: (layout, model, cases) for name, layout, model, cases in ONE_RANK + TWO_RANKS}
-DP = {"dp2": 2, "dp2_legacy_loss": 2}
+DP = {"dp2": 2, "dp2_legacy_loss": 2, "dp2_packed": 2, "dp2_legacy_loss_packed": 2}
 PARAMS = [(name, case) for name, (_, _, cases) in PLANS.items() for case in cases if case != "zero_advantages"]
 REL_TOL = 1e-5
 
@@ -151,6 +163,25 @@ def test_microbatch_counts_and_indices():
     assert mb.score_index.tolist() == [1, 2, 6, 7]  # the logits row predicting each scored token
     moved = mb.to("cpu")
     assert moved.num_tokens == 4 and moved.sampler_logps is None
+
+
+def test_packed_microbatch_grid_is_per_sample():
+    """Packed: one activation row, the scored tokens and the sampler's log-probs placed in it, and each scored
+    token's place on the per-sample grid (``grid_positions``) the padded micro-batch's own."""
+    from phf_megatron.parallel.grpo_step import GrpoMicroBatch
+
+    padded = _mb(student_tokens=torch.arange(10).reshape(2, 5), sampler_logps=torch.arange(10.0).reshape(2, 5))
+    lengths = torch.tensor([4, 5])
+    packed = GrpoMicroBatch.packed(padded.student_tokens, padded.scored, padded.advantages, lengths,
+                                   padded.sampler_logps, pad_multiple=4)
+    assert (packed.batch_size, packed.num_sequences, packed.num_tokens) == (1, 2, 4)
+    assert packed.student_tokens.tolist() == [[0, 1, 2, 3, 5, 6, 7, 8, 9, 0, 0, 0]]
+    assert packed.score_index.tolist() == [1, 2, 5, 6]
+    assert packed.score_tokens.tolist() == padded.score_tokens.tolist() == [2, 3, 7, 8]
+    assert packed.sampler_logps.reshape(-1)[packed.score_index + 1].tolist() == [2.0, 3.0, 7.0, 8.0]
+    assert packed.grid_shape == (2, 5) and packed.grid_positions.tolist() == padded.grid_positions.tolist()
+    assert padded.grid_positions.tolist() == (padded.score_index + 1).tolist()
+    assert packed.to("cpu").layout.packed
 
 
 def test_step_settings_errors():

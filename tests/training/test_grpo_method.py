@@ -111,6 +111,29 @@ def test_advantages_and_sampler_logps_follow_the_rank_and_micro_batch_split(tok,
         assert float(mb.sampler_logps[~mb.scored].abs().sum()) == 0.0
 
 
+def test_packed_microbatches_carry_the_padded_samples(tok, monkeypatch):
+    """``--training.packing``: each micro-batch one row of its samples back to back, with the same scored
+    tokens, sampler log-probs (per sample: the per-sample grid), advantages and counts as the padded ones."""
+    from megatron.core import parallel_state as ps
+
+    monkeypatch.setattr(ps, "get_data_parallel_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda *a, **k: 1)
+    cfg, method = _method(tok, "--training.packing", "--training.micro_batch_size=2")
+    pairs, completions = _round(tok, method, cfg)
+    build = dict(pad_id=tok.pad_token_id, micro_batch_size=2, dp_rank=0, dp_size=1, pad_multiple=1)
+    packed = build_microbatches(pairs, completions, make=method.microbatches, **build)
+    cfg.training.packing = False
+    padded = build_microbatches(pairs, completions, make=method.microbatches, **build)
+    assert len(packed) == len(padded) == 2
+    for p, q in zip(packed, padded):
+        assert (p.batch_size, q.batch_size, p.num_sequences) == (1, 2, 2) and p.layout.packed
+        assert p.student_tokens.shape[1] == packed[0].student_tokens.shape[1]  # one length per rank
+        assert p.score_tokens.tolist() == q.score_tokens.tolist() and p.num_tokens == q.num_tokens
+        assert p.sampler_logps[p.scored].tolist() == q.sampler_logps[q.scored].tolist()
+        assert p.advantages.tolist() == q.advantages.tolist() and p.num_items == q.num_items
+        assert p.grid_shape == (2, int(p.layout.lengths.max())) and q.grid_shape == tuple(q.student_tokens.shape)
+
+
 def test_masked_truncated_completions_still_count_for_dapo(tok):
     cfg, method = _method(tok, "--grpo.mask_truncated_completions=true")
     pairs, completions = _round(tok, method, cfg)

@@ -137,3 +137,27 @@ def test_vllm_correction_reads_the_engines_processed_logprobs(tiny_inputs, tmp_p
     first = read_metrics(run)[0]
     assert first["grpo_sampler_logp_diff"] < 1e-4
     assert first["grpo_is_ratio"] == pytest.approx(1.0, abs=1e-3) and first["grpo_is_capped"] == 0
+
+
+def test_packing_gives_the_padded_update(tiny_inputs, tmp_path):
+    """``--training.packing`` (micro-batches of 2 completions packed into one row each), with the correction and
+    the sequence level on (per-sequence reductions on the per-sample grid): one rollout batch of two steps gives
+    the padded run's rollouts, loss, token count, statistics and gradient norm, to float32 precision."""
+    hf, data = tiny_inputs
+    common = (*GRPO[:-1], "--grpo.vllm_importance_sampling_correction=true", "--rollout.top_k=0",
+              "--rollout.top_p=1.0", "--grpo.importance_sampling_level=sequence", "--training.micro_batch_size=2",
+              "--training.train_iters=2", "--checkpoint.save_interval=0")
+    runs = {}
+    for name, extra in (("padded", ()), ("packed", ("--training.packing",))):
+        assert_ok(_train(hf, data, str(tmp_path / name), *common, *extra))
+        runs[name] = read_metrics(str(tmp_path / name))
+    assert len(runs["packed"]) == 2
+    for a, b in zip(runs["padded"], runs["packed"]):
+        for key in ("num_tokens", "sequences", "rollout_digest", "reward", "grpo_is_capped", "grpo_clip_region"):
+            assert b[key] == a[key], key
+        # the loss: a near-cancelling sum (zero-sum advantages; ratio 1 at the batch's first step), float32 noise
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6)
+        for key in ("grpo_is_ratio", "grpo_sampler_logp_diff"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert any(m["grad_norm"] > 0 for m in runs["packed"])

@@ -144,8 +144,9 @@ class GrpoMethod:
 
     def microbatches(self, batch, micro_batch_size: int) -> list:
         """This rank's samples (``local_samples``, as the batch builder cut them) with their advantages
-        (and sampler log-probs), on the student's device: the round's steps reuse them with what the
-        scoring passes left on them."""
+        (and sampler log-probs), padded or packed (``training.packing``, to a multiple of the TP size under
+        sequence parallelism, as the batch builder pads), on the student's device: the round's steps reuse
+        them with what the scoring passes left on them."""
         from megatron.core import parallel_state as ps
 
         rnd = self.round
@@ -153,8 +154,10 @@ class GrpoMethod:
         sampler = None
         if self.grpo.vllm_importance_sampling_correction:
             sampler = [rnd.sampler_logps[i] for i in idx]
+        multiple = ps.get_tensor_model_parallel_world_size() if self.cfg.model.sequence_parallel else 1
         mbs = grpo_microbatches(batch, micro_batch_size, rnd.advantages[idx.start:idx.stop], sampler,
-                                rnd.truncated[idx.start:idx.stop] if self.grpo.mask_truncated_completions else None)
+                                rnd.truncated[idx.start:idx.stop] if self.grpo.mask_truncated_completions else None,
+                                self.cfg.training.packing, multiple)
         return [mb.to(self.device) for mb in mbs] if self.device.type != "cpu" else mbs
 
     def step(self, student) -> GrpoStep:
