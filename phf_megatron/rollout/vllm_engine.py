@@ -69,6 +69,7 @@ import threading
 
 import torch
 
+from ..runtime.children import Reaper
 from .engine import RolloutEngine
 from .errors import EngineDiedError, EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
@@ -191,6 +192,17 @@ def _failed_start_processes(exc: BaseException) -> str:
     return "; ".join(_describe(p) for p in procs)
 
 
+def _shutdown(llm) -> None:
+    """Stop a ``vllm.LLM``: vLLM 0.24-0.33 have no ``LLMEngine.shutdown``; the engine core client does
+    (stops the spawned engine process and its workers, or the in-process executor)."""
+    engine = llm.llm_engine
+    for owner in (engine, getattr(engine, "engine_core", None)):
+        shutdown = getattr(owner, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+            return
+
+
 class VLLMEngine(RolloutEngine):
     """Rollouts with vLLM (see the module docstring for the weight transport)."""
 
@@ -244,6 +256,8 @@ class VLLMEngine(RolloutEngine):
         self._embedding_reloaded = False
         self._died: str | None = None
         self._watch_engine_process()
+        # a spawned engine outlives a SIGKILLed trainer (holding the GPU) unless someone stops it
+        self._reaper = Reaper([proc.pid for proc in self._processes() if proc.pid])
 
     # ------------------------------------------------------------------ a dead engine process
     def _engine_processes(self):
@@ -357,14 +371,15 @@ class VLLMEngine(RolloutEngine):
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
-        engine = llm.llm_engine
-        # vLLM 0.24-0.33 have no LLMEngine.shutdown; the engine core client does (stops the
-        # spawned engine process and its workers, or the in-process executor).
-        for owner, attr in ((engine, "shutdown"), (getattr(engine, "engine_core", None), "shutdown")):
-            shutdown = getattr(owner, attr, None)
-            if callable(shutdown):
-                shutdown()
-                break
+        _shutdown(llm)
+        reaper = self.__dict__.pop("_reaper", None)
+        if reaper is not None:
+            reaper.close()
+        # the in-process engine's model runner (weights, KV cache) sits in reference cycles: collected
+        # now, its device memory is free for the next engine or the trainer (seen on an H200: a second
+        # engine started after close() ran out of memory beside the first one's 69 GiB KV cache)
+        del llm
+        release_cached_memory()
 
     # ------------------------------------------------------------------ sampling
     def _vllm_params(self, p: SamplingParams, **over):

@@ -1,7 +1,8 @@
 """No helper process outlives the command that started it, even when the command is SIGKILLed.
 
 A SIGKILL runs no Python: ``atexit``, ``finally`` and multiprocessing's own clean-up never happen,
-so a child must be told by the kernel. ``bind_children()`` (called once Megatron is set up, by the
+so a child must be told by the kernel. (Spawned children, such as vLLM's engine, get a ``Reaper``;
+a torchrun worker ends with its launcher: ``die_with_launcher``; both at the end of this file.) ``bind_children()`` (called once Megatron is set up, by the
 converters and the trainer alike: ``megatron_session.init_model_parallel``) arranges two things:
 
 * every child this process **forks** from now on (Megatron's dist-checkpoint writer forks one
@@ -69,10 +70,116 @@ def _in_process_checkpoint_results() -> None:
 
 
 def bind_children() -> None:
-    """From now on, children forked by this process die with it (see the module docstring). Idempotent."""
+    """From now on, children forked by this process die with it (see the module docstring), and a
+    torchrun worker dies with its launcher (``die_with_launcher``). Idempotent."""
     global _bound
     _in_process_checkpoint_results()
     if _bound or not sys.platform.startswith("linux"):
         return
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+    die_with_launcher()
     _bound = True
+
+
+# ----------------------------------------------------------------- spawned children and a launcher's death
+
+#: The reaper's code, run by ``python -c`` (a fresh interpreter: nothing of the trainer's threads
+#: is copied). argv: the watched parent's pid, then pid:starttime of each process to stop.
+_REAPER = r"""
+import ctypes, os, signal, sys, time
+parent = int(sys.argv[1])
+targets = [tuple(map(int, t.split(":"))) for t in sys.argv[2:]]
+
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+def reap(*_):
+    for pid, started in targets:
+        if start_time(pid) != started:   # gone already, or the pid now names another process
+            continue
+        doomed, i = [pid], 0
+        while i < len(doomed):
+            doomed += children(doomed[i]); i += 1
+        for p in reversed(doomed):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, reap)
+ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+if os.getppid() != parent:
+    reap()
+while True:
+    signal.pause()
+"""
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): a pid plus
+    its start time names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Reaper:
+    """Stops spawned processes (and their children) if this process dies first, even by SIGKILL.
+
+    A process started by ``multiprocessing``'s spawn (vLLM's engine core and its workers) is not
+    forked by Python, so ``bind_children`` cannot reach it, and nothing stops it when its parent is
+    killed: it goes on holding the GPU. ``Reaper(pids)`` starts a small watcher process that the
+    kernel signals when this process ends (``PR_SET_PDEATHSIG``); it then SIGKILLs each pid (with
+    its descendants) that still names the process it named at the start. ``close()`` stops the
+    watcher (call it once the processes have been shut down). Start it from the main thread: the
+    death signal follows the thread that started the watcher. Linux only (elsewhere it does nothing).
+    """
+
+    def __init__(self, pids: list[int]):
+        import subprocess
+
+        self._proc = None
+        import threading
+
+        targets = [f"{pid}:{t}" for pid in pids if (t := _start_time(pid)) is not None]
+        if not targets or not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+            return
+        self._proc = subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *targets],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def die_with_launcher() -> bool:
+    """Under ``torchrun``: end this worker when the launcher dies, even by SIGKILL (True if bound).
+
+    torchrun starts each worker in a session of its own, so a killed torchrun leaves its workers
+    training (and holding their GPUs) with nobody to stop them. ``TORCHELASTIC_RUN_ID`` marks a
+    torchrun worker; its parent is the launcher's agent. The worker gets SIGTERM and ends; the
+    ``Reaper`` of its spawned engine then stops the engine."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    return die_with_parent(os.getppid(), signal.SIGTERM)

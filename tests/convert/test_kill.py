@@ -111,6 +111,18 @@ def test_killed_converters_leave_no_process_and_no_partial_output(tmp_path, hf_d
     assert not os.path.exists(out + ".tmp") and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
 
 
+def _start_parent(code: str, mode: str) -> tuple[subprocess.Popen, int]:
+    """``python -c code mode`` in a session of its own; returns it and the pid its first line prints."""
+    proc = subprocess.Popen([sys.executable, "-c", code, mode], cwd=REPO, env=python_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 _FORKING_PARENT = """
 import os, sys, time
 from phf_megatron.runtime.children import bind_children
@@ -130,14 +142,83 @@ time.sleep(60)
 def test_forked_child_dies_with_its_killed_parent(mode):
     """After ``bind_children`` a forked child goes when its parent is SIGKILLed; without it
     (the control) the child lives on, re-parented."""
-    proc = subprocess.Popen([sys.executable, "-c", _FORKING_PARENT, mode], cwd=REPO, env=python_env(),
-                            start_new_session=True, stdout=subprocess.PIPE, text=True)
-    child = int(proc.stdout.readline())
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc, child = _start_parent(_FORKING_PARENT, mode)
+    _kill(proc)
     if mode == "bind":
         _assert_no_survivor(proc.pid)
     else:
         time.sleep(0.5)
         assert _session_members(proc.pid) == [child]
         os.kill(child, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------- spawned children (vLLM's engine), torchrun workers
+
+_SPAWNING_PARENT = """
+import subprocess, sys, time
+from phf_megatron.runtime.children import Reaper
+grandchild = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c", grandchild])   # not forked by Python: bind_children cannot reach it
+if sys.argv[1] == "reaper":
+    Reaper([child.pid])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("mode", ["reaper", "control"])
+def test_a_spawned_child_and_its_children_go_when_the_parent_is_killed(mode):
+    """Seen with vLLM: a SIGKILLed trainer left its spawned engine core and worker running (holding
+    the GPU). With a ``Reaper`` the child and its own child go; without (the control) both live on."""
+    proc, child = _start_parent(_SPAWNING_PARENT, mode)
+    deadline = time.monotonic() + 30
+    while len(_session_members(proc.pid)) < 3 + (mode == "reaper") and time.monotonic() < deadline:
+        time.sleep(0.05)                        # parent, child, the child's sleep (+ the reaper)
+    _kill(proc)
+    if mode == "reaper":
+        _assert_no_survivor(proc.pid)
+    else:
+        time.sleep(1.0)
+        left = _session_members(proc.pid)
+        assert child in left and len(left) == 2
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+
+
+_LAUNCHER = """
+import os, subprocess, sys
+env = dict(os.environ)
+if sys.argv[1] == "torchrun":
+    env["TORCHELASTIC_RUN_ID"] = "test"
+worker = "import time; from phf_megatron.runtime.children import bind_children; bind_children(); print('bound', flush=True); time.sleep(60)"
+child = subprocess.Popen([sys.executable, "-c", worker], env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+child.stdout.readline()
+print(child.pid, flush=True)
+child.wait()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("mode", ["torchrun", "control"])
+def test_a_torchrun_worker_goes_when_its_launcher_is_killed(mode):
+    """torchrun starts workers in sessions of their own: a SIGKILLed torchrun left its trainer
+    training. A worker (``TORCHELASTIC_RUN_ID`` set) now ends with its launcher; another process
+    started the same way (the control) lives on."""
+    proc, worker = _start_parent(_LAUNCHER, mode)
+    _kill(proc)
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline and mode == "torchrun":
+        time.sleep(0.05)
+    alive = _alive(worker)
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert alive == (mode == "control")

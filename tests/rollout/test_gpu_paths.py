@@ -366,3 +366,25 @@ def test_rank0_status_broadcasts_outlast_the_default_groups_timeout(tmp_path):
     mp.spawn(_control_group_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     assert results[1] == ("engine up", False) and results[0][0] == "engine up"
+
+
+# ----------------------------------------------------------------- close() frees the engine's device memory at once
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+def test_close_frees_the_in_process_engines_model_runner_at_once(tiny_dir):
+    """Seen on an H200 (2026-11-26): the in-process engine's model runner (weights + KV cache, 69 GiB
+    at gpu_memory_utilization 0.5) sat in reference cycles after close(), and the next engine in the
+    process ran out of memory. close() collects it: no gc here, the runner must be gone on return."""
+    import weakref
+
+    engine = start_engine("vllm", tiny_dir)
+    assert engine.in_process
+    allocated = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
+    worker = engine.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+    runner = weakref.ref(getattr(worker, "worker", worker).model_runner)
+    del worker
+    engine.close()
+    assert runner() is None
+    if allocated is not None:   # GPU: the KV cache and the weights are back (a few MiB of vLLM's own buffers may stay)
+        assert torch.cuda.memory_allocated() < 0.1 * allocated
