@@ -2,7 +2,8 @@
 
     results = run_ranks(fn, world_size, *args)   # fn(rank, world_size, *args) on every rank
 
-Each rank joins a fresh gloo group, applies ``cpu_shims``, runs ``fn`` and returns a picklable
+Each rank (CUDA hidden from it, on a GPU machine too) joins a fresh gloo group, applies ``cpu_shims``,
+runs ``fn`` and returns a picklable
 value; ``run_ranks`` returns the list of values by rank (an exception on any rank fails the
 call with that rank's traceback). Spawning costs seconds, so run several checks per spawn and
 switch layouts inside with ``megatron_layout(tp, pp)``. ``free_port`` is the package's.
@@ -41,9 +42,17 @@ def _entry(rank, world_size, port, out_dir, fn, args):
 
 def run_ranks(fn, world_size: int, *args):
     """``[fn(rank, world_size, *args) for rank in range(world_size)]``, each on its own process."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_entry, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size, join=True)
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""   # CPU ranks (gloo + cpu_shims) on a GPU machine too, as in CI
+    try:
+        with tempfile.TemporaryDirectory() as out_dir:
+            mp.spawn(_entry, args=(world_size, free_port(), out_dir, fn, args), nprocs=world_size, join=True)
+            return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+    finally:
+        if hidden is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
 
 
 def megatron_layout(tp: int, pp: int, seed: int = 1234, vpp: int | None = None) -> None:
