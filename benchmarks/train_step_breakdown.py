@@ -4,6 +4,8 @@
     python -m benchmarks.train_step_breakdown OUTDIR --shape 8b --steps 5 --batch 8 --micro-batch 2 \
         --recompute --sleep-mode --check                              # GPU: Qwen3-8B shape on one GPU
     python -m benchmarks.train_step_breakdown OUTDIR --tiny --steps 2 # CPU smoke run of the same path
+    python -m benchmarks.train_step_breakdown OUTDIR --method grpo --steps 4 --batch 32 --micro-batch 4 \
+        --sleep-mode --check                                          # the GRPO / SFT baselines' steps (issue 22)
 
 ``--check`` makes the run fail (exit 1, ``checks`` in the JSON) unless every step has a non-zero
 gradient norm and a verified sync (probe within tolerance, and on backends that read weights
@@ -88,7 +90,10 @@ def main() -> None:
                    help="vLLM in eager mode (rollout.enforce_eager: no compile / CUDA graphs; starts in seconds)")
     p.add_argument("--name", default=None, help="results file OUTDIR/breakdown_NAME.json (default: the shape)")
     p.add_argument("--check", action="store_true", help="fail unless grad_norm > 0 and the sync verified every step")
-    p.add_argument("--extra", nargs="*", default=[], help="more --section.field=value overrides")
+    p.add_argument("--method", choices=("phf", "sft", "grpo"), default="phf",
+                   help="what a step trains (the trainer's --method): the paper's PHF, or the SFT / GRPO baselines")
+    p.add_argument("--group-size", type=int, default=8, help="--method=grpo: completions per prompt (rollout.n)")
+    p.add_argument("--extra", nargs="*", default=[], help="more section.field=value overrides (no leading --)")
     args = p.parse_args()
     if args.tiny:
         args.shape = "tiny"
@@ -117,8 +122,11 @@ def main() -> None:
         *(["--rollout.enforce_eager=true"] if args.eager else []),
         *([f"--rollout.gpu_memory_utilization={args.gpu_memory_utilization}"] if args.gpu_memory_utilization else []),
         "--checkpoint.save_interval=0", "--logging.progress_bar=false", "--data.max_prompt_length=4096",
-        *args.extra])
-    result = {"shape": f"qwen3-{args.shape}" if args.shape != "tiny" else "tiny", "dtype": dtype,
+        f"--method={args.method}",
+        # GRPO as examples/train_grpo_qwen3.sh runs it (unfiltered sampling: the vLLM IS correction's need)
+        *([f"--rollout.n={args.group_size}", "--rollout.top_k=0", "--rollout.top_p=1.0"] if args.method == "grpo" else []),
+        *(e if e.startswith("--") else f"--{e}" for e in args.extra)])
+    result = {"shape": f"qwen3-{args.shape}" if args.shape != "tiny" else "tiny", "method": args.method, "dtype": dtype,
               "batch": args.batch, "micro_batch": args.micro_batch or args.batch, "recompute": args.recompute,
               "sleep_mode": args.sleep_mode, "enforce_eager": args.eager or not torch.cuda.is_available(),
               "rollout_max_tokens": args.max_tokens, "model_setup_s": setup_s,
@@ -128,7 +136,8 @@ def main() -> None:
     result["trainer_start_s"] = time.perf_counter() - t_start   # model, optimizer, engine start
     peak = PeakMemory()   # after the engine started: vLLM resets torch's peak statistics then
     try:
-        result["rollout_backend"] = type(trainer.rollouts.engine).__name__ if trainer.rollouts.engine else None
+        engine = getattr(trainer.rollouts, "engine", None) if trainer.rollouts is not None else None
+        result["rollout_backend"] = type(engine).__name__ if engine else None
         steps = []
         with peak:
             for _ in range(args.steps):
@@ -136,17 +145,24 @@ def main() -> None:
                 trainer.step += 1
                 trainer.sync(metrics)
                 peak.step_done()
-                steps.append({k: metrics[k] for k in PARTS + ("loss", "loss_opsd", "loss_flow", "rollout_tokens",
-                                                               "grad_norm", "sync_probe_diff", "sync_fingerprint_diff",
-                                                               "sync_fingerprints_checked") if k in metrics})
-                steps[-1]["sync_s"] = max(s["seconds"] for s in trainer.rollouts.last_sync)
+                steps.append({k: v for k, v in metrics.items() if k in PARTS + ("loss", "loss_opsd", "loss_flow",
+                              "rollout_tokens", "grad_norm", "sync_probe_diff", "sync_fingerprint_diff",
+                              "sync_fingerprints_checked", "reward", "frac_reward_zero_std") or (k.startswith("time_") and k.endswith("_s"))})
+                last_sync = getattr(trainer.rollouts, "last_sync", None) if trainer.rollouts is not None else None
+                if last_sync and "time_sync_s" in metrics:
+                    steps[-1]["sync_s"] = max(s["seconds"] for s in last_sync)
                 print(json.dumps(steps[-1]), flush=True)
         result["first_step"] = steps[0]
         later = steps[1:] or steps
-        result["median_later_steps"] = {k: statistics.median(s[k] for s in later) for k in PARTS}
+        timed = sorted({k for s in later for k in s if (k.startswith("time_") and k.endswith("_s")) or k == "step_time"})
+        result["median_later_steps"] = {k: statistics.median(s[k] for s in later if s.get(k) is not None)
+                                        for k in timed if any(s.get(k) is not None for s in later)}
+        # GRPO samples once per round of num_iterations steps: the mean is the amortized cost per step
+        result["mean_later_steps"] = {k: sum(s.get(k) or 0.0 for s in later) / len(later) for k in timed}
         result.update(peak.result())
-        result["sync_s_median"] = statistics.median(s["sync_s"] for s in later)
-        result["checks"] = step_checks(steps)
+        syncs = [s["sync_s"] for s in later if "sync_s" in s]
+        result["sync_s_median"] = statistics.median(syncs) if syncs else None
+        result["checks"] = step_checks(steps, synced=args.method != "sft")
         result["steps"] = steps
     finally:
         trainer.close()
@@ -158,13 +174,17 @@ def main() -> None:
         raise SystemExit(f"checks failed: {result['checks']}")
 
 
-def step_checks(steps: list[dict]) -> dict:
-    """Every step: a finite, non-zero gradient norm and a verified sync (probe value present,
-    fingerprints matched where the backend reads weights back: a mismatch raises in the sync)."""
+def step_checks(steps: list[dict], synced: bool = True) -> dict:
+    """Every step: a finite, non-zero gradient norm (zero allowed where every GRPO group had one reward) and (``synced``: methods with rollouts) a verified
+    sync wherever one ran (probe value present, fingerprints matched where the backend reads weights
+    back: a mismatch raises in the sync); GRPO syncs once per round of ``num_iterations`` steps."""
     import math
 
-    grad_ok = all(math.isfinite(s.get("grad_norm", float("nan"))) and s["grad_norm"] > 0 for s in steps)
-    probe_ok = all(s.get("sync_probe_diff") is not None for s in steps)
+    # a GRPO step whose every group drew one reward has zero advantages: its gradient is exactly 0
+    grad_ok = all(math.isfinite(s.get("grad_norm", float("nan")))
+                  and (s["grad_norm"] > 0 or s.get("frac_reward_zero_std") == 1.0) for s in steps)
+    syncs = [s for s in steps if "time_sync_s" in s]
+    probe_ok = not synced or (bool(syncs) and all(s.get("sync_probe_diff") is not None for s in syncs))
     return {"ok": grad_ok and probe_ok, "grad_norm_positive_every_step": grad_ok, "probe_every_step": probe_ok,
             "probe_max": max((s["sync_probe_diff"] for s in steps if s.get("sync_probe_diff") is not None), default=None),
             "fingerprints_checked": [s.get("sync_fingerprints_checked") for s in steps]}

@@ -17,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 L=${LEASE_DIR:-/tmp/lease}
-STAGES=${STAGES:-vllmtests,launcher,1p7b,eval,8b,reference,gputests}
+STAGES=${STAGES:-vllmtests,launcher,1p7b,eval,8b,reference,grpo,sft,gputests}
 PY=${PYTHON:-python3}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}   # the flow kernels' JIT build: Hopper only
 
@@ -25,7 +25,10 @@ collect() {  # collect OUT: what finished so far, into OUT
   local out=$1
   mkdir -p "$out"
   for p in p1 p2; do [ -f "$L/$p/stages.tsv" ] && "$PY" benchmarks/gpu/summarize_main_job.py "$L/$p" >/dev/null 2>&1; done
-  tar czf "$out/lease.tar.gz" -C "$L" --exclude=vb --exclude=mc --exclude=work . 2>/dev/null
+  # every log, JSON, junit file and run config; no model, checkpoint or bundle
+  (cd "$L" && find . \( -path ./vb -o -path ./mc -o -name 'model_*' -o -name 'iter_*' -o -name mcore_base \) -prune -o \
+     -type f -size -4M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.xml' -o -name '*.tsv' \
+     -o -name '*.md' -o -name '*.out' -o -name '*.yaml' -o -name '*.txt' \) -print | tar czf "$out/lease.tar.gz" -T -)
   { echo "# lease $(date -u +%FT%TZ)"; for p in p1 p2; do echo "## $p"; cat "$L/$p/stages.tsv" 2>/dev/null
     echo; cat "$L/$p/summary.md" 2>/dev/null; done; echo "## install"; tail -8 "$L/install.log" 2>/dev/null
     echo "## running"; pgrep -af "main_job.sh|pytest|benchmarks\.|phf_megatron" | cut -c1-160 | head; } >"$out/summary.md"

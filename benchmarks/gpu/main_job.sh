@@ -23,6 +23,8 @@
 #              (torchrun, spawned engine, checkpoint, SIGKILL + resume, PEFT export)        (<= 420 s)
 #   eval       tools/eval_avg_at_k.py on the random 1.7B, AIME 2024, n = 2, 256 new tokens, then the
 #              same command again (it resumes)                                              (<= 240 s)
+#   grpo, sft  the paper's GRPO / SFT baselines on the same trainer at the 1.7B shape (issue 22): the
+#              step breakdown (rollout, old log-probs, student, optimizer, sync) and peak memory (<= 420 / 300 s)
 #   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5)
 #   1p7b_graphs, 8b_graphs  (not in the default list: when device time allows) 1p7b / 8b with
 #              vLLM's default compile + CUDA graphs (start time vs decode speed)       (<= 540 s each)
@@ -75,6 +77,7 @@ if [ "$TINY" = 1 ]; then
   TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
   GPU_TESTS=(tests/training/test_nonfinite.py)   # its gpu tests skip on CPU: the plumbing is what runs
   VLLM_TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
+  GRPO=(--tiny --steps 4 --batch 4 --group-size 4 --max-tokens 8); SFT=(--tiny --steps 2 --batch 4)
   LAUNCHER=(--tiny); EVAL=(tiny --backend hf --n 1 --max_new_tokens 8 --dtype float32)
 else
   SHAPE17=(--shape 1.7b --steps "${STEPS17:-20}" --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
@@ -89,6 +92,10 @@ else
              tests/parallel/test_phf_step_gpu.py tests/kernels)
   # the GPU-only vLLM paths first (engine start, IPC, sleep/wake, fingerprints, Megatron -> vLLM sync)
   VLLM_TESTS=(tests/rollout/test_gpu_paths.py tests/rollout/test_megatron_sync.py tests/rollout/test_engine_start_kill.py)
+  # the paper's baselines at the 1.7B shape: GRPO 8 completions per prompt (2 prompts a step), SFT batch 32
+  GRPO=(--shape 1.7b --steps 4 --batch 16 --group-size 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
+        --gpu-memory-utilization 0.35)
+  SFT=(--shape 1.7b --steps 5 --batch 32 --micro-batch 4)
   LAUNCHER=()
   EVAL=(1.7b --n 2 --max_new_tokens 256 --engine_kwargs "{enforce_eager: true, gpu_memory_utilization: 0.4}")
 fi
@@ -114,6 +121,9 @@ for s in "${WANT[@]}"; do
     1p7b_graphs) stage 1p7b_graphs 540 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE17[@]}" \
                    --name 1p7b_graphs --check ;;
     8b_graphs) stage 8b_graphs 540 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SHAPE8[@]}" --name 8b_graphs --check ;;
+    grpo) stage grpo 420 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${GRPO[@]}" --method grpo --eager \
+            --name grpo --check ;;
+    sft) stage sft 300 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SFT[@]}" --method sft --name sft --check ;;
     reference) stage reference 420 "$PY" -m benchmarks.opsd_reference_step "$WORK/reference" "${REF[@]}" ;;
     *) echo "unknown stage $s" >>"$LOG"; printf '%s\t2\t0\n' "$s" >>"$STATUS" ;;
   esac

@@ -40,8 +40,8 @@ def summarize(out: str) -> dict:
         b = _load(path)
         if b:
             summary[os.path.basename(path)[:-5]] = {k: b.get(k) for k in (
-                "shape", "device", "rollout_backend", "batch", "micro_batch", "rollout_max_tokens", "recompute",
-                "sleep_mode", "enforce_eager", "trainer_start_s", "median_later_steps", "first_step", "peak_mem_gib",
+                "shape", "method", "device", "rollout_backend", "batch", "micro_batch", "rollout_max_tokens", "recompute",
+                "sleep_mode", "enforce_eager", "trainer_start_s", "median_later_steps", "mean_later_steps", "first_step", "peak_mem_gib",
                 "peak_device_used_gib", "sync_s_median", "checks")}
     ref = _load(os.path.join(out, "opsd_reference_step.json"))
     if ref:
@@ -60,12 +60,15 @@ def to_markdown(s: dict) -> str:
     for key in sorted(k for k in s if k.startswith("breakdown_")):
         b = s[key]
         med = b.get("median_later_steps") or {}
-        lines += ["", f"## {b.get('shape')} ({b.get('rollout_backend')}, batch {b.get('batch')}, "
+        lines += ["", f"## {key[len('breakdown_'):]}: {b.get('method') or 'phf'} at {b.get('shape')} "
+                      f"({b.get('rollout_backend')}, batch {b.get('batch')}, "
                       f"micro-batch {b.get('micro_batch')}, recompute {b.get('recompute')}, "
                       f"sleep {b.get('sleep_mode')}, "
                       f"eager {b.get('enforce_eager')}; trainer + engine start {b.get('trainer_start_s')} s)",
-                  "", "| part | median of later steps (s) |", "|---|---|"]
-        lines += [f"| {p} | {med[p]:.3f} |" for p in PARTS if p in med]
+                  "", "| part | median of later steps (s) | mean (s) |", "|---|---|---|"]
+        mean = b.get("mean_later_steps") or {}
+        lines += [f"| {p} | {med[p]:.3f} | {mean[p]:.3f} |" if p in mean else f"| {p} | {med[p]:.3f} | |"
+                  for p in (*PARTS, *sorted(set(med) - set(PARTS))) if p in med]
         lines += ["", f"peak memory {b.get('peak_mem_gib')} GiB allocated by a step, "
                       f"{b.get('peak_device_used_gib')} GiB used on the device; "
                       f"sync_weights median {b.get('sync_s_median')} s; checks {b.get('checks')}"]

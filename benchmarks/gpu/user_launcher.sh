@@ -41,21 +41,30 @@ make_data(f"{sys.argv[1]}/toy.jsonl", 64)
 EOF
 OVR=(--training.train_iters=6 --training.global_batch_size=4 --training.micro_batch_size=2
      --rollout.max_tokens=$MAXT --rollout.enforce_eager=true --rollout.async_steps=1
-     --checkpoint.save_interval=2 --logging.progress_bar=false --data.max_prompt_length=4096 "${EXTRA[@]}")
+     --checkpoint.save_interval=2 --logging.verbose=true --data.max_prompt_length=4096 "${EXTRA[@]}")   # verbose: a timed-out stage shows where it was
 launch() {  # launch LOG: the user's command, in a session of its own (so one kill reaches all of it)
   NGPU=1 HF_MODEL=$MODEL DATA=$WORK/toy.jsonl RUN_DIR=$RUN \
     setsid bash examples/train_phf_qwen3_1p7b.sh "${OVR[@]}" >"$1" 2>&1 &
-  LAUNCH_PID=$!
+  LAUNCH_PID=$! LAUNCH_LOG=$1
 }
 declare -A R
+LAUNCH_PID=
+stop_launch() {  # on exit or a stage timeout's SIGTERM: no process of the launch outlives this script
+  [ -n "$LAUNCH_PID" ] || return 0
+  kill -0 "$LAUNCH_PID" 2>/dev/null && { echo "stopping the launch; the end of $LAUNCH_LOG:"; tail -15 "$LAUNCH_LOG"; }
+  local p; for p in $(tree "$LAUNCH_PID"); do kill -9 "$p" 2>/dev/null; done; kill -9 -- -"$LAUNCH_PID" 2>/dev/null
+}
+trap 'stop_launch; exit 143' TERM INT
+trap stop_launch EXIT
+tree() {  # tree PID: PID and every descendant (torchrun starts its workers in sessions of their own)
+  local p; echo "$1"; for p in $(pgrep -P "$1"); do tree "$p"; done
+}
 t0=$SECONDS
+echo "$(date +%T) first run (killed once a checkpoint is saved): $WORK/launcher_run1.log"
 launch "$WORK/launcher_run1.log"
 LATEST=$RUN/checkpoints/latest_checkpointed_iteration.txt
 while kill -0 "$LAUNCH_PID" 2>/dev/null && [ "$(cat "$LATEST" 2>/dev/null || echo 0)" -lt 2 ]; do sleep 0.2; done
 R[first_run_s]=$((SECONDS - t0)); R[saved_iter]=$(cat "$LATEST" 2>/dev/null || echo none)
-tree() {  # tree PID: PID and every descendant (torchrun starts its workers in sessions of their own)
-  local p; echo "$1"; for p in $(pgrep -P "$1"); do tree "$p"; done
-}
 if kill -0 "$LAUNCH_PID" 2>/dev/null; then   # a crash of the whole job: every process of it at once
   TREE=$(tree "$LAUNCH_PID" | tr '\n' ' ')
   R[killed_processes]=$(for p in $TREE; do ps -o comm= -p "$p"; done | sort | uniq -c | tr -s ' \n' ' ')
@@ -67,11 +76,13 @@ sleep 3
 LEFT=$(for p in $TREE; do case $(ps -o stat= -p "$p") in ""|Z*) ;; *) echo "$p";; esac; done | tr '\n' ' ')
 R[left_after_kill]=${LEFT:-none}
 t1=$SECONDS
+echo "$(date +%T) resume: $WORK/launcher_run2.log"
 launch "$WORK/launcher_run2.log"
 wait "$LAUNCH_PID"; R[resume_rc]=$?; R[resume_s]=$((SECONDS - t1))
 R[resumed_from]=$(grep -o "resuming from step [0-9]*" "$WORK/launcher_run2.log" | head -1)
 R[final_iter]=$(cat "$LATEST" 2>/dev/null || echo none)
 t2=$SECONDS
+echo "$(date +%T) export: $WORK/export.log"
 rm -rf "$WORK/adapter"
 "$PY" tools/convert/mcore_to_hf.py --mcore_dir "$RUN" --out_dir "$WORK/adapter" --adapter_only >"$WORK/export.log" 2>&1
 R[export_rc]=$?
