@@ -21,6 +21,7 @@ import sys
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
 from phf_megatron.input_files import check_hf_model_dir
 from phf_megatron.output_files import atomic_dir, remove, write_json
+from phf_megatron.runtime.children import Reaper, run_reaped
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 #: What a finished output was made from (a rerun reuses the output when it matches).
@@ -118,7 +119,7 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
            *(["--base_model", base_model] if base_model else [])]
     from ..runtime.process_group import standalone_environ
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=standalone_environ())
+    proc = run_reaped(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=standalone_environ())
     if proc.returncode == 2:
         why = proc.stderr.strip().splitlines()[-1].removeprefix("error: ")
         raise UserError(f"--megatron_checkpoint: a training checkpoint; tools/convert/mcore_to_hf.py says: {why}")
@@ -154,7 +155,9 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     errors = ctx.SimpleQueue()
     proc = ctx.Process(target=_convert_entry, args=(mcore_dir, final, tokenizer_dir, errors), name="mcore_to_hf")
     proc.start()
+    reaper = Reaper([proc.pid])   # a SIGKILLed evaluator takes the conversion along
     proc.join()
+    reaper.close()
     if proc.exitcode != 0:
         user, why = errors.get() if not errors.empty() else (False, f"exit code {proc.exitcode}")
         message = f"converting the Megatron checkpoint {mcore_dir!r} to HF failed: {why}"

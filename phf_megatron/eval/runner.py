@@ -23,6 +23,7 @@ from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
 from ..output_files import remove, write_json
+from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
@@ -168,6 +169,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
                          name=f"eval-dp{r}") for r in range(size)]
     for p in procs:
         p.start()
+    reaper = Reaper([p.pid for p in procs])   # a SIGKILLed evaluator takes its replicas (and their GPUs) along
     watch = ShardProgress(config.out_dir, total=len(items), ranks=range(size))
     try:
         while any(p.is_alive() for p in procs):
@@ -180,6 +182,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
             if p.is_alive():
                 p.terminate()
             p.join()
+        reaper.close()
     failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
     if failed:
         raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")

@@ -183,3 +183,20 @@ def die_with_launcher() -> bool:
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
     return die_with_parent(os.getppid(), signal.SIGTERM)
+
+
+def run_reaped(argv: list[str], **popen_kwargs):
+    """``subprocess.run(argv)`` whose child, and the child's children, end with this process, even when
+    it is SIGKILLed (a ``Reaper`` while it runs). ``popen_kwargs`` are ``subprocess.Popen``'s."""
+    import subprocess
+
+    with subprocess.Popen(argv, **popen_kwargs) as proc:
+        reaper = Reaper([proc.pid])
+        try:
+            stdout, stderr = proc.communicate()
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            reaper.close()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ..cli import command, parse_command_line
 from ..config_errors import check_choice, fail
+from ..runtime.children import run_reaped
 from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, PaperNumbers,
                             method_flags, toy_method_flags)
 
@@ -204,7 +205,7 @@ def _say(msg: str) -> None:
 
 def _run(argv: list[str], log: str) -> tuple[int, float]:
     """Run ``argv`` with its output appended to ``log`` (in this process group: a kill of the
-    harness's group stops it too)."""
+    harness's group stops it too; a SIGKILL of the harness alone stops it as well: ``run_reaped``)."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": REPO + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")}
@@ -212,7 +213,7 @@ def _run(argv: list[str], log: str) -> tuple[int, float]:
     with open(log, "a") as f:
         f.write(f"\n$ {shlex.join(argv)}\n")
         f.flush()
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        rc = run_reaped(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     return rc, time.monotonic() - start
 
 

@@ -156,8 +156,11 @@ def test_forked_child_dies_with_its_killed_parent(mode):
 
 _SPAWNING_PARENT = """
 import subprocess, sys, time
-from phf_megatron.runtime.children import Reaper
+from phf_megatron.runtime.children import Reaper, run_reaped
 grandchild = "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+if sys.argv[1] == "run_reaped":                                # paper_table's rows, the eval's conversion
+    print(-1, flush=True)
+    run_reaped([sys.executable, "-c", grandchild])
 child = subprocess.Popen([sys.executable, "-c", grandchild])   # not forked by Python: bind_children cannot reach it
 if sys.argv[1] == "reaper":
     Reaper([child.pid])
@@ -175,16 +178,16 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-@pytest.mark.parametrize("mode", ["reaper", "control"])
+@pytest.mark.parametrize("mode", ["reaper", "run_reaped", "control"])
 def test_a_spawned_child_and_its_children_go_when_the_parent_is_killed(mode):
     """Seen with vLLM: a SIGKILLed trainer left its spawned engine core and worker running (holding
     the GPU). With a ``Reaper`` the child and its own child go; without (the control) both live on."""
     proc, child = _start_parent(_SPAWNING_PARENT, mode)
     deadline = time.monotonic() + 30
-    while len(_session_members(proc.pid)) < 3 + (mode == "reaper") and time.monotonic() < deadline:
+    while len(_session_members(proc.pid)) < 3 + (mode != "control") and time.monotonic() < deadline:
         time.sleep(0.05)                        # parent, child, the child's sleep (+ the reaper)
     _kill(proc)
-    if mode == "reaper":
+    if mode != "control":
         _assert_no_survivor(proc.pid)
     else:
         time.sleep(1.0)

@@ -229,3 +229,41 @@ def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_di
                  "--benchmarks", bench.format(tmp=tmp_path), "--backend", "hf"])
     assert rc == 2 and message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "run_config.json")
+
+
+def _alive_children_of_session(sid: int) -> list[int]:
+    left = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            left.append(int(name))
+    return left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_data_parallel_eval_leaves_no_replica_behind(tmp_path, tiny_dir, eval_sets):
+    """The replicas are spawned processes (each holds a GPU on a GPU machine): a SIGKILLed evaluator
+    must take them along, or they go on writing the shards a rerun resumes."""
+    run_dir = str(tmp_path / "dp_killed")
+    cmd = [sys.executable, TOOL, "--model", tiny_dir, "--data-dir", eval_sets, "--benchmarks", "aime24",
+           "--n", "4", "--max-new-tokens", "64", "--backend", "hf", "--dtype", "float32", "--batch-size", "1",
+           "--data-parallel", "2", "--out-dir", run_dir]
+    proc = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not all(
+            os.path.isfile(shard_path(run_dir, r)) and os.path.getsize(shard_path(run_dir, r)) for r in (0, 1)):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the evaluator ended before both replicas wrote a sample"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 15
+    while (left := _alive_children_of_session(proc.pid)) and time.time() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "replica processes outlived the killed evaluator"
