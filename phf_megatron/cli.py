@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 import textwrap
+import time
 import types
 import typing
 from typing import Any, Callable, Sequence
@@ -337,11 +338,18 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+#: How long a rank other than 0 waits before exiting on an error that only rank 0 reports.
+SILENT_RANK_WAIT_S = 10.0
+
+
 def report_error(err: BaseException) -> None:
     """Print a user error as one line on stderr. Settings and flags are the same on every rank,
     so only rank 0 reports them; a file error may be one rank's own, so every rank reports it."""
     rank = process_rank()
     if rank != 0 and isinstance(err, (ConfigError, UsageError)):
+        # rank 0 reports it; a silent rank that exited first would make torchrun stop rank 0 (SIGTERM)
+        # before its line is out (seen in CI): give rank 0 the time to print and exit
+        time.sleep(SILENT_RANK_WAIT_S)
         return
     line = err.line if isinstance(err, UserError) else str(err)
     print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
