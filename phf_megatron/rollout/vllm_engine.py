@@ -34,16 +34,7 @@ the free memory, and PyTorch's allocator keeps a step's peak reserved. A bucket 
 engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLLM server see
 ``server_engine.py``.
 
-Start-up environment (``engine_start_environ``): ``VLLM_ENABLE_V1_MULTIPROCESSING`` and the
-spawn settings are set only while ``vllm.LLM`` starts (the spawned engine keeps them, this
-process does not: a later engine in the same process chooses afresh). On CUDA without flashinfer
-``VLLM_USE_FLASHINFER_SAMPLER=0`` is part of it (``sampler_environ``: vLLM 0.24's default sampler
-imports flashinfer).
-``VLLM_ALLOW_INSECURE_SERIALIZATION`` (pickled IPC rebuild functions) stays set: vLLM's RPC
-encoder reads it in this process at every call. A spawned engine on GPU
-gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and CUDA-IPC
-handles carry the *physical* device, which each worker maps into its own numbering
-(``vllm_worker.local_device_index``).
+Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only).
 
 A spawned engine process that exits (killed, crashed) fails the call waiting on it with
 :class:`EngineDiedError` giving its exit code, at once: vLLM 0.32's own monitor marks the client
@@ -74,7 +65,7 @@ from .engine import RolloutEngine
 from .errors import EngineDiedError, EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
-from .vllm_worker import visible_devices
+from .vllm_environ import engine_start_environ, scoped_environ
 from .weights import WeightSpec
 
 
@@ -86,80 +77,6 @@ def vllm_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def engine_visible_devices(current_device: int, tensor_parallel_size: int, environ=os.environ) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for a spawned engine: ``tensor_parallel_size`` devices starting at this
-    process's ``current_device``, so the engine's worker 0 shares the trainer's GPU (colocated)."""
-    visible = visible_devices(environ)
-    if visible is None:
-        count = torch.cuda.device_count() if torch.cuda.is_available() else current_device + tensor_parallel_size
-        visible = [str(i) for i in range(count)]
-    chosen = visible[current_device:current_device + tensor_parallel_size]
-    if len(chosen) < tensor_parallel_size:
-        raise ValueError(f"rollout.tensor_parallel_size: {tensor_parallel_size} GPUs from device {current_device} "
-                         f"are needed, but only {visible} are visible")
-    return ",".join(chosen)
-
-
-def sampler_environ(*, on_gpu: bool, flashinfer: bool | None = None, environ=os.environ) -> dict[str, str]:
-    """``VLLM_USE_FLASHINFER_SAMPLER=0`` when vLLM runs on CUDA and flashinfer is not installed, else nothing.
-
-    vLLM 0.24 turns the FlashInfer top-k/top-p sampler on by default on CUDA and, when it builds
-    the sampler (after loading the weights), imports its FlashInfer attention backend, whose first
-    line is ``from flashinfer import ...``: without flashinfer every engine start dies there
-    (``ModuleNotFoundError``). With the variable at 0 vLLM samples with its own top-k/top-p (PyTorch,
-    Triton) instead. ``flashinfer``: whether it imports (None: look it up); a value the user set for the
-    variable is kept. The in-process engine, the spawned engine and the server all start under this.
-    """
-    if not on_gpu or "VLLM_USE_FLASHINFER_SAMPLER" in environ:
-        return {}
-    if flashinfer is None:
-        import importlib.util
-        flashinfer = importlib.util.find_spec("flashinfer") is not None
-    return {} if flashinfer else {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
-
-
-def engine_start_environ(*, in_process: bool, on_gpu: bool, tensor_parallel_size: int,
-                         current_device: int = 0, environ=os.environ,
-                         flashinfer: bool | None = None) -> dict[str, str]:
-    """The environment ``vllm.LLM`` must start under (set for the start only, see the module docstring);
-    ``flashinfer``: see :func:`sampler_environ`."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
-           **sampler_environ(on_gpu=on_gpu, flashinfer=flashinfer, environ=environ)}
-    if not in_process:
-        env.update(VLLM_WORKER_MULTIPROC_METHOD="spawn")
-        if on_gpu:
-            env["CUDA_VISIBLE_DEVICES"] = engine_visible_devices(current_device, tensor_parallel_size, environ)
-    return env
-
-
-@contextlib.contextmanager
-def scoped_environ(values: dict[str, str]):
-    """Set ``values`` in ``os.environ`` for the block, then restore; vLLM's environment cache (which an
-    in-process engine core turns on) is cleared on both sides so vLLM reads what is set now."""
-    saved = {k: os.environ.get(k) for k in values}
-    _clear_vllm_env_cache()
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        _clear_vllm_env_cache()
-
-
-def _clear_vllm_env_cache() -> None:
-    try:
-        from vllm import envs
-    except Exception:
-        return
-    clear = getattr(envs, "disable_envs_cache", None)
-    if callable(clear):
-        clear()
 
 
 def _inside_multi_rank_group() -> bool:
@@ -201,6 +118,29 @@ def _shutdown(llm) -> None:
         if callable(shutdown):
             shutdown()
             return
+
+
+def _in_process_modules(llm) -> list:
+    """Every module of an in-process engine's model (``[]`` when it cannot be reached)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)          # InprocClient -> EngineCore
+    worker = getattr(getattr(core, "model_executor", None), "driver_worker", None)
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    model = getattr(runner, "model", None)
+    return list(model.modules()) if model is not None else []
+
+
+def _forget_reload_state(modules) -> None:
+    """Drop vLLM's layer-wise reload records of ``modules`` (vLLM 0.24-0.32 keep them in a global
+    ``WeakKeyDictionary`` whose values hold the layer itself in closures, so an engine refit with
+    ``reload_weights`` never frees its layers, and an attention layer keeps its KV cache: seen on an
+    H100, the next in-process engine ran out of memory beside the closed one's 39 GiB)."""
+    try:
+        from vllm.model_executor.model_loader.reload import layerwise
+    except ImportError:
+        return
+    for module in modules:
+        layerwise.LAYERWISE_INFO.pop(module, None)
+        layerwise.LOADING_LAYERS.discard(module)
 
 
 class VLLMEngine(RolloutEngine):
@@ -371,7 +311,10 @@ class VLLMEngine(RolloutEngine):
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
+        modules = _in_process_modules(llm) if self.in_process else []
         _shutdown(llm)
+        _forget_reload_state(modules)
+        del modules
         reaper = self.__dict__.pop("_reaper", None)
         if reaper is not None:
             reaper.close()
