@@ -5,7 +5,8 @@
 #
 #   call 1: bash benchmarks/gpu/lease.sh start                # part00 kept; megatron-core from its wheel;
 #                                                              # stages gputests (no vLLM) start
-#   call 2: bash benchmarks/gpu/lease.sh vllm $OUT SECONDS    # part01 + manifest: the bundle installed; once
+#   call 2: bash benchmarks/gpu/lease.sh vllm $OUT SECONDS    # part01 + manifest (+ math-verify's wheels):
+#                                                              # the bundle installed; once
 #                                                              # phase 1 ends (or P1_GRACE=60 s more pass),
 #                                                              # STAGES (default below) start;
 #                                                              # waits up to SECONDS, then collects into $OUT
@@ -63,13 +64,16 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     OUT=${2:?usage: lease.sh vllm OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
     [ -d "$L/vb" ] || { echo "fresh machine: /tmp/lease is gone; start over from call 1 (lease.sh start)"; exit 3; }
     cp .vllm_bundle/vllm-bundle.tar.xz.part01 .vllm_bundle/manifest.json "$L/vb/" || exit 1
+    # the eval's graders (benchmarks/gpu/project_wheels.txt): math-verify and its two
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$L/mv" \
+      .vllm_bundle/{math_verify,latex2sympy2_extended,antlr4_python3_runtime}-*.whl || exit 1
     bash benchmarks/gpu/vllm_bundle_install.sh "$L/vb" /tmp/vllm_site >"$L/install.log" 2>&1
     tail -6 "$L/install.log"
     # the vLLM stages want the GPU alone (vLLM's start-up memory profile fails when another process frees
     # memory meanwhile): phase 1 gets P1_GRACE more seconds, then stops (the last stage reruns it)
     wait_for p1 "${P1_GRACE:-60}"
     running p1 && { echo "phase 1 still running: stopped"; pkill -9 -s "$(cat "$L/p1.pid")"; sleep 2; }
-    background p2 /tmp/vllm_site --stages "$STAGES"
+    background p2 "/tmp/vllm_site:$L/mv" --stages "$STAGES"
     wait_for p2 $((end - SECONDS - 15))
     collect "$OUT" ;;
   harvest)

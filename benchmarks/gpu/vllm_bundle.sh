@@ -11,7 +11,8 @@
 #    never loads (bundle.py STRIP: FA2, FA4, MoE, FlashMLA, DeepGEMM, SM100 attention, the Rust
 #    server front end, their headers), recording each removal's size and why;
 # 3. tars + xz's the tree and cuts it into parts of at most 60 MiB under OUT (git-ignored),
-#    with OUT/manifest.json (sha256 of every part).
+#    with OUT/manifest.json (sha256 of every part);
+# 4. downloads the project's own wheels the image lacks (project_wheels.txt) into OUT.
 # On the GPU machine: benchmarks/gpu/vllm_bundle_install.sh (the run-tool call sequence is in
 # benchmarks/gpu/README.md). Takes ~3 min here (download ~300 MB, xz -9 of ~450 MB).
 set -euo pipefail
@@ -28,4 +29,7 @@ rm -rf "$WORK/site" && mkdir -p "$WORK/wheels" "$WORK/site"
 "$PY" -m pip install -q --no-deps --no-compile --ignore-requires-python "${PLATFORM[@]}" --target "$WORK/site" "$WORK"/wheels/*.whl
 "$PY" benchmarks/gpu/bundle.py strip "$WORK/site" --record "$WORK/strip.json"
 "$PY" benchmarks/gpu/bundle.py pack "$WORK/site" "$OUT" --part-mib 57.3 --extra "$WORK/strip.json"
+# the project's own wheels travel beside the parts (call 1 installs them): benchmarks/gpu/project_wheels.txt
+rm -f "$OUT"/*.whl
+"$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$OUT" -r benchmarks/gpu/project_wheels.txt
 ls -l "$OUT"
