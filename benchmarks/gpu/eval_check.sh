@@ -9,14 +9,9 @@
 set -uo pipefail
 WORK=${1:?usage: eval_check.sh WORK OUT SHAPE [flags]}; OUT=${2:?}; SHAPE=${3:?}; shift 3
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-PY=${PYTHON:-python3}
+source benchmarks/gpu/env.sh
 MODEL=$WORK/model_$SHAPE; mkdir -p "$OUT"
-"$PY" - "$MODEL" "$SHAPE" <<'PYEOF' || exit 1
-import sys, torch
-from benchmarks.train_step_breakdown import make_model
-make_model(sys.argv[1], sys.argv[2], torch.bfloat16 if torch.cuda.is_available() and sys.argv[2] != "tiny" else torch.float32)
-PYEOF
+make_model "$MODEL" "$SHAPE" || exit 1
 rm -rf "$WORK/eval"
 t0=$SECONDS
 "$PY" tools/eval_avg_at_k.py --model "$MODEL" --benchmarks aime24 --out_dir "$WORK/eval" "$@" || exit 1

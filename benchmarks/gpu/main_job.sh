@@ -49,9 +49,7 @@ done
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-       TOKENIZERS_PARALLELISM=false
-PY=${PYTHON:-python3}
+source benchmarks/gpu/env.sh
 WORK=${WORK:-/tmp/phf_main_job}
 LOG="$OUT/main_job.log"
 STATUS="$OUT/stages.tsv"

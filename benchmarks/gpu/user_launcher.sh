@@ -21,9 +21,7 @@ TINY=${2:-}
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-       TOKENIZERS_PARALLELISM=false
-PY=${PYTHON:-python3}
+source benchmarks/gpu/env.sh
 if [ "$TINY" = --tiny ]; then
   SHAPE=tiny; MAXT=16
   EXTRA=(--model.dtype=float32 --model.recompute_granularity=null --rollout.enable_sleep_mode=false)
@@ -32,13 +30,8 @@ else
   EXTRA=(--rollout.enable_sleep_mode=false --rollout.gpu_memory_utilization=0.3)   # sleep mode: the 1p7b stage
 fi
 MODEL=$WORK/model_$SHAPE RUN=$WORK/launcher_run RESULT=$WORK/user_launcher.json
-"$PY" - "$WORK" "$SHAPE" <<'EOF' || exit 1
-import sys, torch
-from benchmarks.train_step_breakdown import make_data, make_model
-gpu = torch.cuda.is_available() and sys.argv[2] != "tiny"
-make_model(f"{sys.argv[1]}/model_{sys.argv[2]}", sys.argv[2], torch.bfloat16 if gpu else torch.float32)
-make_data(f"{sys.argv[1]}/toy.jsonl", 64)
-EOF
+make_model "$MODEL" "$SHAPE" || exit 1
+"$PY" -c "import sys; from benchmarks.train_step_breakdown import make_data; make_data(sys.argv[1], 64)" "$WORK/toy.jsonl" || exit 1
 OVR=(--training.train_iters=6 --training.global_batch_size=4 --training.micro_batch_size=2
      --rollout.max_tokens=$MAXT --rollout.enforce_eager=true --rollout.async_steps=1
      --checkpoint.save_interval=2 --logging.verbose=true --data.max_prompt_length=4096 "${EXTRA[@]}")   # verbose: a timed-out stage shows where it was

@@ -19,30 +19,8 @@ import time
 import pytest
 
 from ..helpers import REPO, python_env
+from ..helpers.processes import alive, assert_no_survivor, session_members
 from ..helpers.tiny_qwen3 import save_tiny_hf, tiny_hf_model
-
-
-def _session_members(sid: int) -> list[int]:
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:                      # gone meanwhile
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":          # field 6 of stat: the session
-            members.append(int(name))
-    return members
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def _writing(tmp_dir: str) -> bool:
@@ -71,16 +49,6 @@ def _kill_when(proc: subprocess.Popen, ready, timeout: float = 120.0) -> None:
     proc.wait()
 
 
-def _assert_no_survivor(sid: int, grace: float = 15.0) -> None:
-    deadline = time.monotonic() + grace          # a child told by the kernel needs a moment to go
-    while (left := _session_members(sid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    cmdlines = {pid: _cmdline(pid).replace(b"\0", b" ").decode()[:200] for pid in left}
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes outlived the killed converter: {cmdlines}"
-
-
 def _rerun(tool: str, *args: str) -> None:
     proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", "convert", tool), *args], cwd=REPO,
                           env=python_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300)
@@ -97,7 +65,7 @@ def test_killed_converters_leave_no_process_and_no_partial_output(tmp_path, hf_d
     mcore = str(tmp_path / "mcore")
     proc = _start("hf_to_mcore.py", "--hf_dir", hf_dir, "--out_dir", mcore)
     _kill_when(proc, lambda: _writing(mcore + ".tmp"))
-    _assert_no_survivor(proc.pid)
+    assert_no_survivor(proc.pid, "the killed converter")
     assert not os.path.exists(mcore)
     _rerun("hf_to_mcore.py", "--hf_dir", hf_dir, "--out_dir", mcore)
     assert not os.path.exists(mcore + ".tmp") and os.path.isfile(os.path.join(mcore, "phf_megatron.json"))
@@ -105,7 +73,7 @@ def test_killed_converters_leave_no_process_and_no_partial_output(tmp_path, hf_d
     out = str(tmp_path / "hf_out")
     proc = _start("mcore_to_hf.py", "--mcore_dir", mcore, "--out_dir", out)
     _kill_when(proc, lambda: os.path.isdir(out + ".tmp"))
-    _assert_no_survivor(proc.pid)
+    assert_no_survivor(proc.pid, "the killed converter")
     assert not os.path.exists(out)
     _rerun("mcore_to_hf.py", "--mcore_dir", mcore, "--out_dir", out)
     assert not os.path.exists(out + ".tmp") and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
@@ -145,10 +113,10 @@ def test_forked_child_dies_with_its_killed_parent(mode):
     proc, child = _start_parent(_FORKING_PARENT, mode)
     _kill(proc)
     if mode == "bind":
-        _assert_no_survivor(proc.pid)
+        assert_no_survivor(proc.pid, "the killed parent")
     else:
         time.sleep(0.5)
-        assert _session_members(proc.pid) == [child]
+        assert session_members(proc.pid) == [child]
         os.kill(child, signal.SIGKILL)
 
 
@@ -169,14 +137,6 @@ time.sleep(60)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("mode", ["reaper", "run_reaped", "control"])
 def test_a_spawned_child_and_its_children_go_when_the_parent_is_killed(mode):
@@ -184,14 +144,14 @@ def test_a_spawned_child_and_its_children_go_when_the_parent_is_killed(mode):
     the GPU). With a ``Reaper`` the child and its own child go; without (the control) both live on."""
     proc, child = _start_parent(_SPAWNING_PARENT, mode)
     deadline = time.monotonic() + 30
-    while len(_session_members(proc.pid)) < 3 + (mode != "control") and time.monotonic() < deadline:
+    while len(session_members(proc.pid)) < 3 + (mode != "control") and time.monotonic() < deadline:
         time.sleep(0.05)                        # parent, child, the child's sleep (+ the reaper)
     _kill(proc)
     if mode != "control":
-        _assert_no_survivor(proc.pid)
+        assert_no_survivor(proc.pid, "the killed parent")
     else:
         time.sleep(1.0)
-        left = _session_members(proc.pid)
+        left = session_members(proc.pid)
         assert child in left and len(left) == 2
         for pid in left:
             os.kill(pid, signal.SIGKILL)
@@ -219,9 +179,9 @@ def test_a_torchrun_worker_goes_when_its_launcher_is_killed(mode):
     proc, worker = _start_parent(_LAUNCHER, mode)
     _kill(proc)
     deadline = time.monotonic() + 10
-    while _alive(worker) and time.monotonic() < deadline and mode == "torchrun":
+    while alive(worker) and time.monotonic() < deadline and mode == "torchrun":
         time.sleep(0.05)
-    alive = _alive(worker)
-    if alive:
+    survived = alive(worker)
+    if survived:
         os.kill(worker, signal.SIGKILL)
-    assert alive == (mode == "control")
+    assert survived == (mode == "control")

@@ -22,6 +22,7 @@ from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
 from tests.helpers import REPO, python_env, run_python
+from tests.helpers.processes import assert_no_survivor
 
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
 
@@ -231,19 +232,6 @@ def test_cli_bad_input_is_a_clear_error_before_any_model_loads(tmp_path, tiny_di
     assert not os.path.exists(tmp_path / "o" / "run_config.json")
 
 
-def _alive_children_of_session(sid: int) -> list[int]:
-    left = []
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            left.append(int(name))
-    return left
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_data_parallel_eval_leaves_no_replica_behind(tmp_path, tiny_dir, eval_sets):
     """The replicas are spawned processes (each holds a GPU on a GPU machine): a SIGKILLed evaluator
@@ -261,9 +249,4 @@ def test_a_killed_data_parallel_eval_leaves_no_replica_behind(tmp_path, tiny_dir
     assert proc.poll() is None, "the evaluator ended before both replicas wrote a sample"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    deadline = time.time() + 15
-    while (left := _alive_children_of_session(proc.pid)) and time.time() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, "replica processes outlived the killed evaluator"
+    assert_no_survivor(proc.pid, "the killed evaluator (its replicas)")
