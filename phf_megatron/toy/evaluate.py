@@ -24,9 +24,15 @@ def load_toy_model(hf_dir: str, adapter_dir: str | None = None):
     return model.eval()
 
 
+#: Greedy tokens per held-out answer: the reference solution's layout (18 tokens, which the SFT row
+#: learns to write) and its end token, not only the response's (11): with 14 an SFT-trained model was
+#: cut off before its ``\boxed{}`` and scored 0 on cells it answers (the toy table, 2026-11-26).
+EVAL_MAX_NEW_TOKENS = 20
+
+
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, split: ToySplit, pairs, with_reference: bool,
-                    prompt_config: PromptConfig = TOY_PROMPT_CONFIG, max_new_tokens: int = 14) -> float:
+                    prompt_config: PromptConfig = TOY_PROMPT_CONFIG, max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> float:
     rows = split.rows(pairs)
     prompts = [build_prompt_pair(tokenizer, r.problem, r.solution, prompt_config) for r in rows]
     ids = torch.tensor([p.teacher_ids if with_reference else p.student_ids for p in prompts])

@@ -107,3 +107,13 @@ def test_sub_vocab_errors_name_the_id():
         vocab.decode([3])
     with pytest.raises(ValueError, match="empty"):
         SubVocab([])
+
+
+def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layout(qwen3_tokenizer):
+    """SFT learns to write the reference solution, longer than the response: the evaluation's greedy
+    budget must reach its ``\\boxed{}`` and the end token (with 14 it did not: SFT scored 0)."""
+    from phf_megatron.toy.evaluate import EVAL_MAX_NEW_TOKENS
+
+    longest = max(len(qwen3_tokenizer(toy_row(a, b).solution, add_special_tokens=False)["input_ids"])
+                  for a, b in make_toy_split(0).heldout)
+    assert EVAL_MAX_NEW_TOKENS >= longest + 1
