@@ -7,6 +7,7 @@
     python tools/paper_table.py ... --rows sft --eval_args="--limit 5" -- --training.micro_batch_size=2  # eval flags; trainer overrides after --
     python tools/paper_table.py ... --table_only       # assemble the table from the rows' directories
     python tools/paper_table.py --toy --out runs/table_toy   # the embedded toy task on a CPU (minutes)
+    python tools/paper_table.py --toy --seeds 0,1,2,3,4 --out runs/table_toy  # per seed, then mean ± sd
 
 Each row runs the trainer as the examples do (the scale's preset configs/phf_qwen3_<scale>.yaml plus
 the row's flags from ``paper_recipes``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
@@ -69,6 +70,9 @@ class PaperTable:
     """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32")."""
     seed: int = 0
     """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
+    seeds: tuple[int, ...] | None = None
+    """toy: the whole table once per seed into <out>/s<seed>/ (each as --seed), then <out>/table_seeds.md
+    and .json: each row's mean ± sd over the seeds."""
     warmup_steps: int = 300
     """toy: supervised warm-up steps of the tiny model (python -m phf_megatron.toy prepare)."""
     dry_run: bool = False
@@ -83,6 +87,8 @@ class PaperTable:
         for key in ("step", "k", "warmup_steps"):
             if getattr(self, key) < 1:
                 raise fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.seeds is not None and (not self.toy or not self.seeds or len(set(self.seeds)) != len(self.seeds)):
+            raise fail("seeds", "distinct seeds, with --toy (a real scale's table is one run per row)")
         if self.toy:
             if self.hf_model or self.scale:
                 raise fail("toy", "the toy builds its own model: drop --hf_model and --scale")
@@ -332,6 +338,38 @@ def paper_table(argv: list[str], quiet: bool) -> int:
     args = parse_args(argv)
     if args is None:
         return 0
+    if args.seeds is not None:
+        return seeds_tables(args)
+    return one_table(args)
+
+
+def seeds_tables(args) -> int:
+    """``--seeds``: the toy table of every seed (each resumable as one table is), then their summary."""
+    from ..output_files import write_json, write_text
+    from .seed_table import seeds_markdown, seeds_summary
+
+    out, tables = args.out, {}
+    for seed in args.seeds:
+        args.seed, args.out = seed, os.path.join(out, f"s{seed}")
+        if not args.dry_run:
+            _say(f"seed {seed} -> {args.out}")
+        rc = one_table(args)
+        if rc != 0 or args.dry_run:
+            if rc != 0:
+                return rc
+            continue
+        tables[seed] = build_table(args, [plan_row(args, name) for name in args.rows])
+    if args.dry_run:
+        return 0
+    summary = seeds_summary(tables)
+    write_json(os.path.join(out, "table_seeds.json"), summary, indent=1)
+    write_text(os.path.join(out, "table_seeds.md"), seeds_markdown(summary))
+    _say(f"over seeds: {os.path.join(out, 'table_seeds.md')} and table_seeds.json")
+    print(seeds_markdown(summary), end="")
+    return 0
+
+
+def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):

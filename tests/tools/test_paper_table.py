@@ -138,6 +138,8 @@ def test_the_examples_train_the_recipes_rows(script, row):
     (["--scale", "1p7b", "--out", "o", "--hf_model", "/no/such/model"], "error: --hf_model: /no/such/model has no config.json"),
     (["--out", "o", "--hf_model", "x"], "error: --scale: required"),
     (["--toy", "--scale", "4b", "--out", "o"], "error: --toy: the toy builds its own model"),
+    (["--scale", "4b", "--out", "o", "--hf_model", "x", "--seeds", "0,1"], "error: --seeds: distinct seeds, with --toy"),
+    (["--toy", "--out", "o", "--seeds", "3,3"], "error: --seeds: distinct seeds, with --toy"),
 ])
 def test_one_line_errors(capsys, argv, line):
     assert paper_table.main(argv) == 2
@@ -238,3 +240,43 @@ def test_table_only_assembles_rows_run_as_separate_jobs(tmp_path, capsys):
     md = open(os.path.join(out, "table.md")).read()
     assert "| base | 60.00 / 74.17 | 61.00 / 66.67 | 62.00 / 40.06 | 60.00 / 60.30 | -0.30 | done |" in md
     assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | not run |" in md
+
+
+# ----------------------------------------------------------------------------- the toy over seeds
+
+
+def test_seeds_run_one_toy_table_per_seed(tmp_path, capsys):
+    """``--seeds`` plans every seed's table in its own directory with that seed's split and trainer seed."""
+    out = str(tmp_path / "t")
+    assert paper_table.main(["--toy", "--out", out, "--seeds", "0,3", "--rows", "base,opsd", "--dry_run"]) == 0
+    text = capsys.readouterr().out
+    for seed in (0, 3):
+        assert f"prepare --out {out}/s{seed}/toy --seed {seed}" in text
+        assert f"--run_dir={out}/s{seed}/opsd" in text and f"--training.seed={1234 + seed}" in text
+    assert not os.path.exists(out)
+
+
+def test_seed_summary_is_each_rows_mean_and_sample_sd_over_the_seeds_that_finished(tmp_path):
+    import statistics
+
+    from phf_megatron.tools.seed_table import seeds_markdown, seeds_summary
+
+    def table(rows):
+        return {"benchmarks": ["unseen", "seen"], "step": 100,
+                "rows": {name: {"ours": None if v is None else {"unseen": v[0], "seen": v[1], "average": (v[0] + v[1]) / 2}}
+                         for name, v in rows.items()}}
+    tables = {0: table({"base": (18.5, 100.0), "opsd": (80.0, 99.0)}),
+              1: table({"base": (4.5, 100.0), "opsd": (61.5, 98.5)}),
+              2: table({"base": (40.5, 100.0), "opsd": None})}              # seed 2's OPSD row did not finish
+    summary = seeds_summary(tables)
+    base, opsd = summary["rows"]["base"], summary["rows"]["opsd"]
+    assert base["unseen"]["mean"] == pytest.approx(statistics.mean([18.5, 4.5, 40.5]), abs=1e-12)
+    assert base["unseen"]["sd"] == pytest.approx(statistics.stdev([18.5, 4.5, 40.5]), abs=1e-12)
+    assert base["seen"]["sd"] == 0.0 and base["seen"]["n"] == 3
+    assert opsd["unseen"]["n"] == 2 and opsd["unseen"]["values"] == {0: 80.0, 1: 61.5}
+    assert opsd["average"]["mean"] == pytest.approx(statistics.mean([89.5, 80.0]), abs=1e-12)
+    one = seeds_summary({5: tables[0]})
+    assert one["rows"]["base"]["unseen"]["sd"] is None                     # one seed: no spread
+    md = seeds_markdown(summary)
+    assert f"| base | {statistics.mean([18.5, 4.5, 40.5]):.2f} ± {statistics.stdev([18.5, 4.5, 40.5]):.2f} (3) |" in md
+    assert md.splitlines()[-1].endswith("| 89.50 | 80.00 | — |")           # opsd's average per seed
