@@ -30,6 +30,9 @@ import queue
 import signal
 import sys
 
+from . import reaper
+from .reaper import start_time
+
 _PR_SET_PDEATHSIG = 1
 _forking_pid: int | None = None
 _bound = False
@@ -83,71 +86,12 @@ def bind_children() -> None:
 
 # ----------------------------------------------------------------- spawned children and a launcher's death
 
-#: The reaper's code, run by ``python -c`` (a fresh interpreter: nothing of the trainer's threads
-#: is copied). argv: the watched parent's pid, then pid:starttime of each process to stop.
-_REAPER = r"""
-import ctypes, os, signal, sys, time
-parent = int(sys.argv[1])
-targets = [tuple(map(int, t.split(":"))) for t in sys.argv[2:]]
-
-def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-def children(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-def reap(*_):
-    for pid, started in targets:
-        if start_time(pid) != started:   # gone already, or the pid now names another process
-            continue
-        doomed, i = [pid], 0
-        while i < len(doomed):
-            doomed += children(doomed[i]); i += 1
-        for p in reversed(doomed):
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-    os._exit(0)
-
-signal.signal(signal.SIGTERM, reap)
-ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
-if os.getppid() != parent:
-    reap()
-while True:
-    signal.pause()
-"""
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): a pid plus
-    its start time names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class Reaper:
     """Stops spawned processes (and their children) if this process dies first, even by SIGKILL.
 
     A process started by ``multiprocessing``'s spawn (vLLM's engine core and its workers) is not
     forked by Python, so ``bind_children`` cannot reach it, and nothing stops it when its parent is
-    killed: it goes on holding the GPU. ``Reaper(pids)`` starts a small watcher process that the
+    killed: it goes on holding the GPU. ``Reaper(pids)`` starts a small watcher process (``reaper.py``) that the
     kernel signals when this process ends (``PR_SET_PDEATHSIG``); it then SIGKILLs each pid (with
     its descendants) that still names the process it named at the start. ``close()`` stops the
     watcher (call it once the processes have been shut down). Start it from the main thread: the
@@ -160,10 +104,10 @@ class Reaper:
         self._proc = None
         import threading
 
-        targets = [f"{pid}:{t}" for pid in pids if (t := _start_time(pid)) is not None]
+        targets = [f"{pid}:{t}" for pid in pids if (t := start_time(pid)) is not None]
         if not targets or not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
             return
-        self._proc = subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *targets],
+        self._proc = subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), *targets],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
 
     def close(self) -> None:
@@ -191,12 +135,12 @@ def run_reaped(argv: list[str], **popen_kwargs):
     import subprocess
 
     with subprocess.Popen(argv, **popen_kwargs) as proc:
-        reaper = Reaper([proc.pid])
+        watcher = Reaper([proc.pid])
         try:
             stdout, stderr = proc.communicate()
         except BaseException:
             proc.kill()
             raise
         finally:
-            reaper.close()
+            watcher.close()
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
