@@ -89,7 +89,8 @@ else
              tests/objectives/test_reference_is_pure.py tests/training/test_checkpoint_gpu.py
              tests/parallel/test_phf_step_gpu.py tests/kernels)
   # the GPU-only vLLM paths first (engine start, IPC, sleep/wake, fingerprints, Megatron -> vLLM sync)
-  VLLM_TESTS=(tests/rollout/test_gpu_paths.py tests/rollout/test_megatron_sync.py tests/rollout/test_engine_start_kill.py)
+  VLLM_TESTS=(tests/rollout/test_gpu_paths.py tests/rollout/test_engine_close.py tests/rollout/test_megatron_sync.py
+              tests/rollout/test_engine_start_kill.py)
   # the paper's baselines at the 1.7B shape: GRPO 8 completions per prompt (2 prompts a step), SFT batch 32
   GRPO=(--shape 1.7b --steps 4 --batch 16 --group-size 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
         --gpu-memory-utilization 0.35)

@@ -120,6 +120,33 @@ def _shutdown(llm) -> None:
             return
 
 
+def _default_group_exists() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _keeping_default_group(keep: bool):
+    """While an in-process engine shuts down: vLLM 0.24-0.32 end with ``destroy_process_group()`` of the
+    default group (``cleanup_dist_env_and_memory``), which is the trainer's when the engine joined it;
+    with ``keep`` that one call is skipped (vLLM's own groups still go)."""
+    import torch.distributed as dist
+    if not keep:
+        yield
+        return
+    destroy = dist.destroy_process_group
+
+    def destroy_but_the_default(group=None):
+        if group is not None and group is not dist.GroupMember.WORLD:
+            destroy(group)
+
+    dist.destroy_process_group = destroy_but_the_default
+    try:
+        yield
+    finally:
+        dist.destroy_process_group = destroy
+
+
 def _in_process_modules(llm) -> list:
     """Every module of an in-process engine's model (``[]`` when it cannot be reached)."""
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)          # InprocClient -> EngineCore
@@ -178,6 +205,8 @@ class VLLMEngine(RolloutEngine):
         env = engine_start_environ(in_process=self.in_process, on_gpu=on_gpu, tensor_parallel_size=tensor_parallel_size,
                                    current_device=torch.cuda.current_device() if on_gpu else 0)
         free_before = release_cached_memory()
+        # an in-process engine joins this process's default group if it has one (the trainer's)
+        self._joined_default_group = self.in_process and _default_group_exists()
         precision = torch.get_float32_matmul_precision()
         try:
             from vllm import LLM
@@ -312,7 +341,8 @@ class VLLMEngine(RolloutEngine):
         if llm is None:
             return
         modules = _in_process_modules(llm) if self.in_process else []
-        _shutdown(llm)
+        with _keeping_default_group(self.__dict__.get("_joined_default_group", False)):
+            _shutdown(llm)
         _forget_reload_state(modules)
         del modules
         reaper = self.__dict__.pop("_reaper", None)

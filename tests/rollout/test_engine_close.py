@@ -1,0 +1,73 @@
+"""Closing an in-process vLLM engine gives back what it held, and only that.
+
+Its device memory (the model runner, the layers vLLM's reload records kept, the KV cache) is free
+when ``close()`` returns, and the process group it joined (the trainer's) survives it: vLLM ends its
+shutdown by destroying the default process group.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from phf_megatron.rollout import sync_weights
+
+from .conftest import HAS_VLLM, start_engine
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+@pytest.mark.parametrize("refit", [False, True], ids=["fresh", "refit"])
+def test_close_frees_the_in_process_engines_model_runner_at_once(tiny_dir, refit):
+    """Seen on an H200 (2026-11-26): the in-process engine's model runner (weights + KV cache, 69 GiB
+    at gpu_memory_utilization 0.5) sat in reference cycles after close(), and the next engine in the
+    process ran out of memory. Then on an H100: after a weight sync (vLLM's layer-wise reload) the
+    layers stayed alive in vLLM's reload records, an attention layer holding its KV cache. close()
+    frees both: no gc here, the runner, a weight and an attention layer must be gone on return."""
+    import weakref
+
+    from transformers import AutoModelForCausalLM
+
+    engine = start_engine("vllm", tiny_dir)
+    assert engine.in_process
+    allocated = torch.cuda.memory_allocated() if torch.cuda.is_available() else None
+    worker = engine.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
+    runner = getattr(worker, "worker", worker).model_runner
+    attention = next(m for m in runner.model.modules() if type(m).__name__ == "Attention")
+    gone = {"runner": weakref.ref(runner), "weight": weakref.ref(next(runner.model.parameters())),
+            "attention": weakref.ref(attention)}
+    del worker, runner, attention
+    if refit:
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        sync_weights(engine, model.state_dict().items())
+    engine.close()
+    assert [name for name, ref in gone.items() if ref() is not None] == []
+    if allocated is not None:   # GPU: the KV cache and the weights are back (a few MiB of vLLM's own buffers may stay)
+        assert torch.cuda.memory_allocated() < 0.1 * allocated
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+@pytest.mark.parametrize("trainer_group", [True, False], ids=["trainer-group", "no-group"])
+def test_close_leaves_the_trainers_process_group_and_ends_vllms_own(tiny_dir, trainer_group):
+    """vLLM 0.24-0.32 end an in-process engine's shutdown with ``destroy_process_group()``: the trainer's
+    default group, which the engine joined, went with it (any later collective failed). It stays now, and
+    works; a group vLLM started itself (no trainer's) still ends with the engine."""
+    import torch.distributed as dist
+
+    from phf_megatron.runtime.process_group import join_default_group
+
+    if trainer_group:
+        join_default_group()
+    try:
+        engine = start_engine("vllm", tiny_dir)
+        assert engine.in_process and dist.is_initialized()
+        engine.close()
+        assert dist.is_initialized() == trainer_group
+        if trainer_group:
+            t = torch.ones(2)
+            dist.all_reduce(t)
+            assert t.tolist() == [1.0, 1.0]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
