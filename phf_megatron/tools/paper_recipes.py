@@ -24,6 +24,9 @@ from dataclasses import dataclass
 TABLE1_ROWS = ("base", "sft", "grpo", "opsd", "phf")
 ABLATION_ROWS = ("direction_only", "geometry_only", "selected_layers")
 ROWS = TABLE1_ROWS + ABLATION_ROWS
+#: The toy's rows: all but selected_layers (its 2-layer model has no subset of layers with a neighbouring
+#: pair other than both layers, which is the phf row; ``selected_layers``).
+TOY_ROWS = tuple(r for r in ROWS if r != "selected_layers")
 SCALES = ("1p7b", "4b", "8b")
 #: Table 1's benchmark columns (phf_megatron/eval/config.py PAPER_BENCHMARKS) and the toy's.
 BENCHMARKS = ("aime24", "aime25", "hmmt25")
@@ -40,9 +43,10 @@ def selected_layers(num_layers: int) -> list[int]:
     """The selected-layers ablation's subset. The paper does not name its layers ("a fixed
     hand-picked subset"); ours: two adjacent pairs at a quarter and three quarters of the depth
     (28 layers: 6, 7, 20, 21; 36: 8, 9, 26, 27), so that both the local and the adjacent-layer terms
-    have rows; the toy's 2 layers: the last one."""
+    have rows. A model of fewer than 8 layers has no such subset (the toy's 2 layers: the only
+    neighbouring pair is all of them, i.e. the phf row): ``TOY_ROWS`` leave the row out."""
     if num_layers < 8:
-        return [num_layers - 1]
+        raise ValueError(f"selected_layers: {num_layers} layers have no proper subset of two neighbouring pairs")
     q = num_layers // 4
     return [q - 1, q, 3 * q - 1, 3 * q]
 

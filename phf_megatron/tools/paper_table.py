@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from ..cli import command, parse_command_line
 from ..config_errors import check_choice, fail
 from ..runtime.children import run_reaped
-from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, PaperNumbers,
-                            method_flags, toy_method_flags)
+from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, TOY_ROWS,
+                            PaperNumbers, method_flags, toy_method_flags)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OFFICIAL_DATA = "siyanzhao/Openthoughts_math_30k_opsd"
@@ -57,7 +57,7 @@ class PaperTable:
     the toy's held-out evaluation; no paper numbers (not comparable)."""
     rows: tuple[str, ...] = ROWS
     """comma-separated: base, sft, grpo, opsd, phf (Table 1), direction_only, geometry_only,
-    selected_layers (Table 3)."""
+    selected_layers (Table 3; not on the toy, whose 2 layers have no such subset)."""
     step: int = 100
     """train each row to this step and evaluate its checkpoint (paper: 100)."""
     k: int = 12
@@ -92,6 +92,11 @@ class PaperTable:
         if self.toy:
             if self.hf_model or self.scale:
                 raise fail("toy", "the toy builds its own model: drop --hf_model and --scale")
+            if "selected_layers" in self.rows:
+                if tuple(self.rows) != ROWS:
+                    raise fail("rows", "selected_layers: the toy's 2 layers have no subset with a neighbouring pair "
+                               "but both, which is the phf row (toy rows: " + ", ".join(TOY_ROWS) + ")")
+                self.rows = TOY_ROWS
             return
         if self.scale is None:
             raise fail("scale", "required: 1p7b, 4b or 8b (or --toy)")
