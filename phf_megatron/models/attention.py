@@ -16,7 +16,11 @@ Masks:
   causality). A row with every key masked gives NaN.
 * ``packed_seq_params`` (qkv_format 'thd': tokens of several sequences packed along s with
   b = 1; Megatron passes [t, n, d] tensors): block-diagonal causal attention from
-  ``cu_seqlens_q``; output [t, 1, n·d].
+  ``cu_seqlens_q``, computed as one causal SDPA call per sequence (a varlen attention from
+  PyTorch itself: on CUDA each call takes the flash kernel with native GQA; work and memory grow
+  with ``sum L_i^2``, never the dense ``[t, t]`` of a block-diagonal mask); output [t, 1, n·d].
+  The sequence bounds are read to the host once per micro-batch (cached on the params object),
+  not once per layer.
 """
 
 from __future__ import annotations
@@ -59,8 +63,9 @@ class SDPACoreAttention(MegatronModule):
         sq, b, heads, d = query.shape
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         is_causal = False
+        segments = None
         if packed_seq_params is not None:
-            keep = _packed_causal_keep(packed_seq_params, sq, b, query.device)  # [sq, sk]
+            keep, segments = None, packed_segments(packed_seq_params, sq, b)
         elif attention_mask is not None:
             keep = ~attention_mask
         else:
@@ -71,12 +76,20 @@ class SDPACoreAttention(MegatronModule):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         dropout_p = self.dropout_p if self.training else 0.0
         if self.config.sequence_parallel or dropout_p == 0.0:
-            out = _sdpa(q, k, v, keep, is_causal, dropout_p, self.softmax_scale)
+            out = _attend(q, k, v, keep, is_causal, dropout_p, self.softmax_scale, segments)
         else:  # attention dropout differs across TP ranks, as in Megatron's DotProductAttention
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                out = _sdpa(q, k, v, keep, is_causal, dropout_p, self.softmax_scale)
+                out = _attend(q, k, v, keep, is_causal, dropout_p, self.softmax_scale, segments)
         # [b, np, sq, d] -> [sq, b, np·d]
         return out.permute(2, 0, 1, 3).reshape(sq, b, heads * d)
+
+
+def _attend(q, k, v, keep, is_causal, dropout_p, scale, segments):
+    """SDPA over ``[b, n, s, d]``; with ``segments`` (packed), causal SDPA inside each ``[lo, hi)``."""
+    if segments is None:
+        return _sdpa(q, k, v, keep, is_causal, dropout_p, scale)
+    return torch.cat([_sdpa(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], None, hi - lo > 1, dropout_p, scale)
+                      for lo, hi in segments], dim=2)
 
 
 def _sdpa(q, k, v, keep, is_causal, dropout_p, scale):
@@ -93,8 +106,11 @@ def _sdpa(q, k, v, keep, is_causal, dropout_p, scale):
                                           dropout_p=dropout_p, scale=scale)
 
 
-def _packed_causal_keep(params, sq: int, b: int, device) -> torch.Tensor:
-    """[sq, sk] bool, True where query token i may attend key j (same sequence, j <= i)."""
+def packed_segments(params, sq: int, b: int) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` bounds of the packed sequences (``cu_seqlens_q``), checked and read once per params object."""
+    cached = getattr(params, "_sdpa_segments", None)
+    if cached is not None and cached[0] == sq:
+        return cached[1]
     if getattr(params, "qkv_format", "thd") != "thd":
         raise ValueError(f"packed_seq_params.qkv_format: expected 'thd', got {params.qkv_format!r}")
     if b != 1:
@@ -105,9 +121,9 @@ def _packed_causal_keep(params, sq: int, b: int, device) -> torch.Tensor:
     padded = getattr(params, "cu_seqlens_q_padded", None)
     if padded is not None and not torch.equal(padded, cu_q):
         raise ValueError("packed_seq_params.cu_seqlens_q_padded: padded packing is not supported")
-    if int(cu_q[-1]) != sq:
-        raise ValueError(f"packed_seq_params.cu_seqlens_q: ends at {int(cu_q[-1])}, sequence length is {sq}")
-    lengths = (cu_q[1:] - cu_q[:-1]).to(device)
-    segment = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
-    pos = torch.arange(sq, device=device)
-    return (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
+    bounds = [int(x) for x in cu_q.tolist()]
+    if bounds[-1] != sq:
+        raise ValueError(f"packed_seq_params.cu_seqlens_q: ends at {bounds[-1]}, sequence length is {sq}")
+    segments = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    params._sdpa_segments = (sq, segments)
+    return segments

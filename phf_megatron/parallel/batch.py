@@ -8,7 +8,11 @@ same rollout tokens y after prompts of different lengths. Two index sets tie the
 * the flow window W picks at most ``window_budget`` rollout tokens per sample with
   ``objectives.select_window``; the same rollout ordinals in both sequences (``*_window``).
 
-Sequences are right-padded (samples start at position 0; causal attention ignores padding).
+Where the samples sit in the activation is each side's ``SequenceLayout`` (``parallel.layout``):
+right-padded rows (the default: samples start at position 0; causal attention ignores padding), or
+packed into one row (``PhfMicroBatch.packed``, ``training.packing``). Every index above is an index
+into the activation (flat ``column·S + start + t``), so the passes, the capture and the loss have no
+packed branch; the window is chosen per sample and mapped through each side's layout.
 """
 
 from __future__ import annotations
@@ -21,19 +25,28 @@ import torch.distributed as dist
 from ..objectives.checks import check_prefix_mask
 from ..objectives.window import DEFAULT_WINDOW_BUDGET, select_window
 from .collectives import all_reduce_
+from .layout import SequenceLayout
 from .window_rows import check_positions
 
 
-def _check_tokens_and_mask(name: str, tokens: torch.Tensor, response: torch.Tensor) -> None:
+def _side_layout(name: str, tokens: torch.Tensor, response: torch.Tensor, layout: SequenceLayout | None) -> SequenceLayout:
+    """The side's layout (default: right-padded rows), its tokens and rollout mask checked against it."""
     if tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError(f"{name}_tokens: expected a [B, T] long tensor, got {tokens.dtype} {tuple(tokens.shape)}")
     if response.shape != tokens.shape or response.dtype != torch.bool:
         raise ValueError(
             f"{name}_response: expected a bool tensor of shape {tuple(tokens.shape)}, got {response.dtype} {tuple(response.shape)}"
         )
-    if bool(response[:, 0].any()):
-        b = int(response[:, 0].nonzero()[0])
+    layout = layout or SequenceLayout.pad(tokens)
+    if layout.tokens is not tokens and not torch.equal(layout.tokens, tokens):
+        raise ValueError(f"{name}_tokens: must be the {name}_layout's tokens")
+    first = response & layout.sequence_starts()
+    if bool(first.any()):
+        b = int(layout.sample_ids()[first][0])
         raise ValueError(f"{name}_response: sample {b} has a rollout token at position 0; no prompt token predicts it")
+    if bool((response & (layout.sample_ids() < 0)).any()):
+        raise ValueError(f"{name}_response: a rollout token outside every sample (on the layout's padding)")
+    return layout
 
 
 def _ordinals(response: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
@@ -43,60 +56,87 @@ def _ordinals(response: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     return torch.where(response.gather(1, window), picked, torch.full_like(picked, -1))
 
 
+def _sample_window(layout: SequenceLayout, window: torch.Tensor) -> torch.Tensor:
+    """Activation window positions ``[B, m]`` as positions into each sample (-1 outside it)."""
+    local = window - layout.start[:, None].to(window.device)
+    inside = (local >= 0) & (local < layout.lengths[:, None].to(window.device))
+    return torch.where(inside, local, torch.full_like(local, -1))
+
+
 @dataclass
 class PhfMicroBatch:
-    """Tensors of one micro-batch (right-padded), validated on construction.
+    """Tensors of one micro-batch, validated on construction (module docstring).
 
     Pass ``student_window``/``teacher_window``/``window_valid`` to choose the window yourself;
-    otherwise it is ``select_window`` over the rollout tokens with ``window_budget``.
+    otherwise it is ``select_window`` over each sample's rollout tokens with ``window_budget``.
+    ``student_layout``/``teacher_layout``: where the samples sit in the activation (default:
+    right-padded rows, ``SequenceLayout.pad``); ``PhfMicroBatch.packed`` builds the packed one.
     """
 
     student_tokens: torch.Tensor
-    """``[B, Ts]`` long: chat(problem) ; y ; padding."""
+    """``[b_act, Ts]`` long, the activation: chat(problem) ; y per sample, then padding."""
     teacher_tokens: torch.Tensor
-    """``[B, Tt]`` long: chat(problem + reference) ; y ; padding."""
+    """``[b_act, Tt]`` long: chat(problem + reference) ; y per sample, then padding."""
     student_response: torch.Tensor
-    """``[B, Ts]`` bool: True on the rollout tokens y."""
+    """``[b_act, Ts]`` bool: True on the rollout tokens y."""
     teacher_response: torch.Tensor
-    """``[B, Tt]`` bool: True on the same rollout tokens in the teacher sequence."""
+    """``[b_act, Tt]`` bool: True on the same rollout tokens in the teacher sequence."""
     window_budget: int = DEFAULT_WINDOW_BUDGET
     student_window: torch.Tensor | None = None
-    """``[B, m]`` long positions into the student sequence (default: derived)."""
+    """``[B, m]`` long positions into the student activation row of each sample (default: derived)."""
     teacher_window: torch.Tensor | None = None
     window_valid: torch.Tensor | None = None
     """``[B, m]`` bool, a True prefix per sample: the real window entries."""
     teacher_out: dict = field(default_factory=dict, repr=False)
     """Filled by the teacher pass: captured rows per stage, teacher logit rows on the last stage."""
+    student_layout: SequenceLayout | None = None
+    teacher_layout: SequenceLayout | None = None
 
     def __post_init__(self) -> None:
-        _check_tokens_and_mask("student", self.student_tokens, self.student_response)
-        _check_tokens_and_mask("teacher", self.teacher_tokens, self.teacher_response)
-        if self.student_tokens.shape[0] != self.teacher_tokens.shape[0]:
-            raise ValueError(
-                f"teacher_tokens: batch {self.teacher_tokens.shape[0]} != student batch {self.student_tokens.shape[0]}"
-            )
-        n_s, n_t = self.student_response.sum(1), self.teacher_response.sum(1)
+        self.student_layout = _side_layout("student", self.student_tokens, self.student_response, self.student_layout)
+        self.teacher_layout = _side_layout("teacher", self.teacher_tokens, self.teacher_response, self.teacher_layout)
+        b = self.student_layout.num_sequences
+        if self.teacher_layout.num_sequences != b:
+            raise ValueError(f"teacher_tokens: batch {self.teacher_layout.num_sequences} != student batch {b}")
+        n_s = torch.bincount(self.student_layout.sample_ids()[self.student_response], minlength=b)
+        n_t = torch.bincount(self.teacher_layout.sample_ids()[self.teacher_response], minlength=b)
         if not torch.equal(n_s, n_t):
-            b = int((n_s != n_t).nonzero()[0])
+            k = int((n_s != n_t).nonzero()[0])
             raise ValueError(
-                f"teacher_response: rollout lengths disagree for sample {b}: student has {int(n_s[b])} rollout "
-                f"tokens, teacher has {int(n_t[b])}; both sequences must end in the same rollout y"
+                f"teacher_response: rollout lengths disagree for sample {k}: student has {int(n_s[k])} rollout "
+                f"tokens, teacher has {int(n_t[k])}; both sequences must end in the same rollout y"
             )
         y_s, y_t = self.student_tokens[self.student_response], self.teacher_tokens[self.teacher_response]
         if not torch.equal(y_s, y_t):
             k = int((y_s != y_t).nonzero()[0])
-            b = int(torch.searchsorted(n_s.cumsum(0), torch.tensor(k, device=n_s.device), right=True))
-            raise ValueError(f"teacher_tokens: the rollout tokens of sample {b} differ from the student's")
+            k = int(torch.searchsorted(n_s.cumsum(0), torch.tensor(k, device=n_s.device), right=True))
+            raise ValueError(f"teacher_tokens: the rollout tokens of sample {k} differ from the student's")
         self._init_window()
         self._init_derived()
+
+    @classmethod
+    def packed(cls, student_tokens: torch.Tensor, teacher_tokens: torch.Tensor, student_response: torch.Tensor,
+               teacher_response: torch.Tensor, student_lengths: torch.Tensor, teacher_lengths: torch.Tensor, *,
+               window_budget: int = DEFAULT_WINDOW_BUDGET, pad_multiple: int = 1, pad_id: int = 0,
+               student_total: int | None = None, teacher_total: int | None = None) -> "PhfMicroBatch":
+        """Right-padded per-sample ``[B, T]`` tokens and rollout masks of each side with their lengths ``[B]``,
+        each side packed into one row (``SequenceLayout.pack``: a multiple of ``pad_multiple``, or ``*_total``)."""
+        s = SequenceLayout.pack(student_tokens, student_lengths, pad_multiple, pad_id, student_total)
+        t = SequenceLayout.pack(teacher_tokens, teacher_lengths, pad_multiple, pad_id, teacher_total)
+        return cls(s.tokens, t.tokens, s.place(student_response, False), t.place(teacher_response, False),
+                   window_budget, student_layout=s, teacher_layout=t)
 
     def _init_window(self) -> None:
         given = [x is not None for x in (self.student_window, self.teacher_window, self.window_valid)]
         if any(given) and not all(given):
             raise ValueError("student_window/teacher_window/window_valid: give all three or none")
-        if not any(given):
-            self.student_window, self.window_valid = select_window(self.student_response, self.window_budget)
-            self.teacher_window, _ = select_window(self.teacher_response, self.window_budget)
+        s_resp = self.student_layout.take(self.student_response, False)
+        t_resp = self.teacher_layout.take(self.teacher_response, False)
+        if not any(given):  # per sample, then into each side's activation row
+            s_win, self.window_valid = select_window(s_resp, self.window_budget)
+            t_win, _ = select_window(t_resp, self.window_budget)
+            self.student_window = s_win + self.student_layout.start[:, None]
+            self.teacher_window = t_win + self.teacher_layout.start[:, None]
             return
         check_positions("student_window", self.student_window, self.student_tokens.shape[1])
         check_positions("teacher_window", self.teacher_window, self.teacher_tokens.shape[1])
@@ -105,10 +145,15 @@ class PhfMicroBatch:
                 f"teacher_window/window_valid: shapes {tuple(self.teacher_window.shape)}/{tuple(self.window_valid.shape)} "
                 f"must equal student_window's {tuple(self.student_window.shape)}"
             )
+        if self.student_window.shape[0] != self.student_layout.num_sequences:
+            raise ValueError(f"student_window: {self.student_window.shape[0]} rows for "
+                             f"{self.student_layout.num_sequences} samples")
         check_prefix_mask("window_valid", self.window_valid)
-        o_s = _ordinals(self.student_response, self.student_window)
-        o_t = _ordinals(self.teacher_response, self.teacher_window)
-        bad = self.window_valid & ((o_s < 0) | (o_s != o_t))
+        s_local = _sample_window(self.student_layout, self.student_window)
+        t_local = _sample_window(self.teacher_layout, self.teacher_window)
+        o_s = _ordinals(s_resp, s_local.clamp(min=0))
+        o_t = _ordinals(t_resp, t_local.clamp(min=0))
+        bad = self.window_valid & ((s_local < 0) | (t_local < 0) | (o_s < 0) | (o_s != o_t))
         if bool(bad.any()):
             b, i = (int(x) for x in bad.nonzero()[0])
             raise ValueError(
@@ -120,18 +165,23 @@ class PhfMicroBatch:
         """The same micro-batch with every tensor on ``device`` (validated again; no teacher outputs)."""
         moved = {k: getattr(self, k).to(device) for k in ("student_tokens", "teacher_tokens", "student_response",
                                                           "teacher_response", "student_window", "teacher_window",
-                                                          "window_valid")}
+                                                          "window_valid", "student_layout", "teacher_layout")}
         return PhfMicroBatch(window_budget=self.window_budget, **moved)
 
     @property
     def batch_size(self) -> int:
+        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
         return self.student_tokens.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        """Samples (``B``): the rows of the window, the flow share and the per-sample values."""
+        return self.student_layout.num_sequences
 
     @staticmethod
     def score_index(response: torch.Tensor) -> torch.Tensor:
-        """Flat ``b * T + t`` of the logits predicting each rollout token (``t = pos - 1``), sample-major."""
-        b, t = response.nonzero(as_tuple=True)
-        return b * response.shape[1] + t - 1
+        """Flat ``column·S + t`` of the logits predicting each rollout token (``t = pos - 1``), sample-major."""
+        return response.reshape(-1).nonzero().squeeze(1) - 1
 
     def _init_derived(self) -> None:
         """Index sets and counts, computed once here (host syncs belong to batch building, not the step).

@@ -47,19 +47,24 @@ class CaptureSession:
         tp_group, sequence_parallel: how activations are split over tensor parallelism.
         check: check the positions' range (one host sync for device tensors; ``PhfMicroBatch``
             has checked them already).
+        columns: ``[B]`` long, each sample's activation row (``SequenceLayout.column``); default
+            ``arange(B)``: sample b in row b (right-padded). Packed: every sample in row 0, its
+            positions into that row.
 
     The first stored layer fixes the row index (``WindowIndex``) and allocates the stack
-    ``rows [len(stage.captured), B, m, H]``; each layer then costs one ``index_select`` into
+    ``rows [len(stage.captured), B, m, H]`` (``B`` samples, whatever the activation's batch); each layer then costs one ``index_select`` into
     its slot (no per-layer allocation, no stack at the end).
     """
 
     def __init__(self, stage: StagePlan, positions: torch.Tensor, seq_len: int,
-                 tp_group: dist.ProcessGroup | None, sequence_parallel: bool, check: bool = True):
+                 tp_group: dist.ProcessGroup | None, sequence_parallel: bool, check: bool = True,
+                 columns: torch.Tensor | None = None):
         if check:
             check_positions("positions", positions, seq_len)
         self.stage = stage
         self.layers = frozenset(stage.own_layers)  # the hooks' layers (the boundary enters by capture_input)
         self.positions = positions
+        self.columns = columns
         self.tp_group = tp_group
         self.sequence_parallel = sequence_parallel
         self.where: WindowIndex | None = None
@@ -70,12 +75,18 @@ class CaptureSession:
         self.sealed = False
 
     def _allocate(self, hidden: torch.Tensor) -> None:
-        s_local, b, h = hidden.shape
-        if b != self.positions.shape[0]:
-            raise ValueError(f"positions: {self.positions.shape[0]} samples, but the activation has batch {b}")
+        s_local, b_act, h = hidden.shape
+        b, m = self.positions.shape
+        if self.columns is None:
+            if b_act != b:
+                raise ValueError(f"positions: {b} samples, but the activation has batch {b_act}")
+            columns = torch.arange(b, device=self.positions.device)
+        else:
+            columns = self.columns.to(self.positions.device)
         start, _ = local_seq_range(s_local, self.tp_group, self.sequence_parallel)
-        self.where = WindowIndex.build(self.positions, start, s_local, sharded=self.sequence_parallel)
-        self.rows = hidden.new_empty(len(self.stage.captured), b, self.positions.shape[1], h)
+        self.where = WindowIndex.of_entries(self.positions.reshape(-1), columns[:, None].expand(b, m).reshape(-1), b_act,
+                                           start, s_local, sharded=self.sequence_parallel)
+        self.rows = hidden.new_empty(len(self.stage.captured), b, m, h)
 
     def store(self, layer: int, hidden: torch.Tensor) -> None:
         """Keep this rank's share of layer ``layer``'s window rows (``hidden``: ``[s_local, B, H]``)."""

@@ -118,6 +118,26 @@ class SequenceLayout:
         out[self.flat_index(sample, pos).to(values.device)] = values[sample, pos]
         return out.reshape(self.tokens.shape + values.shape[2:])
 
+    def take(self, values: torch.Tensor, fill=0) -> torch.Tensor:
+        """Inverse of ``place``: ``[b_act, S]`` to per-sample ``[B, max L]``, ``fill`` past each sample's length."""
+        if tuple(values.shape[:2]) != tuple(self.tokens.shape):
+            raise ValueError(f"values: expected the activation's {tuple(self.tokens.shape)}, got {tuple(values.shape)}")
+        pos = torch.arange(int(self.lengths.max()), device=values.device)[None]
+        keep = pos < self.lengths[:, None].to(values.device)
+        sample = torch.arange(self.num_sequences, device=values.device)[:, None]
+        index = self.flat_index(sample, pos).clamp(max=self.tokens.numel() - 1).to(values.device)
+        flat = values.reshape((-1,) + values.shape[2:])[index]
+        return torch.where(keep.reshape(keep.shape + (1,) * (values.dim() - 2)), flat,
+                           torch.full((), fill, dtype=values.dtype, device=values.device))
+
+    def sample_ids(self) -> torch.Tensor:
+        """``[b_act, S]`` long: the sample each position belongs to, -1 on the pad segment (and right padding)."""
+        out = torch.full((self.tokens.numel(),), -1, dtype=torch.long, device=self.tokens.device)
+        keep = torch.arange(int(self.lengths.max()), device=self.tokens.device)[None] < self.lengths[:, None]
+        sample, pos = keep.nonzero(as_tuple=True)
+        out[self.flat_index(sample, pos)] = sample
+        return out.reshape(self.tokens.shape)
+
     def sequence_starts(self) -> torch.Tensor:
         """``[b_act, S]`` bool: True at each sample's first token (no token of its own sequence predicts it)."""
         out = torch.zeros(self.tokens.numel(), dtype=torch.bool, device=self.tokens.device)

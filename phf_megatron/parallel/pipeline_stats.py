@@ -2,7 +2,9 @@
 
 Only the last stage calls the loss function, but every stage computes a share of the flow loss.
 Each stage therefore appends ``R`` extra "statistics" rows to the activation it sends:
-``[s_local, b, H] -> [s_local + R, b, H]``. Per sample b the rows hold
+``[s_local, b_act, H] -> [s_local + R, b_act, H]``. They hold one record per sample, the records
+back to back over the ``b_act`` columns (right-padded: one sample per column; packed: every sample
+of the micro-batch in the one column, so ``R`` grows with the sample count). Sample b's record is
 
 * element 0: a *carrier*, ``share - share.detach()`` in the pipeline dtype: value 0, gradient
   path to the cumulative share of the stages so far. The last stage adds it to the exact value
@@ -27,9 +29,14 @@ def _per_value(dtype: torch.dtype) -> int:
     return 2 if torch.finfo(dtype).bits == 16 else 1
 
 
-def stats_rows(num_values: int, hidden_size: int, dtype: torch.dtype) -> int:
-    """``R``: rows of ``hidden_size`` elements holding the carrier and ``num_values`` float32 values."""
-    return math.ceil((1 + _per_value(dtype) * num_values) / hidden_size)
+def _record(num_values: int, dtype: torch.dtype) -> int:
+    """Pipeline-dtype elements of one sample's record: the carrier and ``num_values`` float32 values."""
+    return 1 + _per_value(dtype) * num_values
+
+
+def stats_rows(num_values: int, hidden_size: int, dtype: torch.dtype, samples: int = 1, columns: int = 1) -> int:
+    """``R``: rows of ``columns x hidden_size`` elements holding ``samples`` records (module docstring)."""
+    return math.ceil(samples * _record(num_values, dtype) / (columns * hidden_size))
 
 
 def pipeline_seq_length(seq_len: int, num_stats_rows: int, tp_size: int, sequence_parallel: bool) -> int:
@@ -51,26 +58,35 @@ def _decode(payload: torch.Tensor, num_values: int) -> torch.Tensor:
     return payload[:, :num_values].float()
 
 
-def pack_stats(share: torch.Tensor, values: torch.Tensor, hidden_size: int, dtype: torch.dtype) -> torch.Tensor:
-    """``[R, B, H]`` stats rows from the cumulative ``share [B]`` (differentiable) and ``values [B, K]``.
+def pack_stats(share: torch.Tensor, values: torch.Tensor, hidden_size: int, dtype: torch.dtype,
+               columns: int | None = None, rows: int | None = None) -> torch.Tensor:
+    """``[R, columns, H]`` stats rows from the cumulative ``share [B]`` (differentiable) and ``values [B, K]``.
 
-    ``values[:, 0]`` must equal ``share`` (it is the exact value the carrier complements).
+    ``values[:, 0]`` must equal ``share`` (it is the exact value the carrier complements). ``columns``:
+    the activation's batch (default ``B``); ``rows``: ``R`` (default: the fewest that hold the records;
+    a pipeline sends the step's one ``R``).
     """
     b, k = values.shape
-    rows = stats_rows(k, hidden_size, dtype)
+    columns = b if columns is None else columns
+    need = stats_rows(k, hidden_size, dtype, b, columns)
+    rows = need if rows is None else rows
+    if rows < need:
+        raise ValueError(f"rows: {rows} stats rows cannot hold {b} records of {k} values (need {need})")
     carrier = (share - share.detach()).to(dtype)[:, None]  # value 0, gradient 1 w.r.t. share
-    payload = _encode(values, dtype)
-    pad = torch.zeros(b, rows * hidden_size - 1 - payload.shape[1], dtype=dtype, device=values.device)
-    flat = torch.cat([carrier, payload, pad], dim=1)  # [B, R*H]
-    return flat.view(b, rows, hidden_size).transpose(0, 1).contiguous()
+    records = torch.cat([carrier, _encode(values, dtype)], dim=1).reshape(-1)  # [B * record]
+    pad = torch.zeros(rows * columns * hidden_size - records.numel(), dtype=dtype, device=values.device)
+    return torch.cat([records, pad]).view(columns, rows, hidden_size).transpose(0, 1).contiguous()
 
 
-def unpack_stats(stats: torch.Tensor, num_values: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of ``pack_stats``: ``(share [B] float32, differentiable via the carrier; values [B, K])``."""
-    rows, b, h = stats.shape
-    flat = stats.transpose(0, 1).reshape(b, rows * h)
-    values = _decode(flat[:, 1:].detach(), num_values)
-    share = values[:, 0] + flat[:, 0].float()
+def unpack_stats(stats: torch.Tensor, num_values: int, samples: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of ``pack_stats``: ``(share [B] float32, differentiable via the carrier; values [B, K])``;
+    ``samples``: ``B`` (default: the stats' columns)."""
+    rows, columns, h = stats.shape
+    samples = columns if samples is None else samples
+    width = _record(num_values, stats.dtype)
+    records = stats.transpose(0, 1).reshape(-1)[: samples * width].view(samples, width)
+    values = _decode(records[:, 1:].detach(), num_values)
+    share = values[:, 0] + records[:, 0].float()
     return share, values
 
 

@@ -50,10 +50,6 @@ def final_hidden_states(model, tokens, position_ids, attention_mask, packed_seq_
     return hidden_after_final_norm(model, tokens, position_ids, attention_mask, packed_seq_params=packed_seq_params)
 
 
-def _positions(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.arange(tokens.shape[1], device=tokens.device)[None].expand_as(tokens)
-
-
 class PhfStep:
     """The teacher and student forward-step functions of one PHF update, and their bookkeeping.
 
@@ -109,7 +105,8 @@ class PhfStep:
                                  flow_backend)
             self.num_values = 1 + len(self.plan.layers) + len(self.plan.pairs)
             dtype = config.pipeline_dtype or config.params_dtype
-            self.num_stats_rows = stats_rows(self.num_values, config.hidden_size, dtype)
+            self._stats_dtype = dtype
+            self.num_stats_rows = stats_rows(self.num_values, config.hidden_size, dtype)  # prepare() sizes it
         else:
             self.num_stats_rows = 0
         self.student_capture, self.teacher_capture = student_capture, teacher_capture
@@ -122,6 +119,9 @@ class PhfStep:
     def prepare(self, microbatches: list[PhfMicroBatch]) -> StepNormalizers:
         """Global counts of the step (every rank, before the passes): one all-reduce over DP."""
         self.normalizers = step_normalizers(microbatches, self.dp_group)
+        if self.plan is not None:  # one size for every micro-batch: the schedule's p2p buffers are fixed
+            self.num_stats_rows = max(stats_rows(self.num_values, self.config.hidden_size, self._stats_dtype,
+                                                 mb.num_sequences, mb.batch_size) for mb in microbatches)
         self.conventions = LossConventions(bool(self.config.calculate_per_token_loss), len(microbatches),
                                            group_size(self.dp_group))
         return self.normalizers
@@ -160,11 +160,11 @@ class PhfStep:
 
         mb: PhfMicroBatch = next(data_iterator)
         chunk = unwrap(model)
-        tokens = mb.teacher_tokens
-        session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, tokens.shape[1])
+        tokens, layout = mb.teacher_tokens, mb.teacher_layout
+        session = self._begin_capture(chunk, self.teacher_capture, mb.teacher_window, layout)
         if session is not None and not chunk.pre_process:
             chunk.decoder.input_tensor = self.teacher_capture.capture_input(chunk.decoder.input_tensor, session)
-        output = self._forward(model, chunk, tokens, self.teacher_capture, session)
+        output = self._forward(model, chunk, layout, self.teacher_capture, session)
         if session is not None:
             mb.teacher_out[session.stage.first] = session.finish()
         if chunk.post_process:
@@ -185,47 +185,49 @@ class PhfStep:
         if self.normalizers is None:
             raise RuntimeError("PhfStep.prepare(microbatches) must run before the student pass")
         chunk = unwrap(model)
-        tokens = mb.student_tokens
+        tokens, layout = mb.student_tokens, mb.student_layout
         if chunk.post_process and "logits" not in mb.teacher_out:
             raise RuntimeError("teacher logits: missing for this micro-batch; run the teacher pass first")
         if self.plan is None:
-            output = self._forward(model, chunk, tokens, None, None)
+            output = self._forward(model, chunk, layout, None, None)
             return output, partial(self._loss, mb, None, None, model)
 
-        session = self._begin_capture(chunk, self.student_capture, mb.student_window, tokens.shape[1])
-        b, dev = mb.batch_size, tokens.device
+        session = self._begin_capture(chunk, self.student_capture, mb.student_window, layout)
+        b, dev = mb.num_sequences, tokens.device
         share, values = torch.zeros(b, device=dev), torch.zeros(b, self.num_values, device=dev)
         if not chunk.pre_process:
             hidden, stats = split_received(chunk.decoder.input_tensor, self._seq_local(tokens.shape[1]), self.num_stats_rows)
-            share, values = unpack_stats(stats, self.num_values)
+            share, values = unpack_stats(stats, self.num_values, b)
             if session is not None:
                 hidden = self.student_capture.capture_input(hidden, session)
             chunk.decoder.input_tensor = hidden
-        output = self._forward(model, chunk, tokens, self.student_capture, session)
+        output = self._forward(model, chunk, layout, self.student_capture, session)
         if session is not None:
             output, share, values = self._add_stage_flow(output, session, mb, share, values)
         if not chunk.post_process:
-            stats_out = pack_stats(share, values, output.shape[-1], output.dtype)
+            stats_out = pack_stats(share, values, output.shape[-1], output.dtype, mb.batch_size, self.num_stats_rows)
             return torch.cat([output, stats_out], dim=0), _no_loss
         return output, partial(self._loss, mb, share, values, model)
 
-    def _begin_capture(self, chunk, capture, window, seq_len) -> CaptureSession | None:
+    def _begin_capture(self, chunk, capture, window, layout) -> CaptureSession | None:
         """A session for the chunk's captured layers (None if the flow is off or it owns no term)."""
         if self.plan is None:
             return None
         stage = self._stage(chunk)
         if not stage.has_flow:
             return None
-        return CaptureSession(stage, window, seq_len, self.tp_group, self.sequence_parallel, check=False)
+        return CaptureSession(stage, window, layout.seq_len, self.tp_group, self.sequence_parallel, check=False,
+                              columns=layout.column)
 
-    def _forward(self, model, chunk, tokens, capture, session):
+    def _forward(self, model, chunk, layout, capture, session):
         """The chunk's forward (capture active); the last stage stops at the final norm if rows only."""
         if session is not None:
             capture.activate(session)
+        kwargs = layout.forward_kwargs()
         try:
             if self.score_rows_only and chunk.post_process:
-                return final_hidden_states(model, tokens, _positions(tokens), None)
-            return model(input_ids=tokens, position_ids=_positions(tokens), attention_mask=None)
+                return final_hidden_states(model, layout.tokens, **kwargs)
+            return model(input_ids=layout.tokens, **kwargs)
         finally:
             if session is not None:
                 capture.activate(None)

@@ -23,7 +23,8 @@ from ..parallel.batch import PhfMicroBatch
 from ..parallel.grpo_step import GrpoMicroBatch
 from ..parallel.layout import packed_length
 from ..parallel.sft_step import SftMicroBatch
-from .microbatch_plan import token_budget_plan
+from ..config_errors import fail
+from .microbatch_plan import BUDGET_KEY, token_budget_plan
 
 
 def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
@@ -34,26 +35,38 @@ def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
     return range(dp_rank * per, (dp_rank + 1) * per)
 
 
-def phf_microbatches(batch: DistillBatch, micro_batch_size: int, window_budget: int) -> list[PhfMicroBatch]:
-    """PHF's micro-batches of a rank's batch: student and teacher sequences, their rollout masks, the window."""
+def phf_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], window_budget: int,
+                     packing: bool = False, pad_multiple: int = 1, one_length: bool = True) -> list[PhfMicroBatch]:
+    """PHF's micro-batches of a rank's batch: student and teacher sequences, their rollout masks, the window.
+
+    ``micro_batch_size``: consecutive rows per micro-batch, or each micro-batch's row count (a token-budget
+    plan). ``packing`` (``training.packing``): each side of a micro-batch packed into one row
+    (``PhfMicroBatch.packed``), rounded up to a multiple of ``pad_multiple`` (the TP size under sequence
+    parallelism); with ``one_length`` (pipelining, ``packed_rows``) every micro-batch of the rank to one student
+    and one teacher length (``packed_length``)."""
     s_mask, t_mask = batch.scored_positions("student"), batch.scored_positions("teacher")
-    out = []
-    for lo in range(0, batch.student_input_ids.shape[0], micro_batch_size):
-        sl = slice(lo, lo + micro_batch_size)
-        out.append(PhfMicroBatch(student_tokens=batch.student_input_ids[sl], teacher_tokens=batch.teacher_input_ids[sl],
-                                 student_response=s_mask[sl], teacher_response=t_mask[sl], window_budget=window_budget))
-    return out
+    s_tok, t_tok = batch.student_input_ids, batch.teacher_input_ids
+    cuts = _cuts(s_tok.shape[0], micro_batch_size)
+    if not packing:
+        return [PhfMicroBatch(student_tokens=s_tok[sl], teacher_tokens=t_tok[sl], student_response=s_mask[sl],
+                              teacher_response=t_mask[sl], window_budget=window_budget) for sl in cuts]
+    s_len, t_len = batch.student_attention_mask.sum(1), batch.teacher_attention_mask.sum(1)
+    s_total = _rank_length([s_len[sl] for sl in cuts], pad_multiple, one_length)
+    t_total = _rank_length([t_len[sl] for sl in cuts], pad_multiple, one_length)
+    return [PhfMicroBatch.packed(s_tok[sl], t_tok[sl], s_mask[sl], t_mask[sl], s_len[sl], t_len[sl],
+                                 window_budget=window_budget, pad_multiple=pad_multiple, student_total=s_total,
+                                 teacher_total=t_total) for sl in cuts]
 
 
 def sft_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], loss_on_prompt: bool,
-                     packing: bool = False, pad_multiple: int = 1) -> list[SftMicroBatch]:
+                     packing: bool = False, pad_multiple: int = 1, one_length: bool = True) -> list[SftMicroBatch]:
     """SFT's micro-batches: the student sequences, scored on the completion (the rows' solutions), or with
     ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set).
 
     ``micro_batch_size``: consecutive rows per micro-batch, or each micro-batch's row count in order (a
     token-budget plan, ``build_microbatches`` with ``max_tokens``). ``packing`` (``training.packing``): each
-    micro-batch's sequences packed into one row (``SequenceLayout.pack``), every micro-batch of the rank to one
-    length (``packed_length``: a multiple of ``pad_multiple``, the TP size under sequence parallelism)."""
+    micro-batch's sequences packed into one row (``SequenceLayout.pack``), a multiple of ``pad_multiple`` (the TP
+    size under sequence parallelism); with ``one_length`` every micro-batch of the rank to one length (``packed_length``)."""
     if loss_on_prompt:
         scored = batch.student_attention_mask.clone()
         scored[:, 0] = False
@@ -63,9 +76,22 @@ def sft_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int],
     if not packing:
         return [SftMicroBatch(tokens[sl], scored[sl]) for sl in cuts]
     lengths = batch.student_attention_mask.sum(1)
-    total = packed_length([lengths[sl] for sl in cuts], pad_multiple)
+    total = _rank_length([lengths[sl] for sl in cuts], pad_multiple, one_length)
     return [SftMicroBatch.packed(tokens[sl], scored[sl], lengths[sl], pad_multiple=pad_multiple, total=total)
             for sl in cuts]
+
+
+def packed_rows(cfg) -> tuple[int, bool]:
+    """``(pad_multiple, one_length)`` of this run's packed micro-batches: the TP size under sequence
+    parallelism (else 1), and one length for every micro-batch of a rank only under pipelining (its schedule
+    sends fixed-size activations); without it each micro-batch keeps its own packed length."""
+    model = cfg.model
+    return (model.tensor_model_parallel_size if model.sequence_parallel else 1), model.pipeline_model_parallel_size > 1
+
+
+def _rank_length(lengths: list[torch.Tensor], pad_multiple: int, one_length: bool) -> int | None:
+    """The rank's one packed length (``packed_length``), or None: each micro-batch its own."""
+    return packed_length(lengths, pad_multiple) if one_length else None
 
 
 def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice]:
@@ -81,7 +107,7 @@ def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,
                       sampler_logps: Sequence[Sequence[float]] | None = None,
                       unscored: torch.Tensor | None = None, packing: bool = False,
-                      pad_multiple: int = 1) -> list[GrpoMicroBatch]:
+                      pad_multiple: int = 1, one_length: bool = True) -> list[GrpoMicroBatch]:
     """GRPO's micro-batches of a rank's batch: the student sequences scored on the completion, each
     sample's advantage and (the vLLM correction) the engine's log-prob of each completion token at
     that token's position.
@@ -90,8 +116,8 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: to
     ``unscored [B]`` (bool: samples left out of the loss, ``grpo.mask_truncated_completions``) follow
     the batch's rows, i.e. this rank's samples in ``local_samples`` order. ``packing`` (``training.packing``):
     each micro-batch's sequences, scored mask and sampler log-probs packed into one row
-    (``GrpoMicroBatch.packed``), every micro-batch of the rank to one length (``packed_length``, a multiple of
-    ``pad_multiple``), as ``sft_microbatches``; advantages and ``num_items`` stay per sample."""
+    (``GrpoMicroBatch.packed``), a multiple of ``pad_multiple``, with ``one_length`` every micro-batch of the rank
+    to one length, as ``sft_microbatches``; advantages and ``num_items`` stay per sample."""
     b = batch.student_input_ids.shape[0]
     if advantages.shape != (b,):
         raise ValueError(f"advantages: expected [{b}], got {tuple(advantages.shape)}")
@@ -113,7 +139,7 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: to
     full = batch.response_mask.sum(-1)  # dapo's N_tok counts masked-out completions too (TRL)
     cuts, tokens = _cuts(b, micro_batch_size), batch.student_input_ids
     lengths = batch.student_attention_mask.sum(1)
-    total = packed_length([lengths[sl] for sl in cuts], pad_multiple) if packing else None
+    total = _rank_length([lengths[sl] for sl in cuts], pad_multiple, one_length) if packing else None
     out = []
     for sl in cuts:
         args = (tokens[sl], scored[sl], advantages[sl].to(torch.float64))
@@ -148,6 +174,9 @@ def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequen
                              "of a data-parallel rank (global_batch_size / data-parallel size)")
         sizes: int | list[int] = micro_batch_size
     else:
+        if any(p is None for p in pairs):
+            raise fail(BUDGET_KEY, "not yet with more than one rollout engine group (rollout.num_engines): a rank "
+                       "holds only its group's completions; unset it or use one engine")
         student = [len(p.student_ids) + len(c) for p, c in zip(pairs, completions)]
         teacher = [len(p.teacher_ids) + len(c) for p, c in zip(pairs, completions)]
         plan = token_budget_plan(student, teacher, dp_size=dp_size, max_tokens=max_tokens, layout="packed",

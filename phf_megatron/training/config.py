@@ -66,14 +66,11 @@ class TrainConfig:
         if not self.run_dir:
             raise fail("run_dir", "is empty")
         check_choice("method", self.method, METHODS)
-        if self.training.packing and self.method not in ("sft", "grpo"):
-            raise fail("training.packing", f"not yet: --method={self.method} trains right-padded micro-batches; "
-                       "packing supports --method=sft and --method=grpo")
         if self.training.max_tokens_per_microbatch is not None:
-            if self.method != "sft":
-                raise fail("training.max_tokens_per_microbatch", f"not yet: --method={self.method} trains "
-                           "micro-batches of training.micro_batch_size sequences; the token budget supports "
-                           "--method=sft")
+            if self.method == "grpo":
+                raise fail("training.max_tokens_per_microbatch", "not yet with --method=grpo (its bnpo/grpo losses "
+                           "normalize per micro-batch, so the grouping would change the update); the token budget "
+                           "supports --method=phf and --method=sft")
             if not self.training.packing:
                 raise fail("training.max_tokens_per_microbatch", "counts packed tokens: it needs --training.packing")
             if (self.model.virtual_pipeline_model_parallel_size or 1) > 1:

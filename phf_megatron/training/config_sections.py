@@ -340,15 +340,16 @@ class TrainingConfig:
     packing: bool = False
     """Pack each micro-batch's sequences into one row without padding (THD: positions restarting per
     sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
-    under sequence parallelism; the update equals the padded one. Supported with --method=sft and
-    --method=grpo; not yet with phf."""
+    under sequence parallelism; the update equals the padded one (PHF: the windows at every layer and the
+    scored rows are addressed through each side's layout). Every method."""
     max_tokens_per_microbatch: int | None = None
     """With --training.packing: group a step's samples into micro-batches by their token counts instead of
     micro_batch_size sequences each: spread over the data-parallel ranks by cost (LPT), then first-fit
     decreasing into micro-batches of at most this many packed tokens (``training.microbatch_plan``); a
     long sample gets a micro-batch of its own, one over the budget alone is an error naming it. The loss
     is normalized over the step's token count, so the update equals the fixed micro-batching's (up to
-    float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=sft."""
+    float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=phf and
+    --method=sft (phf: student and teacher sequences each within the budget; one rollout engine group)."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):

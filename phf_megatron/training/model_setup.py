@@ -218,13 +218,12 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
 
 def packed_attention(te: bool, cuda: bool) -> str:
     """The attention that runs packed sequences (``training.packing``, THD with ``cu_seqlens``): Transformer
-    Engine's THD path; else ``models.attention.SDPACoreAttention``'s block-diagonal causal mask, a dense
-    ``[S, S]`` bool mask, which on CUDA takes PyTorch's memory-efficient kernel (the flash kernel takes no
-    mask) and on CPU PyTorch's own."""
+    Engine's THD path; else ``models.attention.SDPACoreAttention``: one causal SDPA call per packed sequence
+    (block-diagonal causal attention without a ``[S, S]`` mask), on CUDA PyTorch's flash kernel, on CPU its own."""
     if te:
         return "Transformer Engine THD (cu_seqlens)"
-    kernel = "memory-efficient kernel, dense [S, S] mask" if cuda else "CPU kernel"
-    return f"SDPA block-diagonal causal mask ({kernel})"
+    kernel = "flash kernel" if cuda else "CPU kernel"
+    return f"SDPA per sequence, causal ({kernel})"
 
 
 def loss_kernels(cfg: TrainConfig) -> list[str]:

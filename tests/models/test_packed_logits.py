@@ -6,7 +6,7 @@ parallelism and PP=2, on two packed rows: one whose sequences fill it exactly to
 (no pad segment) and one with a trailing pad segment; both hold one-token and two-token
 sequences (a one-token completion after a one-token prompt). The layout's own forward arguments
 are used (positions restarting per sequence, ``PackedSeqParams`` with ``max_seqlen`` the longest
-segment); the attention is ``models.attention.SDPACoreAttention``'s block-diagonal causal mask.
+segment); the attention is ``models.attention.SDPACoreAttention``'s one causal SDPA call per sequence.
 """
 
 import torch

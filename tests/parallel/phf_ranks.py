@@ -25,6 +25,7 @@ VARIANTS = {
     "direction": ObjectiveConfig(flow_variant="direction", **{**BASE, "jsd_beta": 1.0, "jsd_clip": None}),
     "geometry": ObjectiveConfig(flow_variant="geometry", **{**BASE, "jsd_beta": 0.0}),
     "selected": ObjectiveConfig(flow_variant="phf", flow_layers=(1, 2), **BASE),
+    "opsd": ObjectiveConfig(flow_variant="none", **BASE),
 }
 STUDENT_SEED, TEACHER_SEED = 0, 1
 
@@ -57,7 +58,8 @@ def run_layouts(rank, world_size, plans, with_collectives=False, variants_table=
         dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         reporter = ps.get_tensor_model_parallel_rank() == 0 and dp_rank == 0
         for variant in variants:
-            mbs = reference.microbatches(VOCAB, dp_rank, dp, layout.num_micro)
+            mbs = reference.microbatches(VOCAB, dp_rank, dp, layout.num_micro, layout.packed,
+                                         layout.tp if layout.sp else 1, layout.max_tokens)
             step = PhfStep((variants_table or VARIANTS)[variant], student[0].config,
                            tp_group=ps.get_tensor_model_parallel_group(), dp_group=ps.get_data_parallel_group(),
                            student_capture=captures[0], teacher_capture=captures[1], **layout.step_options)

@@ -57,19 +57,39 @@ def _pad(seqs, rollouts, length):
     return tokens, response
 
 
-def microbatches(vocab: int, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1) -> list[PhfMicroBatch]:
-    """This DP rank's contiguous share of the global batch, in ``num_micro`` equal micro-batches."""
+def microbatches(vocab: int, dp_rank: int = 0, dp_size: int = 1, num_micro: int = 1, packed: bool = False,
+                 pad_multiple: int = 1, max_tokens: int | None = None) -> list[PhfMicroBatch]:
+    """This DP rank's contiguous share of the global batch, in ``num_micro`` equal micro-batches: right-padded,
+    or ``packed`` (each side into one row per micro-batch, every micro-batch of the rank to one length, a
+    multiple of ``pad_multiple``). ``max_tokens`` (packed): the rank's micro-batches of the token-budget plan
+    instead (``token_budget_plan``: any samples, any count)."""
+    from phf_megatron.parallel.layout import packed_length
+    from phf_megatron.training.microbatch_plan import token_budget_plan
+
     pairs = sample_tokens(vocab)
-    per_rank = len(pairs) // dp_size
-    mine = list(range(dp_rank * per_rank, (dp_rank + 1) * per_rank))
-    size = per_rank // num_micro
+    s_len = torch.tensor([len(s) for s, _ in pairs])
+    t_len = torch.tensor([len(t) for _, t in pairs])
+    if max_tokens is not None:
+        plan = token_budget_plan(s_len.tolist(), t_len.tolist(), dp_size=dp_size, max_tokens=max_tokens,
+                                 pad_multiple=pad_multiple)
+        cuts = [list(mb) for mb in plan.microbatches(dp_rank)]
+    else:
+        per_rank = len(pairs) // dp_size
+        size = per_rank // num_micro
+        lo = dp_rank * per_rank
+        cuts = [list(range(lo + k * size, lo + (k + 1) * size)) for k in range(num_micro)]
+    totals = [packed_length([lengths[c] for c in cuts], pad_multiple) for lengths in (s_len, t_len)] if packed else None
     out = []
-    for k in range(num_micro):
-        idx = mine[k * size: (k + 1) * size]
+    for idx in cuts:
         n = [SAMPLES[i][2] for i in idx]
         st, sr = _pad([pairs[i][0] for i in idx], n, SEQ_STUDENT)
         tt, tr = _pad([pairs[i][1] for i in idx], n, SEQ_TEACHER)
-        out.append(PhfMicroBatch(st, tt, sr, tr, window_budget=WINDOW))
+        if packed:
+            out.append(PhfMicroBatch.packed(st, tt, sr, tr, s_len[idx], t_len[idx], window_budget=WINDOW,
+                                            pad_multiple=pad_multiple, student_total=totals[0],
+                                            teacher_total=totals[1]))
+        else:
+            out.append(PhfMicroBatch(st, tt, sr, tr, window_budget=WINDOW))
     return out
 
 

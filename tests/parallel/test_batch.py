@@ -28,6 +28,51 @@ def test_window_and_scores_index_the_same_rollout_tokens():
         assert torch.equal(s_next, t_next) and len(s_next) == mb.num_tokens
 
 
+def test_a_packed_microbatch_indexes_the_padded_ones_tokens():
+    """``PhfMicroBatch.packed``: one row per side; the window entries, the scored rows and the counts name the
+    same tokens as the right-padded micro-batch's, sample by sample; a window ends at a sample's last token,
+    beside the next sample's first; the one-token rollout (sample 1) has no flow term."""
+    from .reference import SEQ_STUDENT, SEQ_TEACHER, WINDOW, _pad, sample_tokens
+
+    pairs = sample_tokens(256)
+    n = [r for _, _, r in SAMPLES]
+    st, sr = _pad([s for s, _ in pairs], n, SEQ_STUDENT)
+    tt, tr = _pad([t for _, t in pairs], n, SEQ_TEACHER)
+    s_len, t_len = torch.tensor([len(s) for s, _ in pairs]), torch.tensor([len(t) for _, t in pairs])
+    padded = PhfMicroBatch(st, tt, sr, tr, window_budget=WINDOW)
+    packed = PhfMicroBatch.packed(st, tt, sr, tr, s_len, t_len, window_budget=WINDOW, pad_multiple=4)
+    assert packed.batch_size == 1 and packed.num_sequences == len(SAMPLES) and packed.student_tokens.shape[1] % 4 == 0
+    assert packed.student_tokens.shape[1] < st.numel() and packed.teacher_tokens.shape[1] < tt.numel()
+    for side in ("student", "teacher"):
+        got = getattr(packed, f"{side}_tokens")[0][getattr(packed, f"{side}_window")]
+        want = getattr(padded, f"{side}_tokens").gather(1, getattr(padded, f"{side}_window"))
+        assert torch.equal(got * packed.window_valid, want * padded.window_valid), side
+        nxt = lambda mb: getattr(mb, f"{side}_tokens").flatten()[getattr(mb, f"{side}_score_index") + 1]  # noqa: E731
+        assert torch.equal(nxt(packed), nxt(padded)), side
+    assert torch.equal(packed.window_valid, padded.window_valid)
+    assert torch.equal(packed.flow_sample_mask, padded.flow_sample_mask) and not bool(packed.flow_sample_mask[1])
+    assert packed.num_tokens == padded.num_tokens and torch.equal(packed.score_tokens, padded.score_tokens)
+    last = packed.student_window[0, packed.window_valid[0]].max()
+    assert int(last) + 1 == int(packed.student_layout.start[1])  # sample 0's window ends at the boundary
+
+
+def test_a_packed_window_entry_in_another_sample_raises():
+    from .reference import SEQ_STUDENT, SEQ_TEACHER, WINDOW, _pad, sample_tokens
+
+    pairs = sample_tokens(256)[:2]
+    n = [r for _, _, r in SAMPLES[:2]]
+    st, sr = _pad([s for s, _ in pairs], n, SEQ_STUDENT)
+    tt, tr = _pad([t for _, t in pairs], n, SEQ_TEACHER)
+    mb = PhfMicroBatch.packed(st, tt, sr, tr, torch.tensor([len(s) for s, _ in pairs]),
+                              torch.tensor([len(t) for _, t in pairs]), window_budget=WINDOW)
+    window = mb.student_window.clone()
+    window[1, 0] = window[0, 0]  # sample 1's entry on sample 0's token
+    with pytest.raises(ValueError, match=r"^teacher_window: entry 0 of sample 1 does not index the same rollout"):
+        PhfMicroBatch(mb.student_tokens, mb.teacher_tokens, mb.student_response, mb.teacher_response, WINDOW,
+                      window, mb.teacher_window, mb.window_valid, student_layout=mb.student_layout,
+                      teacher_layout=mb.teacher_layout)
+
+
 def test_samples_with_fewer_than_two_rollout_tokens_leave_the_flow_mean():
     mb = microbatches(256)[0]
     assert mb.flow_sample_mask.tolist() == [n >= 2 for _, _, n in SAMPLES]

@@ -66,6 +66,22 @@ def test_place_and_flat_index_round_trip(packed):
     assert int(real.sum()) == int(lengths.sum())
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_take_inverts_place_and_sample_ids_name_each_position(packed):
+    tokens, lengths = _rows()
+    layout = SequenceLayout.pack(tokens, lengths, 4) if packed else SequenceLayout.pad(tokens, lengths)
+    values = torch.randn(4, 7, 3)
+    back = layout.take(layout.place(values), fill=-1.0)
+    assert back.shape == (4, int(lengths.max()), 3)
+    for b, n in enumerate(lengths.tolist()):
+        assert torch.equal(back[b, :n], values[b, :n]) and bool((back[b, n:] == -1).all())
+    ids = layout.sample_ids()
+    assert [int((ids == b).sum()) for b in range(4)] == lengths.tolist()
+    assert int((ids < 0).sum()) == layout.tokens.numel() - int(lengths.sum())  # padding / the pad segment
+    with pytest.raises(ValueError, match=r"^values: expected the activation's"):
+        layout.take(values[:, :5])
+
+
 def test_padded_forward_kwargs_are_todays():
     tokens, _ = _rows()
     kwargs = SequenceLayout.pad(tokens).forward_kwargs()

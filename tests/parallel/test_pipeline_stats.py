@@ -42,3 +42,21 @@ def test_rows_and_seq_length():
 def test_received_tensor_without_stats_rows_is_a_clear_error():
     with pytest.raises(ValueError, match="pipeline_seq_length"):
         split_received(torch.zeros(8, 2, 4), 8, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_packed_column_carries_every_samples_record(dtype):
+    """Packed: 5 samples' records back to back in one activation column, at the step's (larger) row count."""
+    values = torch.randn(5, 7)
+    share = values[:, 0].clone().requires_grad_()
+    need = stats_rows(7, 8, dtype, samples=5, columns=1)
+    assert need == -(-5 * (1 + (2 if dtype == torch.bfloat16 else 1) * 7) // 8)
+    stats = pack_stats(share, values, hidden_size=8, dtype=dtype, columns=1, rows=need + 1)
+    assert stats.shape == (need + 1, 1, 8)
+    got_share, got_values = unpack_stats(stats, 7, samples=5)
+    assert torch.equal(got_values, values) and torch.equal(got_share.detach(), values[:, 0])
+    weights = torch.tensor([0.5, -1.0, 2.0, 0.25, 4.0])
+    (share_grad,) = torch.autograd.grad((got_share * weights).sum(), share)
+    assert torch.equal(share_grad, weights)
+    with pytest.raises(ValueError, match=r"^rows: 1 stats rows cannot hold 5 records of 7 values"):
+        pack_stats(share, values, hidden_size=8, dtype=dtype, columns=1, rows=1)

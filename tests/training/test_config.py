@@ -178,8 +178,11 @@ def test_cross_section_rules():
         load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
     assert load_config(argv=["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0",
                               "--training.packing"]).training.packing is True
-    with pytest.raises(ValueError, match=r"training.packing: not yet: --method=phf"):
-        load_config(argv=["--method=phf", "--training.packing"])
+    assert load_config(argv=["--method=phf", "--training.packing", "--training.max_tokens_per_microbatch=8192"]
+                       ).training.max_tokens_per_microbatch == 8192
+    with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with --method=grpo"):
+        load_config(argv=["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0",
+                          "--training.packing", "--training.max_tokens_per_microbatch=8192"])
     budget = ["--method=sft", "--rollout.n=1", "--training.packing", "--training.max_tokens_per_microbatch=4096"]
     assert load_config(argv=budget).training.max_tokens_per_microbatch == 4096
     with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with "

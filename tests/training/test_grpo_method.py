@@ -127,11 +127,15 @@ def test_packed_microbatches_carry_the_padded_samples(tok, monkeypatch):
     assert len(packed) == len(padded) == 2
     for p, q in zip(packed, padded):
         assert (p.batch_size, q.batch_size, p.num_sequences) == (1, 2, 2) and p.layout.packed
-        assert p.student_tokens.shape[1] == packed[0].student_tokens.shape[1]  # one length per rank
+        assert p.student_tokens.shape[1] == int(p.layout.lengths.sum())  # no pipeline: each its own length
         assert p.score_tokens.tolist() == q.score_tokens.tolist() and p.num_tokens == q.num_tokens
         assert p.sampler_logps[p.scored].tolist() == q.sampler_logps[q.scored].tolist()
         assert p.advantages.tolist() == q.advantages.tolist() and p.num_items == q.num_items
         assert p.grid_shape == (2, int(p.layout.lengths.max())) and q.grid_shape == tuple(q.student_tokens.shape)
+    cfg.training.packing, cfg.model.pipeline_model_parallel_size = True, 2  # a pipeline sends one size
+    piped = build_microbatches(pairs, completions, make=method.microbatches, **build)
+    lengths = [int(p.layout.lengths.sum()) for p in packed]
+    assert lengths[0] != lengths[1] and [p.student_tokens.shape[1] for p in piped] == [max(lengths)] * 2
 
 
 def test_masked_truncated_completions_still_count_for_dapo(tok):

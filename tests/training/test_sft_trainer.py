@@ -139,7 +139,7 @@ def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path
             assert b["num_tokens"] == a["num_tokens"] and b["sequences"] == a["sequences"]
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    line = "packed sequences: SDPA block-diagonal causal mask (CPU kernel)"
+    line = "packed sequences: SDPA per sequence, causal (CPU kernel)"
     assert line in procs["budget"].stdout + procs["budget"].stderr
     assert "packed sequences" not in procs["padded"].stdout + procs["padded"].stderr
 
@@ -158,24 +158,15 @@ def test_packed_attention_names_each_backend():
     from phf_megatron.training.model_setup import packed_attention
 
     assert packed_attention(te=True, cuda=True) == "Transformer Engine THD (cu_seqlens)"
-    assert packed_attention(te=False, cuda=True) == ("SDPA block-diagonal causal mask (memory-efficient kernel, "
-                                                     "dense [S, S] mask)")
-    assert packed_attention(te=False, cuda=False) == "SDPA block-diagonal causal mask (CPU kernel)"
-
-
-@pytest.mark.parametrize("method", ["phf"])
-def test_packing_not_yet_supported_is_one_line(method):
-    proc = run_python(["-m", "phf_megatron.train", f"--method={method}", "--training.packing"], timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    expected = f"error: --training.packing: not yet: --method={method} trains right-padded micro-batches"
-    assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert packed_attention(te=False, cuda=True) == "SDPA per sequence, causal (flash kernel)"
+    assert packed_attention(te=False, cuda=False) == "SDPA per sequence, causal (CPU kernel)"
 
 
 def test_a_token_budget_not_yet_supported_is_one_line():
-    proc = run_python(["-m", "phf_megatron.train", "--method=grpo", "--rollout.n=2",
+    proc = run_python(["-m", "phf_megatron.train", "--method=grpo", "--rollout.n=2", "--training.packing",
                        "--training.max_tokens_per_microbatch=512"], timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    expected = "error: --training.max_tokens_per_microbatch: not yet: --method=grpo trains micro-batches of"
+    expected = "error: --training.max_tokens_per_microbatch: not yet with --method=grpo (its bnpo/grpo losses"
     assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

@@ -29,7 +29,7 @@ from ...eval.rewards import gold_answer, reward_correctness
 from ...lora import set_adapters_enabled
 from ...objectives.grpo import group_advantages
 from ...parallel.grpo_step import GrpoStep
-from ..batches import grpo_microbatches, local_samples
+from ..batches import grpo_microbatches, local_samples, packed_rows
 from ..rollouts import RolloutDriver
 from ..update import ScoringPass
 from .sft import SftMethod
@@ -144,8 +144,7 @@ class GrpoMethod:
 
     def microbatches(self, batch, micro_batch_size: int) -> list:
         """This rank's samples (``local_samples``, as the batch builder cut them) with their advantages
-        (and sampler log-probs), padded or packed (``training.packing``, to a multiple of the TP size under
-        sequence parallelism, as the batch builder pads), on the student's device: the round's steps reuse
+        (and sampler log-probs), padded or packed (``training.packing``, ``batches.packed_rows``), on the student's device: the round's steps reuse
         them with what the scoring passes left on them."""
         from megatron.core import parallel_state as ps
 
@@ -154,10 +153,9 @@ class GrpoMethod:
         sampler = None
         if self.grpo.vllm_importance_sampling_correction:
             sampler = [rnd.sampler_logps[i] for i in idx]
-        multiple = ps.get_tensor_model_parallel_world_size() if self.cfg.model.sequence_parallel else 1
         mbs = grpo_microbatches(batch, micro_batch_size, rnd.advantages[idx.start:idx.stop], sampler,
                                 rnd.truncated[idx.start:idx.stop] if self.grpo.mask_truncated_completions else None,
-                                self.cfg.training.packing, multiple)
+                                self.cfg.training.packing, *packed_rows(self.cfg))
         return [mb.to(self.device) for mb in mbs] if self.device.type != "cpu" else mbs
 
     def step(self, student) -> GrpoStep:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 from ...data import build_prompt_pair
 from ...parallel.capture import WindowCapture
 from ...parallel.step import PhfStep
-from ..batches import phf_microbatches
+from ..batches import packed_rows, phf_microbatches
 from ..checkpoint_parts import Scope, stateful_part
 from ..model_setup import loss_kernels
 from ..rollouts import RolloutDriver
@@ -26,7 +24,6 @@ class PhfMethod:
         self.teacher = PrivilegedTeacher(student.chunks, cfg.teacher.mode, cfg.objective.ema_decay,
                                          lora=cfg.lora.enabled, ema_start=cfg.teacher.ema_start)
         self.capture = WindowCapture(student.chunks) if cfg.objective.uses_flow else None
-        self.microbatches = partial(phf_microbatches, window_budget=cfg.objective.flow_window)
 
     def rollout_driver(self, cfg, student, engine_model_dir: str, eos_token_ids: tuple[int, ...]) -> RolloutDriver:
         return RolloutDriver(cfg, student, engine_model_dir, eos_token_ids)
@@ -41,6 +38,11 @@ class PhfMethod:
 
     def training_samples(self, planner, plan, samples, group):
         return planner.training_samples(plan, samples, group)
+
+    def microbatches(self, batch, micro_batch_size) -> list:
+        """Padded, or packed with ``training.packing`` (``batches.packed_rows``)."""
+        return phf_microbatches(batch, micro_batch_size, self.cfg.objective.flow_window, self.cfg.training.packing,
+                                *packed_rows(self.cfg))
 
     def step(self, student) -> PhfStep:
         from megatron.core import parallel_state as ps

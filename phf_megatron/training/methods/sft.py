@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ...data import PromptPair
 from ...data.prompts import encode_prompt, render_student_prompt
 from ...parallel.sft_step import SftStep
-from ..batches import sft_microbatches
+from ..batches import packed_rows, sft_microbatches
 from ..policy_mix import solution_completion
 from ..rollouts import StepSamples
 
@@ -108,13 +108,9 @@ class SftMethod:
         return pairs, completions
 
     def microbatches(self, batch, micro_batch_size: int):
-        """Padded, or packed with ``training.packing`` (to a multiple of the TP size under sequence parallelism,
-        as the batch builder pads)."""
-        from megatron.core import parallel_state as ps
-
-        multiple = ps.get_tensor_model_parallel_world_size() if self.cfg.model.sequence_parallel else 1
+        """Padded, or packed with ``training.packing`` (``batches.packed_rows``)."""
         return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt, self.cfg.training.packing,
-                                multiple)
+                                *packed_rows(self.cfg))
 
     def step(self, student) -> SftStep:
         from megatron.core import parallel_state as ps
