@@ -337,11 +337,13 @@ class TrainingConfig:
     which rank) after this many consecutive steps with a non-finite loss or gradient. Each such
     step is skipped on every rank (no weight, Adam, LR-schedule or EMA-teacher change) and counted
     (``nonfinite_steps`` in metrics.jsonl); 0: never stop."""
-    packing: bool = False
+    packing: bool = True
     """Pack each micro-batch's sequences into one row without padding (THD: positions restarting per
     sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
-    under sequence parallelism; the update equals the padded one (PHF: the windows at every layer and the
-    scored rows are addressed through each side's layout). Every method."""
+    under sequence parallelism (and, under pipelining, to one length per rank); the update equals the padded
+    one (PHF: the windows at every layer and the scored rows are addressed through each side's layout).
+    Every method; the default (exact, and 1.35x the padded step on the real mix, CPU: BENCHMARKS.md).
+    false: right-padded micro-batches."""
     max_tokens_per_microbatch: int | None = None
     """With --training.packing: group a step's samples into micro-batches by their token counts instead of
     micro_batch_size sequences each: spread over the data-parallel ranks by cost (LPT), then first-fit

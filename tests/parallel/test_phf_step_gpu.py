@@ -3,7 +3,8 @@
 Tolerance 1e-4 relative (cuBLAS/SDPA reduce in other orders than the CPU kernels; TF32 stays off
 for float32 matmuls by default). Default backends (Triton JSD; fused flow kernels, 3xTF32 for
 float32, when the extension builds; scored logit rows only) and the reference ones (eager JSD,
-flow equations, Megatron's full output layer). Run on a GPU machine: ``pytest -m gpu tests/parallel``.
+flow equations, Megatron's full output layer); and packed micro-batches (``PhfMicroBatch.packed``: the
+per-sequence causal SDPA calls, flash on CUDA, and the THD RoPE on the device). Run on a GPU machine: ``pytest -m gpu tests/parallel``.
 """
 
 import pytest
@@ -20,8 +21,10 @@ pytestmark = pytest.mark.gpu
 REFERENCE_BACKENDS = dict(flow_backend="torch", jsd_backend="torch", score_rows_only=False)
 
 
-@pytest.mark.parametrize("variant,options", [("phf", {}), ("selected", {}), ("phf", REFERENCE_BACKENDS)])
-def test_phf_step_on_gpu_equals_the_reference(variant, options):
+@pytest.mark.parametrize("variant,options,packed", [("phf", {}, False), ("selected", {}, False),
+                                                    ("phf", REFERENCE_BACKENDS, False), ("phf", {}, True),
+                                                    ("opsd", {}, True)])
+def test_phf_step_on_gpu_equals_the_reference(variant, options, packed):
     from megatron.core import parallel_state as ps
 
     from phf_megatron.runtime.megatron_session import megatron_session
@@ -33,7 +36,7 @@ def test_phf_step_on_gpu_equals_the_reference(variant, options):
         layout = Layout(num_micro=2, recompute=True)
         student, teacher = build_chunks(hf_s, layout, ddp=True), build_chunks(hf_t, layout, ddp=False)
         captures = WindowCapture(student), WindowCapture(teacher)
-        mbs = [mb.to("cuda") for mb in reference.microbatches(VOCAB, num_micro=2)]
+        mbs = [mb.to("cuda") for mb in reference.microbatches(VOCAB, num_micro=2, packed=packed)]
         step = PhfStep(VARIANTS[variant], student[0].config, tp_group=ps.get_tensor_model_parallel_group(),
                        dp_group=ps.get_data_parallel_group(), student_capture=captures[0], teacher_capture=captures[1],
                        **options)

@@ -176,8 +176,9 @@ def test_cross_section_rules():
     assert load_config(argv=["--tensor_model_parallel_size=1", "--sequence_parallel"]).model.sequence_parallel is False
     with pytest.raises(ValueError, match=r"teacher.ema_start: 'after_first_step' applies to the EMA teacher only"):
         load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
+    assert load_config(argv=[]).training.packing is True  # the default: exact, and faster (BENCHMARKS.md)
     assert load_config(argv=["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0",
-                              "--training.packing"]).training.packing is True
+                              "--training.packing=false"]).training.packing is False
     assert load_config(argv=["--method=phf", "--training.packing", "--training.max_tokens_per_microbatch=8192"]
                        ).training.max_tokens_per_microbatch == 8192
     with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with --method=grpo"):

@@ -36,7 +36,8 @@ def tok():
 
 def _method(tok, *flags, gather=None):
     cfg = load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4",
-                             "--training.micro_batch_size=1", "--rollout.top_k=0", "--rollout.top_p=1.0", *flags])
+                             "--training.micro_batch_size=1", "--rollout.top_k=0", "--rollout.top_p=1.0",
+                             "--training.packing=false", *flags])
     method = GrpoMethod(cfg, SimpleNamespace(chunks=[torch.nn.Linear(1, 1)]))
     method.eos_token_ids = frozenset({tok.convert_tokens_to_ids("<|im_end|>")})
     method.driver = SimpleNamespace(gather=gather or (lambda obj: [obj]))

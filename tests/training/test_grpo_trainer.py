@@ -148,7 +148,7 @@ def test_packing_gives_the_padded_update(tiny_inputs, tmp_path):
               "--rollout.top_p=1.0", "--grpo.importance_sampling_level=sequence", "--training.micro_batch_size=2",
               "--training.train_iters=2", "--checkpoint.save_interval=0")
     runs = {}
-    for name, extra in (("padded", ()), ("packed", ("--training.packing",))):
+    for name, extra in (("padded", ("--training.packing=false",)), ("packed", ("--training.packing",))):
         assert_ok(_train(hf, data, str(tmp_path / name), *common, *extra))
         runs[name] = read_metrics(str(tmp_path / name))
     assert len(runs["packed"]) == 2

@@ -66,7 +66,7 @@ def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
     (("--data.reason_first",), "error: --data.reason_first: is a PHF teacher option; --method=sft has no teacher"),
     (("--rollout.async_steps=1",), "error: --rollout.async_steps: --method=sft has no rollouts to overlap"),
     (("--sft.max_length=1",), "error: --sft.max_length: needs at least 2 tokens"),
-    (("--training.max_tokens_per_microbatch=512",),
+    (("--training.packing=false", "--training.max_tokens_per_microbatch=512"),
      "error: --training.max_tokens_per_microbatch: counts packed tokens: it needs --training.packing"),
     (("--training.packing", "--training.max_tokens_per_microbatch=0"),
      "error: --training.max_tokens_per_microbatch: must be > 0, got 0"),
@@ -128,7 +128,7 @@ def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path
     hf, data = tiny_inputs
     common = (*SFT, "--training.train_iters=2", "--checkpoint.save_interval=0", "--training.micro_batch_size=2")
     runs, procs = {}, {}
-    for name, extra in (("padded", ()), ("packed", ("--training.packing",)),
+    for name, extra in (("padded", ("--training.packing=false",)), ("packed", ("--training.packing",)),
                         ("budget", ("--training.packing", "--training.max_tokens_per_microbatch=200"))):
         procs[name] = train(hf, data, str(tmp_path / name), *common, *extra)
         assert_ok(procs[name])
