@@ -29,8 +29,10 @@ from .layout import SequenceLayout
 from .window_rows import check_positions
 
 
-def _side_layout(name: str, tokens: torch.Tensor, response: torch.Tensor, layout: SequenceLayout | None) -> SequenceLayout:
-    """The side's layout (default: right-padded rows), its tokens and rollout mask checked against it."""
+def _side_layout(name: str, tokens: torch.Tensor, response: torch.Tensor,
+                 layout: SequenceLayout | None) -> tuple[SequenceLayout, torch.Tensor]:
+    """The side's layout (default: right-padded rows), its tokens and rollout mask checked against it, and
+    each sample's rollout-token count ``[B]``."""
     if tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError(f"{name}_tokens: expected a [B, T] long tensor, got {tokens.dtype} {tuple(tokens.shape)}")
     if response.shape != tokens.shape or response.dtype != torch.bool:
@@ -40,13 +42,14 @@ def _side_layout(name: str, tokens: torch.Tensor, response: torch.Tensor, layout
     layout = layout or SequenceLayout.pad(tokens)
     if layout.tokens is not tokens and not torch.equal(layout.tokens, tokens):
         raise ValueError(f"{name}_tokens: must be the {name}_layout's tokens")
+    ids = layout.sample_ids()
     first = response & layout.sequence_starts()
     if bool(first.any()):
-        b = int(layout.sample_ids()[first][0])
+        b = int(ids[first][0])
         raise ValueError(f"{name}_response: sample {b} has a rollout token at position 0; no prompt token predicts it")
-    if bool((response & (layout.sample_ids() < 0)).any()):
+    if bool((response & (ids < 0)).any()):
         raise ValueError(f"{name}_response: a rollout token outside every sample (on the layout's padding)")
-    return layout
+    return layout, torch.bincount(ids[response], minlength=layout.num_sequences)
 
 
 def _ordinals(response: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
@@ -93,13 +96,13 @@ class PhfMicroBatch:
     teacher_layout: SequenceLayout | None = None
 
     def __post_init__(self) -> None:
-        self.student_layout = _side_layout("student", self.student_tokens, self.student_response, self.student_layout)
-        self.teacher_layout = _side_layout("teacher", self.teacher_tokens, self.teacher_response, self.teacher_layout)
+        self.student_layout, n_s = _side_layout("student", self.student_tokens, self.student_response,
+                                                self.student_layout)
+        self.teacher_layout, n_t = _side_layout("teacher", self.teacher_tokens, self.teacher_response,
+                                                self.teacher_layout)
         b = self.student_layout.num_sequences
         if self.teacher_layout.num_sequences != b:
             raise ValueError(f"teacher_tokens: batch {self.teacher_layout.num_sequences} != student batch {b}")
-        n_s = torch.bincount(self.student_layout.sample_ids()[self.student_response], minlength=b)
-        n_t = torch.bincount(self.teacher_layout.sample_ids()[self.teacher_response], minlength=b)
         if not torch.equal(n_s, n_t):
             k = int((n_s != n_t).nonzero()[0])
             raise ValueError(
