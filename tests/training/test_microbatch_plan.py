@@ -119,6 +119,17 @@ def test_a_sample_over_the_budget_alone_is_one_line_naming_it_and_the_setting():
         token_budget_plan([7], [5], dp_size=1, max_tokens=7, pad_multiple=4)
 
 
+def test_a_budget_with_several_engine_groups_is_one_line():
+    """With ``rollout.num_engines`` > 1 a rank holds only its group's samples (the others are None): the step's
+    plan cannot be made, and the budget says so in one line naming the setting."""
+    pairs = [PromptPair(student_ids=[1, 2], teacher_ids=[1, 2, 3]), None]
+    with pytest.raises(ConfigError) as err:
+        build_microbatches(pairs, [[4], None], pad_id=0, micro_batch_size=1, dp_rank=0, dp_size=1, pad_multiple=1,
+                           max_tokens=64)
+    assert err.value.key == "training.max_tokens_per_microbatch" and "rollout.num_engines" in err.value.line
+    assert "\n" not in err.value.line
+
+
 def test_wrong_inputs_are_refused():
     with pytest.raises(ValueError, match="per data-parallel rank"):
         token_budget_plan([1, 2], [1, 2], dp_size=4, max_tokens=10)
