@@ -26,8 +26,10 @@ must not depend on the layout (``loss_rel_diff`` against padded, float32).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -94,6 +96,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--scale", type=int, default=1, help="divide every length by this (1: the real lengths)")
     ap.add_argument("--shape", default="small", help="'small' (default) or a benchmarks.shapes name")
     ap.add_argument("--warmup", type=int, default=1, help="untimed rank passes per variant first")
+    ap.add_argument("--mix", default=None, help="the lengths from a JSON of `python -m benchmarks.packing --out` "
+                    "(its first preset) instead of tokenizing here: a machine without the Qwen3 tokenizer")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -108,8 +112,9 @@ def main(argv=None) -> dict:
     mix_argv = ["--configs", args.config, "--data", args.data, "--steps", str(args.steps), "--gpus", str(args.gpus)]
     mix_argv += ["--rows", str(args.rows)] if args.rows else []
     mix_argv += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
-    mix = packing.main(mix_argv)
+    mix = json.loads(Path(args.mix).read_text()) if args.mix else packing.main(mix_argv)
     preset = next(iter(mix["presets"].values()))
+    preset["steps"] = preset["steps"][: args.steps]
     lay = packing.Layout(**preset["layout"])
     shape = model_shape(args.shape)
     objective = ObjectiveConfig()

