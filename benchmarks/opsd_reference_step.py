@@ -167,9 +167,10 @@ def ours_step(runner: StepRunner, step, optimizer) -> dict:
     t0 = time.perf_counter()
     res = runner.step(step)
     t1 = time.perf_counter()
-    for p in optimizer.param_groups[0]["params"]:
-        p.grad = getattr(p, "main_grad", p.grad)
-        p.grad = p.grad.to(p.dtype) if p.grad is not None else None
+    for p in optimizer.param_groups[0]["params"]:   # DDP's float32 main_grad, cast first: a bf16 tensor refuses
+        g = getattr(p, "main_grad", None)            # a float32 .grad (torch >= 2.11, seen on the H100)
+        g = p.grad if g is None else g
+        p.grad = g.to(p.dtype) if g is not None else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     _sync()
@@ -201,7 +202,7 @@ def run_shape(name: str, args) -> dict:
 
     gpu = torch.cuda.is_available() and name != "tiny"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if gpu else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else torch.bfloat16 if gpu else torch.float32
     shape = qwen3_shape(name)
     big = name == "8b"
     recompute = big if args.recompute is None else args.recompute
@@ -276,6 +277,8 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=5e-6)
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="activation recompute / gradient checkpointing in both (default: at 8B only)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="default: bfloat16 on a GPU, float32 for --tiny / on CPU")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100 SXM)")
     args = p.parse_args(argv)
     if args.tiny:
