@@ -104,7 +104,7 @@ def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice
     return [slice(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
 
 
-def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: torch.Tensor,
+def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], advantages: torch.Tensor,
                       sampler_logps: Sequence[Sequence[float]] | None = None,
                       unscored: torch.Tensor | None = None, packing: bool = False,
                       pad_multiple: int = 1, one_length: bool = True) -> list[GrpoMicroBatch]:
@@ -152,12 +152,13 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int, advantages: to
 def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequence[int]], *, pad_id: int | None,
                        micro_batch_size: int, dp_rank: int, dp_size: int, pad_multiple: int,
                        window_budget: int = DEFAULT_WINDOW_BUDGET, max_length: int | None = None,
-                       make: Callable[[DistillBatch, int | list[int]], list] | None = None,
+                       make: Callable[[DistillBatch, int | list[int], list[int]], list] | None = None,
                        max_tokens: int | None = None, origins: Sequence[str] | None = None) -> list:
     """This rank's micro-batches. ``pairs[i]`` is the prompt pair of ``completions[i]``; the
     tokenizer's ``pad_id`` is not scored where a rollout holds it (``data.batch``). ``make(batch,
-    micro_batch_size)`` cuts the rank's padded batch into the method's micro-batches (default: PHF's,
-    with ``window_budget``).
+    micro_batch_size, samples)`` cuts the rank's padded batch into the method's micro-batches (default: PHF's,
+    with ``window_budget``); ``samples[r]`` is the step's index of the batch's row ``r`` (what per-sample
+    values such as GRPO's advantages follow).
 
     ``max_tokens`` (``training.max_tokens_per_microbatch``): the step's samples planned by
     ``microbatch_plan.token_budget_plan`` over packed token counts (LPT over the data-parallel ranks,
@@ -185,5 +186,5 @@ def build_microbatches(pairs: Sequence[PromptPair], completions: Sequence[Sequen
     batch = build_distill_batch([pairs[i].student_ids for i in idx], [pairs[i].teacher_ids for i in idx],
                                 [list(completions[i]) for i in idx], pad_id=pad_id, pad_to_multiple_of=pad_multiple,
                                 max_length=max_length)
-    make = make or partial(phf_microbatches, window_budget=window_budget)
-    return make(batch, sizes)
+    make = make or (lambda b, sizes, samples: phf_microbatches(b, sizes, window_budget=window_budget))
+    return make(batch, sizes, list(idx))

@@ -67,10 +67,10 @@ class TrainConfig:
             raise fail("run_dir", "is empty")
         check_choice("method", self.method, METHODS)
         if self.training.max_tokens_per_microbatch is not None:
-            if self.method == "grpo":
-                raise fail("training.max_tokens_per_microbatch", "not yet with --method=grpo (its bnpo/grpo losses "
-                           "normalize per micro-batch, so the grouping would change the update); the token budget "
-                           "supports --method=phf and --method=sft")
+            if self.method == "grpo" and self.grpo.loss_type == "bnpo":
+                raise fail("training.max_tokens_per_microbatch", "not with grpo.loss_type=bnpo: its loss is each "
+                           "micro-batch's token mean, so the grouping would change the update (grpo, dr_grpo and "
+                           "dapo normalize by the step's counts and take a budget)")
             if not self.training.packing:
                 raise fail("training.max_tokens_per_microbatch", "counts packed tokens: it needs --training.packing")
             if (self.model.virtual_pipeline_model_parallel_size or 1) > 1:

@@ -350,8 +350,9 @@ class TrainingConfig:
     decreasing into micro-batches of at most this many packed tokens (``training.microbatch_plan``); a
     long sample gets a micro-batch of its own, one over the budget alone is an error naming it. The loss
     is normalized over the step's token count, so the update equals the fixed micro-batching's (up to
-    float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=phf and
-    --method=sft (phf: student and teacher sequences each within the budget; one rollout engine group)."""
+    float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=phf, sft and
+    grpo (phf: student and teacher sequences each within the budget; one rollout engine group; grpo: not
+    with grpo.loss_type=bnpo, each micro-batch's token mean)."""
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):

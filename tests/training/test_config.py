@@ -181,9 +181,12 @@ def test_cross_section_rules():
                               "--training.packing=false"]).training.packing is False
     assert load_config(argv=["--method=phf", "--training.packing", "--training.max_tokens_per_microbatch=8192"]
                        ).training.max_tokens_per_microbatch == 8192
-    with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with --method=grpo"):
-        load_config(argv=["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0",
-                          "--training.packing", "--training.max_tokens_per_microbatch=8192"])
+    grpo = ["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0", "--training.packing",
+            "--training.max_tokens_per_microbatch=8192"]
+    for loss_type in ("grpo", "dr_grpo", "dapo"):   # normalized by the step's counts: any grouping, one update
+        assert load_config(argv=grpo + [f"--grpo.loss_type={loss_type}"]).training.max_tokens_per_microbatch == 8192
+    with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not with grpo.loss_type=bnpo"):
+        load_config(argv=grpo + ["--grpo.loss_type=bnpo"])
     budget = ["--method=sft", "--rollout.n=1", "--training.packing", "--training.max_tokens_per_microbatch=4096"]
     assert load_config(argv=budget).training.max_tokens_per_microbatch == 4096
     with pytest.raises(ValueError, match=r"training.max_tokens_per_microbatch: not yet with "

@@ -112,6 +112,30 @@ def test_advantages_and_sampler_logps_follow_the_rank_and_micro_batch_split(tok,
         assert float(mb.sampler_logps[~mb.scored].abs().sum()) == 0.0
 
 
+@pytest.mark.parametrize("dp_size", [1, 2])
+def test_a_token_budget_gives_each_micro_batch_its_own_samples_advantages(tok, dp_size):
+    """``training.max_tokens_per_microbatch``: the plan reorders and regroups the step's samples (longest first,
+    balanced over ranks); every micro-batch carries the advantages, completions and sampler log-probs of the
+    samples the plan put in it, not of the rank's contiguous slice."""
+    from phf_megatron.training.microbatch_plan import token_budget_plan
+
+    cfg, method = _method(tok, "--training.packing", "--training.max_tokens_per_microbatch=200")
+    pairs, completions = _round(tok, method, cfg)
+    lengths = [len(p.student_ids) + len(c) for p, c in zip(pairs, completions)]
+    plan = token_budget_plan(lengths, lengths, dp_size=dp_size, max_tokens=200)
+    order = [i for r in range(dp_size) for i in plan.local_samples(r)]
+    assert order != list(range(4))  # the plan is not the contiguous split: the test can tell them apart
+    for rank in range(dp_size):
+        mbs = build_microbatches(pairs, completions, pad_id=tok.pad_token_id, micro_batch_size=1, dp_rank=rank,
+                                 dp_size=dp_size, pad_multiple=1, make=method.microbatches, max_tokens=200)
+        assert [mb.num_sequences for mb in mbs] == [len(m) for m in plan.microbatches(rank)]
+        for mb, samples in zip(mbs, plan.microbatches(rank)):
+            assert mb.advantages.tolist() == [float(method.round.advantages[i]) for i in samples]
+            assert mb.score_tokens.tolist() == [t for i in samples for t in completions[i]]
+            want = [-0.5 - 0.01 * t for i in samples for t in range(len(completions[i]))]
+            assert mb.sampler_logps[mb.scored].tolist() == pytest.approx(want)
+
+
 def test_packed_microbatches_carry_the_padded_samples(tok, monkeypatch):
     """``--training.packing``: each micro-batch one row of its samples back to back, with the same scored
     tokens, sampler log-probs (per sample: the per-sample grid), advantages and counts as the padded ones."""
@@ -143,7 +167,7 @@ def test_masked_truncated_completions_still_count_for_dapo(tok):
     cfg, method = _method(tok, "--grpo.mask_truncated_completions=true")
     pairs, completions = _round(tok, method, cfg)
     batch_mbs = build_microbatches(pairs, completions, pad_id=tok.pad_token_id, micro_batch_size=2, dp_rank=0,
-                                   dp_size=1, pad_multiple=1, make=lambda b, m: grpo_microbatches(
+                                   dp_size=1, pad_multiple=1, make=lambda b, m, samples: grpo_microbatches(
                                        b, m, method.round.advantages, None, method.round.truncated))
     second = batch_mbs[1]  # samples 2 (truncated) and 3
     assert not bool(second.scored[0].any()) and second.num_tokens == len(completions[3])

@@ -16,6 +16,8 @@ from ..helpers import run_python
 from ..helpers.tiny_run import assert_ok, read_metrics, train_command
 from .test_run_export import _documented_metrics
 
+#: the tiny preset's GRPO samples are 55 student tokens (prompt + 16-token completion): 3 fit, 4 do not
+BUDGET_3_PLUS_1 = 170
 #: G = 2 completions of 2 prompts per step; each rollout batch trains 2 optimizer steps
 GRPO = ("--method=grpo", "--rollout.n=2", "--grpo.num_iterations=2", "--lr=1e-3",
         "--grpo.vllm_importance_sampling_correction=false")
@@ -139,20 +141,25 @@ def test_vllm_correction_reads_the_engines_processed_logprobs(tiny_inputs, tmp_p
     assert first["grpo_is_ratio"] == pytest.approx(1.0, abs=1e-3) and first["grpo_is_capped"] == 0
 
 
-def test_packing_gives_the_padded_update(tiny_inputs, tmp_path):
+def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path):
     """``--training.packing`` (micro-batches of 2 completions packed into one row each), with the correction and
     the sequence level on (per-sequence reductions on the per-sample grid): one rollout batch of two steps gives
-    the padded run's rollouts, loss, token count, statistics and gradient norm, to float32 precision."""
+    the padded run's rollouts, loss, token count, statistics and gradient norm, to float32 precision. So does a
+    token budget that groups the step's 4 completions 3 + 1 instead of 2 + 2 (the ``grpo`` loss is normalized
+    by the step's sequence count, not per micro-batch; the advantages follow the plan's samples)."""
     hf, data = tiny_inputs
     common = (*GRPO[:-1], "--grpo.vllm_importance_sampling_correction=true", "--rollout.top_k=0",
               "--rollout.top_p=1.0", "--grpo.importance_sampling_level=sequence", "--training.micro_batch_size=2",
               "--training.train_iters=2", "--checkpoint.save_interval=0")
     runs = {}
-    for name, extra in (("padded", ("--training.packing=false",)), ("packed", ("--training.packing",))):
-        assert_ok(_train(hf, data, str(tmp_path / name), *common, *extra))
+    budget = ("--training.packing", f"--training.max_tokens_per_microbatch={BUDGET_3_PLUS_1}", "--logging.verbose=true")
+    for name, extra in (("padded", ("--training.packing=false",)), ("packed", ("--training.packing",)),
+                        ("budget", budget)):
+        proc = _train(hf, data, str(tmp_path / name), *common, *extra)
+        assert_ok(proc)
         runs[name] = read_metrics(str(tmp_path / name))
-    assert len(runs["packed"]) == 2
-    for a, b in zip(runs["padded"], runs["packed"]):
+    assert len(runs["packed"]) == len(runs["budget"]) == 2
+    for a, b in [*zip(runs["padded"], runs["packed"]), *zip(runs["padded"], runs["budget"])]:
         for key in ("num_tokens", "sequences", "rollout_digest", "reward", "grpo_is_capped", "grpo_clip_region"):
             assert b[key] == a[key], key
         # the loss: a near-cancelling sum (zero-sum advantages; ratio 1 at the batch's first step), float32 noise

@@ -162,11 +162,11 @@ def test_packed_attention_names_each_backend():
     assert packed_attention(te=False, cuda=False) == "SDPA per sequence, causal (CPU kernel)"
 
 
-def test_a_token_budget_not_yet_supported_is_one_line():
+def test_a_token_budget_with_a_per_micro_batch_loss_is_one_line():
     proc = run_python(["-m", "phf_megatron.train", "--method=grpo", "--rollout.n=2", "--training.packing",
-                       "--training.max_tokens_per_microbatch=512"], timeout=120)
+                       "--grpo.loss_type=bnpo", "--training.max_tokens_per_microbatch=512"], timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    expected = "error: --training.max_tokens_per_microbatch: not yet with --method=grpo (its bnpo/grpo losses"
+    expected = "error: --training.max_tokens_per_microbatch: not with grpo.loss_type=bnpo: its loss is each micro-batch"
     assert proc.stderr.strip().startswith(expected) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

@@ -29,7 +29,7 @@ from ...eval.rewards import gold_answer, reward_correctness
 from ...lora import set_adapters_enabled
 from ...objectives.grpo import group_advantages
 from ...parallel.grpo_step import GrpoStep
-from ..batches import grpo_microbatches, local_samples, packed_rows
+from ..batches import grpo_microbatches, packed_rows
 from ..rollouts import RolloutDriver
 from ..update import ScoringPass
 from .sft import SftMethod
@@ -142,19 +142,16 @@ class GrpoMethod:
         self._fresh = True
         return pairs, completions
 
-    def microbatches(self, batch, micro_batch_size: int) -> list:
-        """This rank's samples (``local_samples``, as the batch builder cut them) with their advantages
-        (and sampler log-probs), padded or packed (``training.packing``, ``batches.packed_rows``), on the student's device: the round's steps reuse
-        them with what the scoring passes left on them."""
-        from megatron.core import parallel_state as ps
-
+    def microbatches(self, batch, micro_batch_size, samples) -> list:
+        """The batch's samples (``samples``: the step's index of each row, as the batch builder chose them:
+        ``local_samples``, or a token budget's plan) with their advantages (and sampler log-probs), padded or
+        packed (``training.packing``, ``batches.packed_rows``), on the student's device: the round's steps
+        reuse them with what the scoring passes left on them. ``micro_batch_size``: a size or each micro-batch's."""
         rnd = self.round
-        idx = local_samples(rnd.rewards.numel(), ps.get_data_parallel_rank(), ps.get_data_parallel_world_size())
-        sampler = None
-        if self.grpo.vllm_importance_sampling_correction:
-            sampler = [rnd.sampler_logps[i] for i in idx]
-        mbs = grpo_microbatches(batch, micro_batch_size, rnd.advantages[idx.start:idx.stop], sampler,
-                                rnd.truncated[idx.start:idx.stop] if self.grpo.mask_truncated_completions else None,
+        idx = torch.as_tensor(list(samples), dtype=torch.long)
+        sampler = [rnd.sampler_logps[i] for i in samples] if self.grpo.vllm_importance_sampling_correction else None
+        mbs = grpo_microbatches(batch, micro_batch_size, rnd.advantages[idx], sampler,
+                                rnd.truncated[idx] if self.grpo.mask_truncated_completions else None,
                                 self.cfg.training.packing, *packed_rows(self.cfg))
         return [mb.to(self.device) for mb in mbs] if self.device.type != "cpu" else mbs
 

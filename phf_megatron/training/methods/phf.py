@@ -39,8 +39,8 @@ class PhfMethod:
     def training_samples(self, planner, plan, samples, group):
         return planner.training_samples(plan, samples, group)
 
-    def microbatches(self, batch, micro_batch_size) -> list:
-        """Padded, or packed with ``training.packing`` (``batches.packed_rows``)."""
+    def microbatches(self, batch, micro_batch_size, samples=None) -> list:
+        """Padded, or packed with ``training.packing`` (``batches.packed_rows``); ``samples``: unused."""
         return phf_microbatches(batch, micro_batch_size, self.cfg.objective.flow_window, self.cfg.training.packing,
                                 *packed_rows(self.cfg))
 

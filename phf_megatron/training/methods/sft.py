@@ -107,8 +107,8 @@ class SftMethod:
         self.truncated = cut
         return pairs, completions
 
-    def microbatches(self, batch, micro_batch_size: int):
-        """Padded, or packed with ``training.packing`` (``batches.packed_rows``)."""
+    def microbatches(self, batch, micro_batch_size, samples=None):
+        """Padded, or packed with ``training.packing`` (``batches.packed_rows``); ``samples``: unused."""
         return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt, self.cfg.training.packing,
                                 *packed_rows(self.cfg))
 
