@@ -3,7 +3,7 @@
     python benchmarks/gpu/summarize_main_job.py OUT
 
 Reads ``stages.tsv`` (stage, exit code, seconds), ``pytest.xml``, ``breakdown_*.json``
-(``train_step_breakdown.py``) and ``opsd_reference_step.json``; what is missing is left out.
+(``train_step_breakdown.py``), ``opsd_reference_step.json`` and ``packing_step.json``; what is missing is left out.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def summarize(out: str) -> dict:
     if ref:
         summary["opsd_reference"] = {name: {k: v for k, v in r.items() if k != "traceback"}
                                      for name, r in ref.get("shapes", {}).items()}
+    packing = _load(os.path.join(out, "packing_step.json"))
+    if packing:
+        summary["packing_step"] = {k: packing.get(k) for k in ("device", "shape", "layout", "summary")}
+        peaks = {v: [s["variants"][v]["peak_gib"] for s in packing.get("steps", [])] for v in packing["summary"]}
+        summary["packing_step"]["peak_gib"] = {v: max(p) if p and None not in p else None for v, p in peaks.items()}
     return summary
 
 
@@ -84,6 +89,14 @@ def to_markdown(s: dict) -> str:
             lines.append(f"| {kind} | {k['step_s_median']:.4f} | {k['tokens_per_s']:.0f} | {k['mfu']:.3f} | "
                          f"{k['peak_mem_gib']} |")
         lines += ["", f"ratios {r.get('ratios')}; checks {r.get('checks')}"]
+    if "packing_step" in s:
+        p = s["packing_step"]
+        lines += ["", f"## PHF step padded / packed / packed + budget on the real mix ({p['device']})", "",
+                  "| variant | slowest rank s | speed-up | tokens / step | peak GiB | loss vs padded |", "|---|---|---|---|---|---|"]
+        for v, r in (p.get("summary") or {}).items():
+            peak = (p.get("peak_gib") or {}).get(v)
+            lines.append(f"| {v} | {r['slowest_rank_s']:.3f} | {r['speedup_slowest']:.2f}x | {r['tokens']:,.0f} | "
+                         f"{peak if peak is None else f'{peak:.1f}'} | {r['max_loss_rel_diff']:.1e} |")
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,15 @@ def test_every_variant_gives_the_same_step_loss_and_packing_computes_the_useful_
     assert got["packed"]["tokens"] == got["packed+budget"]["tokens"] < got["padded"]["tokens"]
     assert got["packed"]["microbatches"] == got["padded"]["microbatches"] == 8  # DP 8 x one micro-batch of 4
     assert out["summary"]["padded"]["speedup_slowest"] == 1.0
+    # the GPU lease's summary reads the stage's JSON (benchmarks/gpu/summarize_main_job.py)
+    from benchmarks.gpu.summarize_main_job import main as summarize
+
+    (tmp_path / "step.json").rename(tmp_path / "packing_step.json")
+    (tmp_path / "stages.tsv").write_text("packing\t0\t9\n")
+    assert summarize([str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "| packing | 0 | 9 |" in md and "## PHF step padded / packed / packed + budget on the real mix (cpu)" in md
+    assert f"| packed | {out['summary']['packed']['slowest_rank_s']:.3f} |" in md and "| None |" in md
 
 
 def test_lengths_from_a_mix_file_give_the_same_step_as_tokenizing_here(tmp_path):
