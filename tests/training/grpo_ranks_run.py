@@ -19,10 +19,10 @@ RECORD_DIR = "GRPO_RECORD_DIR"
 def _recording(microbatches):
     rounds = []
 
-    def record(self, batch, micro_batch_size):
+    def record(self, batch, micro_batch_size, samples):
         from megatron.core import parallel_state as ps
 
-        mbs = microbatches(self, batch, micro_batch_size)
+        mbs = microbatches(self, batch, micro_batch_size, samples)
         path = os.path.join(os.environ[RECORD_DIR], f"rank{int(os.environ.get('RANK', 0))}_round{len(rounds)}.pt")
         torch.save({"rewards": self.round.rewards, "advantages": self.round.advantages,
                     "dp_rank": ps.get_data_parallel_rank(), "dp_size": ps.get_data_parallel_world_size(),
