@@ -62,6 +62,18 @@ def rank_microbatches(cuts: list[list[int]], samples: list, variant: str, window
     return phf_microbatches(batch, [len(c) for c in cuts], window, packing=variant != "padded", one_length=False)
 
 
+def read_mix(path: str) -> dict:
+    """``--mix``: a JSON of ``python -m benchmarks.packing --out`` (one line naming the file otherwise)."""
+    try:
+        mix = json.loads(Path(path).read_text())
+        if not mix["presets"] or not next(iter(mix["presets"].values()))["steps"]:
+            raise ValueError("no preset with steps")
+        return mix
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"error: --mix: {path}: not a length mix of `python -m benchmarks.packing --out` "
+                         f"({type(e).__name__}: {e})") from None
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -112,7 +124,7 @@ def main(argv=None) -> dict:
     mix_argv = ["--configs", args.config, "--data", args.data, "--steps", str(args.steps), "--gpus", str(args.gpus)]
     mix_argv += ["--rows", str(args.rows)] if args.rows else []
     mix_argv += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
-    mix = json.loads(Path(args.mix).read_text()) if args.mix else packing.main(mix_argv)
+    mix = read_mix(args.mix) if args.mix else packing.main(mix_argv)
     preset = next(iter(mix["presets"].values()))
     preset["steps"] = preset["steps"][: args.steps]
     lay = packing.Layout(**preset["layout"])

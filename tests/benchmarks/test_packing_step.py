@@ -40,3 +40,16 @@ def test_lengths_from_a_mix_file_give_the_same_step_as_tokenizing_here(tmp_path)
     for v in VARIANTS:
         a, b = here["steps"][0]["variants"][v], from_file["steps"][0]["variants"][v]
         assert (a["tokens"], a["microbatches"]) == (b["tokens"], b["microbatches"]), v
+
+
+def test_a_bad_mix_file_is_one_line_naming_it(tmp_path):
+    import pytest
+
+    for name, text in (("missing.json", None), ("empty.json", "{}"), ("bad.json", "not json")):
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit) as err:
+            main(["--mix", str(path), "--shape", "tiny", "--steps", "1"])
+        line = str(err.value)
+        assert line.startswith(f"error: --mix: {path}: not a length mix") and "\n" not in line, line
