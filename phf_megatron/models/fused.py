@@ -5,7 +5,9 @@ the activations saved for backward (113 norm calls per Qwen3-1.7B forward, Q/K n
 included); RoPE as ~6. Compiled, each is one fused kernel each way that saves only its input.
 SwiGLU uses Megatron's own compiled ``bias_swiglu_impl`` (``bias_activation_fusion``).
 
-* ``rmsnorm_fn(config)``: the compiled ``rms_norm`` when ``config.fused_rmsnorm``, else None.
+* ``rmsnorm_fn(config)``: ``compiled_rms_norm`` when ``config.fused_rmsnorm``, else None. The norm and
+  RoPE are autograd functions over compiled forward and backward kernels (one graph per hidden size,
+  whatever the length, layout or grad mode: ``_dynamic``).
 * ``cross_entropy_chunk_fn(config)``: one fused kernel pair per chunk of the chunked linear
   cross entropy (``lm_head.py``) when the vocabulary is not TP-split.
 * ``register_rope_kernels()``: installs our compiled RoPE as Megatron's
@@ -62,13 +64,11 @@ def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * y.to(x.dtype)
+    return _rms_norm_forward(x, weight, eps)[0]
 
 
 def _rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """``rms_norm`` of x [rows, h] and its float32 ``rstd`` [rows, 1] (saved for the backward)."""
+    """``rms_norm`` of x [..., h] and its float32 ``rstd`` [..., 1] (saved for the backward)."""
     x32 = x.float()
     rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * (x32 * rstd).to(x.dtype), rstd

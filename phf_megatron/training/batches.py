@@ -11,7 +11,6 @@ parallelism.
 from __future__ import annotations
 
 import itertools
-from functools import partial
 from typing import Callable, Sequence
 
 import torch
