@@ -60,7 +60,7 @@ import threading
 
 import torch
 
-from ..runtime.children import Reaper
+from ..runtime.children import Reaper, exit_code
 from .engine import RolloutEngine
 from .errors import EngineDiedError, EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
@@ -241,14 +241,14 @@ class VLLMEngine(RolloutEngine):
 
     def _death(self) -> str | None:
         """Why the spawned engine process is gone (its exit code), or None while it runs."""
-        _, manager = self._engine_processes()
-        for proc in self._processes():
-            if proc.exitcode is None and multiprocessing.connection.wait([proc.sentinel], timeout=0):
-                proc.join(timeout=5)  # its sentinel closes as it exits, a moment before it is reaped
-        finished = manager.finished_procs() if hasattr(manager, "finished_procs") else {}
-        if not finished:
+        # its sentinel closes as it exits, a moment before it can be reaped (and vLLM's own monitor
+        # thread may reap it first): ``exit_code`` waits for the code
+        ended = [proc for proc in self._processes()
+                 if multiprocessing.connection.wait([proc.sentinel], timeout=0)]
+        if not ended:
             return None
-        codes = ", ".join(f"{name} exit code {code}" for name, code in finished.items())
+        codes = ", ".join(f"{proc.name} exit code {code if (code := exit_code(proc)) is not None else 'unknown'}"
+                          for proc in ended)
         return f"vLLM's engine process exited ({codes}; pid {self.pid})"
 
     @property

@@ -29,6 +29,7 @@ import os
 import queue
 import signal
 import sys
+import time
 
 from . import reaper
 from .reaper import start_time
@@ -115,6 +116,22 @@ class Reaper:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def exit_code(proc, timeout: float = 10.0) -> int | None:
+    """The exit code of a ``multiprocessing`` process that has ended (its sentinel closed); None if it
+    still reads as running after ``timeout`` seconds.
+
+    Another thread may poll the same process: vLLM's engine manager watches its engine core and
+    joins it. Whichever ``waitpid`` reaps the child stores the code a moment later, and every other
+    poll in between reads None (its ``waitpid`` fails with ``ECHILD``). So this waits for the code,
+    not for one poll."""
+    deadline = time.monotonic() + timeout
+    while proc.exitcode is None and time.monotonic() < deadline:
+        proc.join(timeout=0.05)
+        if proc.exitcode is None:
+            time.sleep(0.02)   # the reaping thread needs the GIL to store what it read
+    return proc.exitcode
 
 
 def die_with_launcher() -> bool:
