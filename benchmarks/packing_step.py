@@ -16,7 +16,7 @@ process: the teacher pass (forward, no grad) and the student pass (forward + bac
 ``parallel.PhfStep`` (the paper's PHF objective, flow window 128) through Megatron-Core's schedule,
 micro-batches built by the trainer's own builders (``padded``: every micro-batch of a rank right-padded to the
 rank's longest; ``packed``: each side of a micro-batch in one row of its own packed length, as the
-trainer packs without pipelining (``training.batches.packed_rows``); ``packed+budget``: ``training.microbatch_plan`` with the budget, packed). A step waits for its
+trainer packs without pipelining (``training.batches.Packing``); ``packed+budget``: ``training.microbatch_plan`` with the budget, packed). A step waits for its
 slowest rank: the step time of a variant is the slowest rank's; the sum over ranks is the compute.
 
 Check: the logs of all ranks reduced together give the step's global loss, OPSD and flow terms, which
@@ -54,12 +54,13 @@ def rank_microbatches(cuts: list[list[int]], samples: list, variant: str, window
     """A rank's micro-batches, built by the trainer's own builders (``data.build_distill_batch``,
     ``training.batches.phf_microbatches``; no pipeline: each packed micro-batch its own length)."""
     from phf_megatron.data import build_distill_batch
-    from phf_megatron.training.batches import phf_microbatches
+    from phf_megatron.training.batches import PADDED, Packing, phf_microbatches
 
     idx = [i for c in cuts for i in c]
     batch = build_distill_batch([samples[i][0] for i in idx], [samples[i][1] for i in idx],
                                 [samples[i][2] for i in idx], pad_id=vocab - 1)
-    return phf_microbatches(batch, [len(c) for c in cuts], window, packing=variant != "padded", one_length=False)
+    return phf_microbatches(batch, [len(c) for c in cuts], window,
+                            PADDED if variant == "padded" else Packing(True, one_length=False))
 
 
 def read_mix(path: str) -> dict:

@@ -143,7 +143,8 @@ class MissingDependencyError(UserError):
     """A package the command needs is not installed: the message names the module and what to install."""
 
 
-#: The top-level module of each dependency (pyproject.toml, extras included) → what to ``pip install``.
+#: The top-level module of each dependency (pyproject.toml, extras included) → what to ``pip install``
+#: (kept equal to pyproject.toml by tests/test_dependencies.py).
 DEPENDENCIES = {
     "megatron": "megatron-core", "transformers": "transformers", "peft": "peft", "numpy": "numpy",
     "safetensors": "safetensors", "math_verify": "math-verify", "latex2sympy2_extended": "math-verify",

@@ -46,7 +46,6 @@ rank and ``P`` the data-parallel size (TRL: ``P`` processes x ``GA`` micro-batch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -56,10 +55,9 @@ from ..objectives.grpo import grpo_token_loss, k3_kl, log_importance_weights, vl
 from .batch import PhfMicroBatch
 from .collectives import all_reduce_, group_size
 from .layout import SequenceLayout
-from .logit_rows import scored_logits
 from .loss import LOSS, LOSS_TOKENS, LossConventions, _token_logs, megatron_return, sum_logs, top_loss_tokens
-from .sampled_token import vocab_parallel_token_logprob
-from .step import _no_loss, final_hidden_states
+from .sft_step import SftStep
+from .step import _no_loss
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
 
 #: metric names of the step (``reduce_logs``), besides ``loss``, ``num_tokens``, ``sequences``
@@ -193,9 +191,9 @@ def _grid(values: torch.Tensor, positions: torch.Tensor, shape: tuple[int, int])
     return flat.index_copy(0, positions, values).view(shape)
 
 
-class GrpoStep:
-    """The scoring passes and the student pass of one GRPO update (``SftStep``'s interface plus
-    ``old_forward_step`` and ``ref_forward_step``).
+class GrpoStep(SftStep):
+    """The scoring passes and the student pass of one GRPO update (``SftStep``'s student pass with the
+    clipped policy-gradient loss, plus ``old_forward_step`` and ``ref_forward_step``).
 
     Args:
         config: the student's Megatron ``TransformerConfig``.
@@ -213,14 +211,10 @@ class GrpoStep:
             raise ValueError(f"temperature: must be > 0, got {temperature}")
         if grpo.loss_type == "dr_grpo" and max_completion_length < 1:
             raise ValueError(f"max_completion_length: dr_grpo needs a positive length, got {max_completion_length}")
-        self.config, self.grpo = config, grpo
+        super().__init__(config, tp_group=tp_group, dp_group=dp_group, chunk_elements=chunk_elements)
+        self.grpo = grpo
         self.temperature, self.max_completion_length = temperature, max_completion_length
-        self.tp_group, self.dp_group = tp_group, dp_group
-        self.sequence_parallel = bool(config.sequence_parallel)
-        self.chunk_elements = chunk_elements
-        self.collect_loss_tokens = False
         self.counts: GrpoCounts | None = None
-        self.conventions: LossConventions | None = None
 
     # ------------------------------------------------------------------ step bookkeeping
 
@@ -235,27 +229,7 @@ class GrpoStep:
                                            group_size(self.dp_group))
         return self.counts
 
-    def student_seq_length(self, seq_len: int) -> int:
-        return seq_len
-
     # ------------------------------------------------------------------ passes
-
-    def _forward(self, model, mb: GrpoMicroBatch):
-        """``(output, last stage?)``: the last stage stops at the final norm (the loss projects scored rows)."""
-        from ..models.provider import unwrap  # Megatron: on first use
-
-        tokens, kwargs = mb.student_tokens, mb.layout.forward_kwargs()
-        if unwrap(model).post_process:
-            return final_hidden_states(model, tokens, **kwargs), True
-        return model(input_ids=tokens, **kwargs), False
-
-    def _token_logps(self, model, output, mb: GrpoMicroBatch) -> torch.Tensor:
-        """``[N]`` ``log softmax(z / temperature)[o_t]`` of the scored tokens (float32, differentiable)."""
-        index = mb.score_index.to(output.device)
-        logits = scored_logits(model, output, index, mb.student_tokens.shape[1], self.tp_group, self.sequence_parallel)
-        rows = torch.arange(index.numel(), device=output.device)
-        return vocab_parallel_token_logprob(logits, rows, mb.score_tokens.to(output.device), self.temperature,
-                                            self.tp_group, self.chunk_elements)
 
     @torch.no_grad()
     def _scoring_step(self, name: str, data_iterator, model):
@@ -272,13 +246,6 @@ class GrpoStep:
     def ref_forward_step(self, data_iterator, model):
         """Forward only under the reference weights (the caller's context): ``mb.ref_logps`` (last stage)."""
         return self._scoring_step("ref_logps", data_iterator, model)
-
-    def student_forward_step(self, data_iterator, model):
-        mb: GrpoMicroBatch = next(data_iterator)
-        if self.counts is None:
-            raise RuntimeError("GrpoStep.prepare(microbatches) must run before the student pass")
-        output, last = self._forward(model, mb)
-        return output, (partial(self._loss, mb, model) if last else _no_loss)
 
     # ------------------------------------------------------------------ loss
 
@@ -322,11 +289,6 @@ class GrpoStep:
                 logs.update(_token_logs(weighted.detach().reshape(-1)[positions], mb.score_tokens.to(dev),
                                         self._vocab(model)))
         return megatron_return(share, mb.num_tokens, max(self.counts.num_tokens, 1), self.conventions, logs)
-
-    def _vocab(self, model) -> int:
-        from ..models.lm_head import output_weight
-
-        return output_weight(model).shape[0] * group_size(self.tp_group)
 
     def _logs(self, share, mb, mask, logps, old, ref, advantages, is_ratio, raw_ratio,
               sampler) -> dict[str, torch.Tensor]:

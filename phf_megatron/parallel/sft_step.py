@@ -82,13 +82,17 @@ class SftMicroBatch:
 
 
 class SftStep:
-    """The student pass of one SFT update (same interface as ``PhfStep``'s student side).
+    """The student pass of one SFT update (same interface as ``PhfStep``'s student side). ``GrpoStep``
+    extends it (the same student pass over scored tokens, with its own loss and scoring passes).
 
     Args:
         config: the student's Megatron ``TransformerConfig``.
         tp_group, dp_group: tensor- and data-parallel groups (None: size 1).
         chunk_elements: the log-softmax's temporary size (float32 elements).
     """
+
+    temperature = 1.0
+    """Log-probs are of ``z / temperature`` (SFT: the model's own distribution)."""
 
     def __init__(self, config, *, tp_group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None,
                  chunk_elements: int = DEFAULT_CHUNK_ELEMENTS):
@@ -113,23 +117,36 @@ class SftStep:
         return seq_len
 
     def student_forward_step(self, data_iterator, model):
+        mb = next(data_iterator)
+        if self.conventions is None:
+            raise RuntimeError(f"{type(self).__name__}.prepare(microbatches) must run before the student pass")
+        output, last = self._forward(model, mb)
+        return output, (partial(self._loss, mb, model) if last else _no_loss)
+
+    def _forward(self, model, mb):
+        """``(output, last stage?)``: the last stage stops at the final norm (the loss projects scored rows)."""
         from ..models.provider import unwrap  # Megatron: on first use
 
-        mb: SftMicroBatch = next(data_iterator)
-        if self.num_tokens is None:
-            raise RuntimeError("SftStep.prepare(microbatches) must run before the student pass")
-        chunk = unwrap(model)
         tokens, kwargs = mb.student_tokens, mb.layout.forward_kwargs()
-        if chunk.post_process:
-            return final_hidden_states(model, tokens, **kwargs), partial(self._loss, mb, model)
-        return model(input_ids=tokens, **kwargs), _no_loss
+        if unwrap(model).post_process:
+            return final_hidden_states(model, tokens, **kwargs), True
+        return model(input_ids=tokens, **kwargs), False
 
-    def _loss(self, mb: SftMicroBatch, model, output):
+    def _token_logps(self, model, output, mb) -> torch.Tensor:
+        """``[N]`` ``log softmax(z / temperature)[y_t]`` of the scored tokens (float32, differentiable)."""
         index = mb.score_index.to(output.device)
         logits = scored_logits(model, output, index, mb.student_tokens.shape[1], self.tp_group, self.sequence_parallel)
-        tokens = mb.score_tokens.to(output.device)
         rows = torch.arange(index.numel(), device=output.device)
-        nll = -vocab_parallel_token_logprob(logits, rows, tokens, 1.0, self.tp_group, self.chunk_elements)
+        return vocab_parallel_token_logprob(logits, rows, mb.score_tokens.to(output.device), self.temperature,
+                                            self.tp_group, self.chunk_elements)
+
+    def _vocab(self, model) -> int:
+        from ..models.lm_head import output_weight
+
+        return output_weight(model).shape[0] * group_size(self.tp_group)
+
+    def _loss(self, mb: SftMicroBatch, model, output):
+        nll = -self._token_logps(model, output, mb)
         nll_sum = nll.sum()
         n_tok = max(self.num_tokens, 1)
         dev = nll_sum.device
@@ -137,7 +154,7 @@ class SftStep:
                 "num_tokens": torch.full((1,), mb.num_tokens, dtype=torch.float64, device=dev),
                 "sequences": torch.full((1,), mb.num_sequences, dtype=torch.float64, device=dev)}
         if self.collect_loss_tokens:
-            logs.update(_token_logs(nll, tokens, logits.shape[-1] * group_size(self.tp_group)))
+            logs.update(_token_logs(nll.detach(), mb.score_tokens.to(dev), self._vocab(model)))
         return megatron_return(nll_sum / n_tok, mb.num_tokens, n_tok, self.conventions, logs)
 
     def reduce_logs(self, logs: list[dict]) -> dict | None:

@@ -23,6 +23,7 @@ difference. Logs: <out>/<row>/train.log, eval.log.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -355,15 +356,14 @@ def seeds_tables(args) -> int:
 
     out, tables = args.out, {}
     for seed in args.seeds:
-        args.seed, args.out = seed, os.path.join(out, f"s{seed}")
+        seed_args = argparse.Namespace(**{**vars(args), "seed": seed, "out": os.path.join(out, f"s{seed}")})
         if not args.dry_run:
-            _say(f"seed {seed} -> {args.out}")
-        rc = one_table(args)
-        if rc != 0 or args.dry_run:
-            if rc != 0:
-                return rc
-            continue
-        tables[seed] = build_table(args, [plan_row(args, name) for name in args.rows])
+            _say(f"seed {seed} -> {seed_args.out}")
+        rc = one_table(seed_args)
+        if rc != 0:
+            return rc
+        if not args.dry_run:
+            tables[seed] = build_table(seed_args, [plan_row(seed_args, name) for name in args.rows])
     if args.dry_run:
         return 0
     summary = seeds_summary(tables)

@@ -11,6 +11,7 @@ parallelism.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -34,63 +35,74 @@ def local_samples(num_samples: int, dp_rank: int, dp_size: int) -> range:
     return range(dp_rank * per, (dp_rank + 1) * per)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """How a micro-batch's sequences become activation rows (``training.packing``): right-padded rows
+    (``enabled=False``, ``PADDED``), or packed into one row per side, rounded up to a multiple of
+    ``pad_multiple`` (the TP size under sequence parallelism); with ``one_length`` every micro-batch of
+    a rank to one length (``packed_length``: pipelining, whose schedule sends fixed-size activations),
+    else each micro-batch keeps its own packed length."""
+
+    enabled: bool = False
+    pad_multiple: int = 1
+    one_length: bool = True
+
+    @classmethod
+    def of(cls, cfg) -> "Packing":
+        """This run's: ``training.packing``, the TP size under sequence parallelism, one length under PP."""
+        model = cfg.model
+        return cls(cfg.training.packing, model.tensor_model_parallel_size if model.sequence_parallel else 1,
+                   model.pipeline_model_parallel_size > 1)
+
+    def rank_length(self, lengths: list[torch.Tensor]) -> int | None:
+        """The rank's one packed length (``packed_length``), or None: each micro-batch its own."""
+        return packed_length(lengths, self.pad_multiple) if self.one_length else None
+
+
+PADDED = Packing()
+
+
 def phf_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], window_budget: int,
-                     packing: bool = False, pad_multiple: int = 1, one_length: bool = True) -> list[PhfMicroBatch]:
+                     packing: Packing = PADDED) -> list[PhfMicroBatch]:
     """PHF's micro-batches of a rank's batch: student and teacher sequences, their rollout masks, the window.
 
     ``micro_batch_size``: consecutive rows per micro-batch, or each micro-batch's row count (a token-budget
-    plan). ``packing`` (``training.packing``): each side of a micro-batch packed into one row
-    (``PhfMicroBatch.packed``), rounded up to a multiple of ``pad_multiple`` (the TP size under sequence
-    parallelism); with ``one_length`` (pipelining, ``packed_rows``) every micro-batch of the rank to one student
-    and one teacher length (``packed_length``)."""
+    plan). ``packing``: padded rows, or each side of a micro-batch packed into one row (``PhfMicroBatch.packed``,
+    ``Packing``: one student and one teacher length for the rank under pipelining)."""
     s_mask, t_mask = batch.scored_positions("student"), batch.scored_positions("teacher")
     s_tok, t_tok = batch.student_input_ids, batch.teacher_input_ids
     cuts = _cuts(s_tok.shape[0], micro_batch_size)
-    if not packing:
+    if not packing.enabled:
         return [PhfMicroBatch(student_tokens=s_tok[sl], teacher_tokens=t_tok[sl], student_response=s_mask[sl],
                               teacher_response=t_mask[sl], window_budget=window_budget) for sl in cuts]
     s_len, t_len = batch.student_attention_mask.sum(1), batch.teacher_attention_mask.sum(1)
-    s_total = _rank_length([s_len[sl] for sl in cuts], pad_multiple, one_length)
-    t_total = _rank_length([t_len[sl] for sl in cuts], pad_multiple, one_length)
+    s_total = packing.rank_length([s_len[sl] for sl in cuts])
+    t_total = packing.rank_length([t_len[sl] for sl in cuts])
     return [PhfMicroBatch.packed(s_tok[sl], t_tok[sl], s_mask[sl], t_mask[sl], s_len[sl], t_len[sl],
-                                 window_budget=window_budget, pad_multiple=pad_multiple, student_total=s_total,
+                                 window_budget=window_budget, pad_multiple=packing.pad_multiple, student_total=s_total,
                                  teacher_total=t_total) for sl in cuts]
 
 
 def sft_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], loss_on_prompt: bool,
-                     packing: bool = False, pad_multiple: int = 1, one_length: bool = True) -> list[SftMicroBatch]:
+                     packing: Packing = PADDED) -> list[SftMicroBatch]:
     """SFT's micro-batches: the student sequences, scored on the completion (the rows' solutions), or with
     ``loss_on_prompt`` on every token but the first (TRL's SFTTrainer on a plain ``text`` data set).
 
     ``micro_batch_size``: consecutive rows per micro-batch, or each micro-batch's row count in order (a
-    token-budget plan, ``build_microbatches`` with ``max_tokens``). ``packing`` (``training.packing``): each
-    micro-batch's sequences packed into one row (``SequenceLayout.pack``), a multiple of ``pad_multiple`` (the TP
-    size under sequence parallelism); with ``one_length`` every micro-batch of the rank to one length (``packed_length``)."""
+    token-budget plan, ``build_microbatches`` with ``max_tokens``). ``packing``: padded rows, or each
+    micro-batch's sequences packed into one row (``SequenceLayout.pack``, ``Packing``)."""
     if loss_on_prompt:
         scored = batch.student_attention_mask.clone()
         scored[:, 0] = False
     else:
         scored = batch.scored_positions("student")
     tokens, cuts = batch.student_input_ids, _cuts(batch.student_input_ids.shape[0], micro_batch_size)
-    if not packing:
+    if not packing.enabled:
         return [SftMicroBatch(tokens[sl], scored[sl]) for sl in cuts]
     lengths = batch.student_attention_mask.sum(1)
-    total = _rank_length([lengths[sl] for sl in cuts], pad_multiple, one_length)
-    return [SftMicroBatch.packed(tokens[sl], scored[sl], lengths[sl], pad_multiple=pad_multiple, total=total)
+    total = packing.rank_length([lengths[sl] for sl in cuts])
+    return [SftMicroBatch.packed(tokens[sl], scored[sl], lengths[sl], pad_multiple=packing.pad_multiple, total=total)
             for sl in cuts]
-
-
-def packed_rows(cfg) -> tuple[int, bool]:
-    """``(pad_multiple, one_length)`` of this run's packed micro-batches: the TP size under sequence
-    parallelism (else 1), and one length for every micro-batch of a rank only under pipelining (its schedule
-    sends fixed-size activations); without it each micro-batch keeps its own packed length."""
-    model = cfg.model
-    return (model.tensor_model_parallel_size if model.sequence_parallel else 1), model.pipeline_model_parallel_size > 1
-
-
-def _rank_length(lengths: list[torch.Tensor], pad_multiple: int, one_length: bool) -> int | None:
-    """The rank's one packed length (``packed_length``), or None: each micro-batch its own."""
-    return packed_length(lengths, pad_multiple) if one_length else None
 
 
 def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice]:
@@ -105,18 +117,16 @@ def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice
 
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], advantages: torch.Tensor,
                       sampler_logps: Sequence[Sequence[float]] | None = None,
-                      unscored: torch.Tensor | None = None, packing: bool = False,
-                      pad_multiple: int = 1, one_length: bool = True) -> list[GrpoMicroBatch]:
+                      unscored: torch.Tensor | None = None, packing: Packing = PADDED) -> list[GrpoMicroBatch]:
     """GRPO's micro-batches of a rank's batch: the student sequences scored on the completion, each
     sample's advantage and (the vLLM correction) the engine's log-prob of each completion token at
     that token's position.
 
     ``advantages [B]`` (float64), ``sampler_logps`` (B lists, one value per completion token) and
     ``unscored [B]`` (bool: samples left out of the loss, ``grpo.mask_truncated_completions``) follow
-    the batch's rows, i.e. this rank's samples in ``local_samples`` order. ``packing`` (``training.packing``):
-    each micro-batch's sequences, scored mask and sampler log-probs packed into one row
-    (``GrpoMicroBatch.packed``), a multiple of ``pad_multiple``, with ``one_length`` every micro-batch of the rank
-    to one length, as ``sft_microbatches``; advantages and ``num_items`` stay per sample."""
+    the batch's rows, i.e. this rank's samples in ``local_samples`` order. ``packing``: padded rows, or each
+    micro-batch's sequences, scored mask and sampler log-probs packed into one row (``GrpoMicroBatch.packed``,
+    ``Packing``), as ``sft_microbatches``; advantages and ``num_items`` stay per sample."""
     b = batch.student_input_ids.shape[0]
     if advantages.shape != (b,):
         raise ValueError(f"advantages: expected [{b}], got {tuple(advantages.shape)}")
@@ -138,13 +148,13 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int]
     full = batch.response_mask.sum(-1)  # dapo's N_tok counts masked-out completions too (TRL)
     cuts, tokens = _cuts(b, micro_batch_size), batch.student_input_ids
     lengths = batch.student_attention_mask.sum(1)
-    total = _rank_length([lengths[sl] for sl in cuts], pad_multiple, one_length) if packing else None
+    total = packing.rank_length([lengths[sl] for sl in cuts]) if packing.enabled else None
     out = []
     for sl in cuts:
         args = (tokens[sl], scored[sl], advantages[sl].to(torch.float64))
         rest = (None if sampler is None else sampler[sl], None if unscored is None else int(full[sl].sum()))
-        out.append(GrpoMicroBatch.packed(*args, lengths[sl], *rest, pad_multiple=pad_multiple, total=total)
-                   if packing else GrpoMicroBatch(*args, *rest))
+        out.append(GrpoMicroBatch.packed(*args, lengths[sl], *rest, pad_multiple=packing.pad_multiple, total=total)
+                   if packing.enabled else GrpoMicroBatch(*args, *rest))
     return out
 
 

@@ -66,10 +66,15 @@ def hf_sft_reference(model, with_prompt: bool) -> dict:
 
     tokens, scored = global_batch(with_prompt)
     model.zero_grad()
-    loss = sft_loss(model(input_ids=tokens).logits[:, :-1], tokens[:, 1:], scored[:, 1:])
+    logits = model(input_ids=tokens).logits[:, :-1]
+    loss = sft_loss(logits, tokens[:, 1:], scored[:, 1:])
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    return dict(loss=float(loss.detach()), num_tokens=int(scored.sum()), grads=grads)
+    targets, on = tokens[:, 1:], scored[:, 1:]
+    nll = -logits.detach().log_softmax(-1).gather(-1, targets[..., None])[..., 0][on]   # each scored token's -log p
+    return dict(loss=float(loss.detach()), num_tokens=int(scored.sum()), grads=grads, nll_scale=float(nll.abs().sum()),
+                token_nll=torch.zeros(VOCAB, dtype=torch.float64).index_add(0, targets[on], nll),
+                token_count=torch.bincount(targets[on], minlength=VOCAB))
 
 
 def run_sft_layouts(rank, world_size, plans):
@@ -92,6 +97,7 @@ def run_sft_layouts(rank, world_size, plans):
                                    layout.tp if layout.sp else 1, layout.max_tokens)
             step = SftStep(chunks[0].config, tp_group=ps.get_tensor_model_parallel_group(),
                            dp_group=ps.get_data_parallel_group())
+            step.collect_loss_tokens = True
             step.prepare(mbs)
             for chunk in chunks:
                 chunk.zero_grad_buffer()

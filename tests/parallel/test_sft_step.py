@@ -85,6 +85,20 @@ def test_loss_and_gradients_equal_hf_cross_entropy(layout, with_prompt, results)
     assert_grads_close(got["grads"], ref["grads"], REL_TOL)
 
 
+@pytest.mark.parametrize("layout", ["single", "tp2_sp", "pp2_vpp2_packed", "dp2_budget"])
+def test_the_loss_by_token_equals_the_oracles(layout, results):
+    """``loss_tokens`` (the 20 token ids of largest summed ``-log p``, each as a share of ``sum_t |-log p_t|``,
+    and its count) against the oracle's per-token cross-entropy."""
+    for with_prompt in (False, True):
+        top, ref = results[(layout, with_prompt)]["metrics"]["loss_tokens"], _reference(MODEL_OF[layout], with_prompt)
+        assert len(top) == min(20, int((ref["token_count"] > 0).sum()))
+        scale = ref["nll_scale"]
+        assert top[0][1] * scale == pytest.approx(float(ref["token_nll"].max()), rel=REL_TOL)
+        for token, share, count in top:
+            assert count == int(ref["token_count"][token])
+            assert share * scale == pytest.approx(float(ref["token_nll"][token]), abs=REL_TOL * scale)
+
+
 def test_the_prompt_tokens_change_the_loss():
     """The two scorings differ (the prompt flag is not a no-op in the batch the test feeds)."""
     assert _reference("gqa", True)["num_tokens"] > _reference("gqa", False)["num_tokens"]

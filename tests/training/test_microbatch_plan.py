@@ -200,7 +200,7 @@ def test_one_call_picks_the_mode_by_the_budget():
 def test_budget_mode_is_what_the_trainers_builder_builds(dp, multiple):
     """``build_microbatches(max_tokens=...)`` with SFT's packed micro-batches: each rank's micro-batches hold the
     samples the budget plan names (in its order, each its own packed segment), within the budget."""
-    from phf_megatron.training.batches import sft_microbatches
+    from phf_megatron.training.batches import Packing, sft_microbatches
 
     rng = random.Random(dp)
     prompts = [[1000 + i] + [5] * rng.randint(0, 6) for i in range(12)]
@@ -208,8 +208,8 @@ def test_budget_mode_is_what_the_trainers_builder_builds(dp, multiple):
     completions = [[7] * rng.randint(1, 9) for _ in range(12)]
     lengths = [len(p.student_ids) + len(c) for p, c in zip(pairs, completions)]
     plan = token_budget_plan(lengths, lengths, dp_size=dp, max_tokens=24, pad_multiple=multiple)
-    make = lambda batch, sizes, samples: sft_microbatches(batch, sizes, loss_on_prompt=False, packing=True,  # noqa: E731
-                                                          pad_multiple=multiple)
+    make = lambda batch, sizes, samples: sft_microbatches(batch, sizes, loss_on_prompt=False,  # noqa: E731
+                                                          packing=Packing(True, multiple))
     for rank in range(dp):
         built = build_microbatches(pairs, completions, pad_id=0, micro_batch_size=2, dp_rank=rank, dp_size=dp,
                                    pad_multiple=multiple, make=make, max_tokens=24)

@@ -7,7 +7,8 @@ A method supplies what differs between PHF and its baselines; the loop, the upda
 * ``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (SFT: the student prompt twice);
   ``check_rows(planner)``: the rows whose prompt can never fit, named at load;
 * ``training_samples(planner, plan, samples, group)``: ``(pairs, completions)`` of the step's samples;
-* ``microbatches(batch, micro_batch_size)``: the rank's padded batch cut into the method's micro-batches;
+* ``microbatches(batch, micro_batch_size, samples)``: the rank's padded batch cut into the method's
+  micro-batches (padded or packed: ``batches.Packing``); ``samples[r]``: the step's index of row ``r``;
 * ``step(student)``: the forward-step object of one update (``parallel.PhfStep`` / ``SftStep``),
   ``passes(step, mbs)``: its forward-only ``update.ScoringPass``es before the student's (PHF: the teacher);
 * ``after_step()`` (PHF: the EMA), ``parts()`` (checkpoint parts of its own), ``step_metrics()``,

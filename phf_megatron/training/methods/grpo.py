@@ -29,7 +29,7 @@ from ...eval.rewards import gold_answer, reward_correctness
 from ...lora import set_adapters_enabled
 from ...objectives.grpo import group_advantages
 from ...parallel.grpo_step import GrpoStep
-from ..batches import grpo_microbatches, packed_rows
+from ..batches import Packing, grpo_microbatches
 from ..rollouts import RolloutDriver
 from ..update import ScoringPass
 from .sft import SftMethod
@@ -145,14 +145,14 @@ class GrpoMethod:
     def microbatches(self, batch, micro_batch_size, samples) -> list:
         """The batch's samples (``samples``: the step's index of each row, as the batch builder chose them:
         ``local_samples``, or a token budget's plan) with their advantages (and sampler log-probs), padded or
-        packed (``training.packing``, ``batches.packed_rows``), on the student's device: the round's steps
+        packed (``training.packing``, ``batches.Packing``), on the student's device: the round's steps
         reuse them with what the scoring passes left on them. ``micro_batch_size``: a size or each micro-batch's."""
         rnd = self.round
         idx = torch.as_tensor(list(samples), dtype=torch.long)
         sampler = [rnd.sampler_logps[i] for i in samples] if self.grpo.vllm_importance_sampling_correction else None
         mbs = grpo_microbatches(batch, micro_batch_size, rnd.advantages[idx], sampler,
                                 rnd.truncated[idx] if self.grpo.mask_truncated_completions else None,
-                                self.cfg.training.packing, *packed_rows(self.cfg))
+                                Packing.of(self.cfg))
         return [mb.to(self.device) for mb in mbs] if self.device.type != "cpu" else mbs
 
     def step(self, student) -> GrpoStep:

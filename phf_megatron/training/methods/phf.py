@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...data import build_prompt_pair
 from ...parallel.capture import WindowCapture
 from ...parallel.step import PhfStep
-from ..batches import packed_rows, phf_microbatches
+from ..batches import Packing, phf_microbatches
 from ..checkpoint_parts import Scope, stateful_part
 from ..model_setup import loss_kernels
 from ..rollouts import RolloutDriver
@@ -40,9 +40,8 @@ class PhfMethod:
         return planner.training_samples(plan, samples, group)
 
     def microbatches(self, batch, micro_batch_size, samples=None) -> list:
-        """Padded, or packed with ``training.packing`` (``batches.packed_rows``); ``samples``: unused."""
-        return phf_microbatches(batch, micro_batch_size, self.cfg.objective.flow_window, self.cfg.training.packing,
-                                *packed_rows(self.cfg))
+        """Padded, or packed with ``training.packing`` (``batches.Packing``); ``samples``: unused."""
+        return phf_microbatches(batch, micro_batch_size, self.cfg.objective.flow_window, Packing.of(self.cfg))
 
     def step(self, student) -> PhfStep:
         from megatron.core import parallel_state as ps

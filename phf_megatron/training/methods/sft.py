@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ...data import PromptPair
 from ...data.prompts import encode_prompt, render_student_prompt
 from ...parallel.sft_step import SftStep
-from ..batches import packed_rows, sft_microbatches
+from ..batches import Packing, sft_microbatches
 from ..policy_mix import solution_completion
 from ..rollouts import StepSamples
 
@@ -108,9 +108,8 @@ class SftMethod:
         return pairs, completions
 
     def microbatches(self, batch, micro_batch_size, samples=None):
-        """Padded, or packed with ``training.packing`` (``batches.packed_rows``); ``samples``: unused."""
-        return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt, self.cfg.training.packing,
-                                *packed_rows(self.cfg))
+        """Padded, or packed with ``training.packing`` (``batches.Packing``); ``samples``: unused."""
+        return sft_microbatches(batch, micro_batch_size, self.cfg.sft.loss_on_prompt, Packing.of(self.cfg))
 
     def step(self, student) -> SftStep:
         from megatron.core import parallel_state as ps
