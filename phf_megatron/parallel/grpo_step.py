@@ -225,6 +225,7 @@ class GrpoStep(SftStep):
         total = all_reduce_(torch.tensor(local, dtype=torch.float64, device="cuda" if torch.cuda.is_available()
                                          else "cpu"), self.dp_group).tolist()
         self.counts = GrpoCounts(*(int(v) for v in total))
+        self.num_tokens = self.counts.num_tokens
         self.conventions = LossConventions(bool(self.config.calculate_per_token_loss), len(microbatches),
                                            group_size(self.dp_group))
         return self.counts

@@ -104,11 +104,9 @@ class PhfStep:
             self.spec = FlowSpec(objective.flow_variant, objective.flow_eps, len(self.plan.layers), len(self.plan.pairs),
                                  flow_backend)
             self.num_values = 1 + len(self.plan.layers) + len(self.plan.pairs)
-            dtype = config.pipeline_dtype or config.params_dtype
-            self._stats_dtype = dtype
-            self.num_stats_rows = stats_rows(self.num_values, config.hidden_size, dtype)  # prepare() sizes it
-        else:
-            self.num_stats_rows = 0
+            self._stats_dtype = config.pipeline_dtype or config.params_dtype
+        # the stats rows the student pass's p2p activations carry (pipeline_stats): sized by prepare()
+        self.num_stats_rows: int | None = None if self.plan is not None else 0
         self.student_capture, self.teacher_capture = student_capture, teacher_capture
         self.normalizers: StepNormalizers | None = None
         self.conventions: LossConventions | None = None
@@ -128,6 +126,9 @@ class PhfStep:
 
     def student_seq_length(self, seq_len: int) -> int:
         """``seq_length`` for the student pass's ``forward_backward_func`` (room for the stats rows)."""
+        if self.num_stats_rows is None:
+            raise RuntimeError("PhfStep.prepare(microbatches) must run before student_seq_length (it sizes the "
+                               "flow statistics the pipeline carries)")
         return pipeline_seq_length(seq_len, self.num_stats_rows, group_size(self.tp_group), self.sequence_parallel)
 
     def reduce_logs(self, logs: list[dict]) -> dict | None:

@@ -86,11 +86,10 @@ def _inside_multi_rank_group() -> bool:
 
 
 def _describe(proc) -> str:
-    """``name pid N exit code C`` of a finished engine process (reaped first: its sentinel closes a
-    moment before it can be joined, when vLLM still sees no exit code)."""
-    if proc.exitcode is None and multiprocessing.connection.wait([proc.sentinel], timeout=0):
-        proc.join(timeout=5)
-    code = proc.exitcode
+    """``name pid N exit code C`` of a finished engine process (its sentinel closes a moment before it
+    can be reaped, when vLLM still sees no exit code: ``exit_code`` waits for it)."""
+    ended = multiprocessing.connection.wait([proc.sentinel], timeout=0)
+    code = exit_code(proc, timeout=5) if ended else proc.exitcode
     signal_name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 and -code in signal.valid_signals() else ""
     return f"{proc.name} pid {proc.pid} exit code {code}{signal_name}"
 

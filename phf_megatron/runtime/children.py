@@ -125,13 +125,12 @@ def exit_code(proc, timeout: float = 10.0) -> int | None:
     Another thread may poll the same process: vLLM's engine manager watches its engine core and
     joins it. Whichever ``waitpid`` reaps the child stores the code a moment later, and every other
     poll in between reads None (its ``waitpid`` fails with ``ECHILD``). So this waits for the code,
-    not for one poll."""
+    not for one poll; every poll is non-blocking (``proc.exitcode``: ``waitpid(WNOHANG)``), so
+    ``timeout`` holds even for a child still alive."""
     deadline = time.monotonic() + timeout
     while proc.exitcode is None and time.monotonic() < deadline:
-        proc.join(timeout=0.05)
-        if proc.exitcode is None:
-            time.sleep(0.02)   # the reaping thread needs the GIL to store what it read
-    return proc.exitcode
+        time.sleep(0.02)   # the child becomes reapable a moment after its sentinel closes; a reaping thread
+    return proc.exitcode   # needs the GIL to store what it read
 
 
 def die_with_launcher() -> bool:

@@ -158,3 +158,19 @@ def test_a_token_budget_gives_the_fixed_micro_batchings_update(budget, fixed, re
         assert got["metrics"]["loss"] == pytest.approx(ref["metrics"]["loss"], rel=REL_TOL)
         assert got["metrics"]["num_tokens"] == ref["metrics"]["num_tokens"]
         assert_grads_close(got["grads"], ref["grads"], REL_TOL)
+
+
+def test_the_student_pass_before_prepare_is_one_clear_error():
+    """SFT and GRPO share the student pass: without the step's counts it names the missing call."""
+    from types import SimpleNamespace
+
+    from phf_megatron.objectives.config import GrpoConfig
+    from phf_megatron.parallel.grpo_step import GrpoStep
+    from phf_megatron.parallel.sft_step import SftStep
+
+    config = SimpleNamespace(sequence_parallel=False, calculate_per_token_loss=True)
+    steps = [SftStep(config, tp_group=None, dp_group=None),
+             GrpoStep(config, GrpoConfig(), temperature=1.0, max_completion_length=8, tp_group=None, dp_group=None)]
+    for step in steps:
+        with pytest.raises(RuntimeError, match=rf"^{type(step).__name__}\.prepare\(microbatches\) must run before"):
+            step.student_forward_step(iter([None]), model=None)

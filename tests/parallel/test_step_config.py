@@ -37,7 +37,9 @@ def test_student_pass_before_prepare_is_refused():
 def test_plan_and_stats_rows_follow_the_objective():
     hooks = WindowCapture([])
     phf = PhfStep(ObjectiveConfig(), _config(), tp_group=None, dp_group=None, student_capture=hooks, teacher_capture=hooks)
-    assert phf.plan.pairs == ((0, 1), (1, 2), (2, 3)) and phf.num_values == 1 + 4 + 3 and phf.num_stats_rows == 1
+    assert phf.plan.pairs == ((0, 1), (1, 2), (2, 3)) and phf.num_values == 1 + 4 + 3
+    with pytest.raises(RuntimeError, match=r"^PhfStep.prepare\(microbatches\) must run before student_seq_length"):
+        phf.student_seq_length(16)   # the stats rows are sized by the step's micro-batches
     local = PhfStep(ObjectiveConfig(flow_variant="local", flow_layers=(1, 2)), _config(), tp_group=None, dp_group=None,
                     student_capture=hooks, teacher_capture=hooks)
     assert local.plan.layers == (1, 2) and local.plan.pairs == ()  # no adjacent term: no boundary capture
@@ -45,6 +47,7 @@ def test_plan_and_stats_rows_follow_the_objective():
     assert opsd.plan is None and opsd.student_seq_length(16) == 16
     norm = phf.prepare(microbatches(256, num_micro=2))
     assert (norm.num_tokens, phf.conventions.num_microbatches, phf.conventions.dp_size) == (46, 2, 1)
+    assert phf.num_stats_rows == 1 and phf.student_seq_length(16) == 17
 
 
 def test_student_pass_without_the_teacher_pass_is_refused():

@@ -72,11 +72,15 @@ def test_the_exit_code_waits_for_the_thread_that_reaped_the_process():
 
 
 def test_the_exit_code_of_a_running_process_is_none_after_the_timeout():
+    """Every poll is non-blocking: a live child never holds the caller past the timeout."""
     proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
     proc.start()
     try:
+        start = time.monotonic()
         assert exit_code(proc, timeout=0.3) is None
+        assert time.monotonic() - start < 5
     finally:
         proc.kill()
         proc.join()
     assert exit_code(proc) == -signal.SIGKILL
+

@@ -287,6 +287,10 @@ def test_seeds_run_one_toy_table_per_seed(tmp_path, capsys):
         assert f"prepare --out {out}/s{seed}/toy --seed {seed}" in text
         assert f"--run_dir={out}/s{seed}/opsd" in text and f"--training.seed={1234 + seed}" in text
     assert not os.path.exists(out)
+    args = paper_table.parse_args(["--toy", "--out", out, "--seeds", "0,3", "--dry_run"])
+    seed, before = args.seed, vars(args).copy()
+    assert paper_table.seeds_tables(args) == 0
+    assert vars(args) == before and args.out == out and args.seed == seed   # each seed's table has its own args
 
 
 def test_seed_summary_is_each_rows_mean_and_sample_sd_over_the_seeds_that_finished(tmp_path):
