@@ -8,8 +8,8 @@
 
 Any config field can be overridden as ``--section.field=value`` (see ``training/config.py`` and
 ``training/config_sections.py``); ``--ablation NAME`` selects one of the paper's ablations (opsd_only,
-local_only, direction_only, geometry_only, pointwise_mse, selected_layers). A wrong setting is one line, ``error: --flag: ...``,
-printed by rank 0, and exit code 2.
+local_only, direction_only, geometry_only, pointwise_mse, selected_layers). A wrong setting is one
+line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 """
 
 from __future__ import annotations

@@ -53,7 +53,6 @@ import torch.distributed as dist
 from ..objectives.config import GrpoConfig
 from ..objectives.grpo import grpo_token_loss, k3_kl, log_importance_weights, vllm_importance_ratio
 from .batch import PhfMicroBatch
-from .collectives import all_reduce_, group_size
 from .layout import SequenceLayout
 from .loss import LOSS, LOSS_TOKENS, LossConventions, _token_logs, megatron_return, sum_logs, top_loss_tokens
 from .sft_step import SftStep
@@ -220,14 +219,10 @@ class GrpoStep(SftStep):
 
     def prepare(self, microbatches: list[GrpoMicroBatch]) -> GrpoCounts:
         """The step's scored tokens, sequences and dapo items over every micro-batch and DP rank (one all-reduce)."""
-        local = [float(sum(mb.num_tokens for mb in microbatches)), float(sum(mb.num_sequences for mb in microbatches)),
-                 float(sum(mb.num_tokens if mb.num_items is None else mb.num_items for mb in microbatches))]
-        total = all_reduce_(torch.tensor(local, dtype=torch.float64, device="cuda" if torch.cuda.is_available()
-                                         else "cpu"), self.dp_group).tolist()
-        self.counts = GrpoCounts(*(int(v) for v in total))
+        local = [sum(mb.num_tokens for mb in microbatches), sum(mb.num_sequences for mb in microbatches),
+                 sum(mb.num_tokens if mb.num_items is None else mb.num_items for mb in microbatches)]
+        self.counts = GrpoCounts(*self._step_sums(microbatches, local))
         self.num_tokens = self.counts.num_tokens
-        self.conventions = LossConventions(bool(self.config.calculate_per_token_loss), len(microbatches),
-                                           group_size(self.dp_group))
         return self.counts
 
     # ------------------------------------------------------------------ passes

@@ -106,12 +106,17 @@ class SftStep:
 
     def prepare(self, microbatches: list[SftMicroBatch]) -> int:
         """The step's scored tokens over every micro-batch and data-parallel rank (one all-reduce)."""
-        count = torch.tensor([float(sum(mb.num_tokens for mb in microbatches))], dtype=torch.float64,
-                             device="cuda" if torch.cuda.is_available() else "cpu")
-        self.num_tokens = int(all_reduce_(count, self.dp_group)[0])
+        [self.num_tokens] = self._step_sums(microbatches, [sum(mb.num_tokens for mb in microbatches)])
+        return self.num_tokens
+
+    def _step_sums(self, microbatches: list, local: list[int]) -> list[int]:
+        """This rank's counts ``local`` summed over the data-parallel ranks (one all-reduce); sets the step's
+        loss conventions (``microbatches``: this rank's)."""
+        total = all_reduce_(torch.tensor([float(v) for v in local], dtype=torch.float64,
+                                         device="cuda" if torch.cuda.is_available() else "cpu"), self.dp_group)
         self.conventions = LossConventions(bool(self.config.calculate_per_token_loss), len(microbatches),
                                            group_size(self.dp_group))
-        return self.num_tokens
+        return [int(v) for v in total.tolist()]
 
     def student_seq_length(self, seq_len: int) -> int:
         return seq_len

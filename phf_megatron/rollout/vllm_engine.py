@@ -88,8 +88,7 @@ def _inside_multi_rank_group() -> bool:
 def _describe(proc) -> str:
     """``name pid N exit code C`` of a finished engine process (its sentinel closes a moment before it
     can be reaped, when vLLM still sees no exit code: ``exit_code`` waits for it)."""
-    ended = multiprocessing.connection.wait([proc.sentinel], timeout=0)
-    code = exit_code(proc, timeout=5) if ended else proc.exitcode
+    code = exit_code(proc, timeout=5)
     signal_name = f" ({signal.Signals(-code).name})" if code is not None and code < 0 and -code in signal.valid_signals() else ""
     return f"{proc.name} pid {proc.pid} exit code {code}{signal_name}"
 
@@ -242,13 +241,8 @@ class VLLMEngine(RolloutEngine):
         """Why the spawned engine process is gone (its exit code), or None while it runs."""
         # its sentinel closes as it exits, a moment before it can be reaped (and vLLM's own monitor
         # thread may reap it first): ``exit_code`` waits for the code
-        ended = [proc for proc in self._processes()
-                 if multiprocessing.connection.wait([proc.sentinel], timeout=0)]
-        if not ended:
-            return None
-        codes = ", ".join(f"{proc.name} exit code {code if (code := exit_code(proc)) is not None else 'unknown'}"
-                          for proc in ended)
-        return f"vLLM's engine process exited ({codes}; pid {self.pid})"
+        codes = [f"{proc.name} exit code {code}" for proc in self._processes() if (code := exit_code(proc)) is not None]
+        return f"vLLM's engine process exited ({', '.join(codes)}; pid {self.pid})" if codes else None
 
     @property
     def pid(self) -> int | None:

@@ -119,14 +119,18 @@ class Reaper:
 
 
 def exit_code(proc, timeout: float = 10.0) -> int | None:
-    """The exit code of a ``multiprocessing`` process that has ended (its sentinel closed); None if it
-    still reads as running after ``timeout`` seconds.
+    """The exit code of a ``multiprocessing`` process, or None while it runs (its sentinel open). Once
+    its sentinel has closed, waits up to ``timeout`` seconds for the code (None if it never comes).
 
     Another thread may poll the same process: vLLM's engine manager watches its engine core and
     joins it. Whichever ``waitpid`` reaps the child stores the code a moment later, and every other
     poll in between reads None (its ``waitpid`` fails with ``ECHILD``). So this waits for the code,
     not for one poll; every poll is non-blocking (``proc.exitcode``: ``waitpid(WNOHANG)``), so
     ``timeout`` holds even for a child still alive."""
+    import multiprocessing.connection
+
+    if proc.exitcode is None and not multiprocessing.connection.wait([proc.sentinel], timeout=0):
+        return None
     deadline = time.monotonic() + timeout
     while proc.exitcode is None and time.monotonic() < deadline:
         time.sleep(0.02)   # the child becomes reapable a moment after its sentinel closes; a reaping thread
