@@ -299,7 +299,7 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
             raise InputFileError(path, f"has no part {name!r} (it holds {sorted(saved_parts)})")
         if saved_parts[name] != part.scope.value:
             raise InputFileError(path, f"part {name!r} was saved with scope {saved_parts[name]!r}, "
-                                       f"the run asks for {part.scope.value!r} (checkpoint.model_format changed?)")
+                                       f"the run asks for {part.scope.value!r} (checkpoint.model_format or optimizer.use_distributed_optimizer changed?)")
         saved, now = meta["layout"], layout.sizes()
         diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
         if diffs:

@@ -6,7 +6,7 @@ callables (``state()`` to save, ``load(state)`` to restore) and a ``Scope``:
 * ``DIST``: a Megatron sharded state dict, written collectively with
   ``megatron.core.dist_checkpointing`` (reshardable: a resumed run may change TP/PP/DP).
   Model weights of full fine-tuning, Megatron optimizer ``sharded_state_dict``.
-* ``RANK``: one file per (tp, pp, dp) rank. RNG states.
+* ``RANK``: one file per (tp, pp, dp) rank. RNG states, a distributed optimizer's shards.
 * ``MODEL_PARALLEL``: one file per (tp, pp) rank, written by data-parallel rank 0 and read by
   every data-parallel replica. LoRA adapters, the EMA teacher's adapters, a non-distributed
   optimizer's state (all replicated over DP).
@@ -127,6 +127,36 @@ def stateful_part(obj: Any, scope: Scope) -> Part:
     """A part for anything with ``state_dict()`` / ``load_state_dict()`` (sampler, scheduler,
     a Megatron optimizer's non-sharded state)."""
     return Part(scope, obj.state_dict, obj.load_state_dict)
+
+
+def optimizer_part(optimizer) -> Part:
+    """A Megatron optimizer's state in the per-rank formats (no dist-checkpointing).
+
+    A plain optimizer is replicated over data-parallel ranks: its ``state_dict`` once per
+    model-parallel rank. A distributed optimizer's ``state_dict`` leaves out the main parameters
+    and Adam moments, which each data-parallel rank holds a shard of: every rank saves its own
+    shards beside the common state (Megatron's "dp_reshardable" form, read back into the same layout).
+    """
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not any(hasattr(o, "get_parameter_state_dp_reshardable") for o in inner):
+        return stateful_part(optimizer, Scope.MODEL_PARALLEL)
+
+    def state() -> dict[str, Any]:
+        return {"common": optimizer.state_dict(), "shards": [o.get_parameter_state_dp_reshardable() for o in inner]}
+
+    def load(saved: dict[str, Any]) -> None:
+        optimizer.load_state_dict(saved["common"])  # allocates the moments, uninitialised
+        for o, shards in zip(inner, saved["shards"], strict=True):
+            buffers = (v for k, v in shards.items() if isinstance(k, int))  # buffer index -> dtype -> buckets
+            for entry in (e for buffer in buffers for buckets in buffer.values() for b in buckets for e in b):
+                entry["padding"] = False  # one entry per parameter; the loader expects the sharded form's flag
+            with torch.no_grad():  # the main parameters may be views of the model's leaves
+                o.load_parameter_state_from_dp_reshardable(shards)
+            for param_state in o.optimizer.state.values():  # Megatron (torch Adam) gives every parameter one
+                if "step" in param_state:                    # shared step tensor, which Adam's in-place
+                    param_state["step"] = param_state["step"].clone()  # increment then counts once per parameter
+
+    return Part(Scope.RANK, state, load)
 
 
 def tensors_part(tensors: dict[str, torch.Tensor], scope: Scope = Scope.MODEL_PARALLEL) -> Part:

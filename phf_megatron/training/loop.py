@@ -25,6 +25,7 @@ what was not finite. Checkpoints and exports refuse to write a non-finite tensor
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -38,7 +39,9 @@ from ..config_errors import fail
 from ..errors import UserError
 from .batches import build_microbatches
 from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
-from .checkpoint_parts import RankLayout, Scope, dist_model_part, rng_part, stateful_part, tensors_part
+from .checkpoint_parts import (
+    Part, RankLayout, Scope, dist_model_part, optimizer_part, rng_part, stateful_part, tensors_part,
+)
 from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config, to_dict
 from .diagnostics import layer_energy_metrics
@@ -51,6 +54,7 @@ from .rollout_async import PART as PREFETCH_PART
 from .rollout_async import RolloutPrefetch
 from .methods import build_method
 from .rollouts import RolloutFailure
+from .schedule import load_scheduler_state
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats
 from .update import run_update
 
@@ -162,9 +166,10 @@ class Trainer:
     # ----------------------------------------------------------------- checkpoints
 
     def _parts(self) -> dict:
+        sched = self.student.scheduler
         parts = {
-            "optimizer": stateful_part(self.student.optimizer, Scope.MODEL_PARALLEL),
-            "scheduler": stateful_part(self.student.scheduler, Scope.GLOBAL),
+            "optimizer": optimizer_part(self.student.optimizer),
+            "scheduler": Part(Scope.GLOBAL, sched.state_dict, functools.partial(load_scheduler_state, sched)),
             "data": stateful_part(self.sampler, Scope.GLOBAL),
             **self.method.parts(),
             "rng": rng_part(),

@@ -18,7 +18,9 @@ import math
 
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from .config import OptimizerConfig, TrainConfig, fail
+from ..config_errors import fail
+from ..errors import UserError
+from .config import OptimizerConfig, TrainConfig
 
 
 def steps_per_epoch(num_rows: int, rows_per_step: int, iterations: int = 1) -> int:
@@ -115,14 +117,14 @@ _SCHEDULE_KEYS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_d
 
 
 def load_scheduler_state(scheduler: OptimizerParamScheduler, state: dict) -> None:
-    """Restore the step count; raise ``ValueError`` if the checkpoint's schedule differs.
+    """Restore the step count; raise ``UserError`` (one line) if the checkpoint's schedule differs.
 
     (Megatron's own check is an ``assert``; this names the differing values and the cause.)
     """
     current = scheduler.state_dict()
     diffs = [f"{k}: checkpoint {state.get(k)!r}, now {current[k]!r}" for k in _SCHEDULE_KEYS if state.get(k) != current[k]]
     if diffs:
-        raise ValueError("the learning-rate schedule differs from the checkpoint's (optimizer.* settings, "
+        raise UserError("the learning-rate schedule differs from the checkpoint's (optimizer.* settings, "
                          "training.global_batch_size, rollout.n, or the dataset's row count): " + "; ".join(diffs))
     scheduler.num_steps = 0  # Megatron's load adds the saved count to the current one
     scheduler.load_state_dict(state)

@@ -44,6 +44,43 @@ def test_sft_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     assert not written & {"loss_opsd", "loss_flow", "time_teacher_s", "sync_probe_diff"}
 
 
+def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tmp_path):
+    """``--optimizer.use_distributed_optimizer`` at DP 2: each rank saves its shard of the main parameters
+    and Adam moments (Megatron's ``state_dict`` leaves them out), so 2 steps + resume + 2 steps equal 4 straight
+    steps bit for bit; resuming with the setting switched, or with another learning-rate schedule past the settings
+    check, is one line naming it."""
+    hf, data = tiny_inputs
+    dist_opt = (*SFT, "--optimizer.use_distributed_optimizer=true", "--checkpoint.save_interval=2")
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    assert_ok(train(hf, data, straight, *dist_opt, "--training.train_iters=4", nproc=2))
+    assert_ok(train(hf, data, resumed, *dist_opt, "--training.train_iters=2", nproc=2))
+    assert_ok(train(hf, data, resumed, *dist_opt, "--training.train_iters=4", nproc=2))
+    s, r = read_metrics(straight), read_metrics(resumed)
+    assert [m["step"] for m in r] == [1, 2, 3, 4]
+    for a, b in zip(s, r):
+        for key in ("loss", "grad_norm", "lr", "num_tokens"):
+            assert b[key] == a[key], (a["step"], key)
+    for k, v in _adapters(straight).items():
+        torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
+    for dp_rank in (0, 1):  # a shard per data-parallel rank: the moments of its slice of the adapters
+        saved = torch.load(os.path.join(resumed, "checkpoints", "iter_0000004", f"rank_tp00_pp000_dp{dp_rank:03d}.pt"),
+                           weights_only=True)["optimizer"]
+        [buckets] = saved["shards"][0][0].values()  # buffer 0, its one (param, grad) dtype pair
+        entries = [e for bucket in buckets for e in bucket]
+        assert entries and all(e["exp_avg_sq"].abs().sum() > 0 for e in entries if e["exp_avg_sq"].numel())
+    for flags, message in (
+            (("--optimizer.use_distributed_optimizer=false",),
+             "part 'optimizer' was saved with scope 'rank', the run asks for 'model_parallel' (checkpoint.model_format "
+             "or optimizer.use_distributed_optimizer changed?)"),
+            (("--lr=2e-3", "--checkpoint.strict_config=false"),  # past the settings check: the schedule's own
+             "the learning-rate schedule differs from the checkpoint's (optimizer.* settings, training.global_batch_size, "
+             "rollout.n, or the dataset's row count): max_lr: checkpoint 0.001, now 0.002")):
+        proc = train(hf, data, resumed, *dist_opt, "--training.train_iters=6", *flags, nproc=2)
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
+        assert proc.returncode != 0 and errors, proc.stderr[-3000:]  # not a setting: each rank that read it says so
+        assert all(line.endswith(message) for line in errors), errors
+
+
 def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
     """``sft.loss_on_prompt`` scores more tokens of the same sequences; ``sft.max_length`` cuts and counts."""
     hf, data = tiny_inputs
