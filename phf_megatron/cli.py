@@ -355,10 +355,15 @@ def report_error(err: BaseException) -> None:
     print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
 
 
+#: Exit code of a command stopped by Ctrl-C: the shell's code for a process killed by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+
+
 def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's body: a user error (``UserError``, a missing or already existing file, an
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
-    permission, a dependency that is not installed) prints one line and returns exit code 2; any other exception keeps its traceback."""
+    permission, a dependency that is not installed) prints one line and returns exit code 2; Ctrl-C
+    prints one line and returns ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
@@ -376,6 +381,10 @@ def run_command(main: Callable[[], int | None]) -> int:
             raise
         report_error(failure)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C reaches every rank: rank 0 says what was kept
+        if process_rank() == 0:
+            print(f"error: interrupted{f' {err}' if str(err) else ''}", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
 
 
 #: Exit code of a command whose output pipe closed before it finished (``phf-train ... | head``):

@@ -14,6 +14,7 @@ line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .cli import command
@@ -47,18 +48,21 @@ def train(argv: list[str], quiet: bool = True) -> int:
                   f"{outputs_message(cfg, step)}", flush=True)
         return 0
 
+    if cfg.checkpoint.load and os.path.abspath(cfg.load_dir) != os.path.abspath(cfg.save_dir):
+        from .training.checkpoint import require_checkpoint
+
+        require_checkpoint(cfg.load_dir)
     from .training.distributed import shutdown_distributed
     from .training.loop import Trainer
 
     trainer = None
     try:
         trainer = Trainer(cfg)
-        trainer.run()
+        return trainer.run()  # 0, or 128 + signal number: stopped by checkpoint.exit_signal (saved)
     finally:
         if trainer is not None:
             trainer.close()
         shutdown_distributed()
-    return 0
 
 
 main = command(train)

@@ -129,6 +129,11 @@ def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(c
         "the README's install command installs them all)"]
     with pytest.raises(ModuleNotFoundError, match="phf_megatron.no_such_module"):   # our own module: a bug
         run_command(lambda: __import__("phf_megatron.no_such_module"))
+    def interrupted():
+        raise KeyboardInterrupt("during step 3 of 9; no checkpoint was saved")
+
+    assert run_command(interrupted) == cli.INTERRUPTED_EXIT == 130   # Ctrl-C: one line, the shell's code for SIGINT
+    assert capsys.readouterr().err.splitlines() == ["error: interrupted during step 3 of 9; no checkpoint was saved"]
     monkeypatch.setattr(cli, "SILENT_RANK_WAIT_S", 0.0)
     monkeypatch.setenv("RANK", "1")  # settings are the same on every rank: only rank 0 reports them
     assert run_command(fail(ConfigError("a.b", "too big"))) == 2
@@ -179,6 +184,9 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--lrr", "1e-5"], "error: --lrr: unknown setting; did you mean lora.r, lr?"),
     (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
     (["--config", "configs/nope.yaml"], "error: config file 'configs/nope.yaml' does not exist"),
+    (["--config", "configs/tiny_cpu.yaml", "--lr=1e-4", "--config=my.yaml"],
+     "error: --config: given twice (configs/tiny_cpu.yaml, then my.yaml): one preset per run; override its settings "
+     "with --section.field=value"),
     ([], "error: --model.hf_dir: is required: the HF Qwen3 checkpoint directory"),
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
@@ -89,6 +90,27 @@ def read_latest(save_dir: str) -> int | None:
     if not text.isdigit():
         raise InputFileError(path, f"expected an iteration number, found {text!r}")
     return int(text)
+
+
+def require_checkpoint(load_dir: str) -> None:
+    """Raise (one line naming ``--checkpoint.load``) unless ``load_dir`` holds a checkpoint to resume.
+
+    For a ``checkpoint.load`` set apart from the save directory: a mistyped path would otherwise
+    train from scratch unnoticed. The hint names the directory meant where it can tell (an
+    ``iter_XXXXXXX`` directory's parent, a run directory's ``checkpoints``).
+    """
+    if read_latest(load_dir) is not None:
+        return
+    nested = os.path.join(load_dir, "checkpoints")
+    if _ITER_RE.match(os.path.basename(os.path.normpath(load_dir))) and os.path.isdir(load_dir):
+        hint = f"pass the directory above it, {os.path.dirname(os.path.normpath(load_dir))} (a run resumes from its latest)"
+    elif read_latest(nested) is not None:
+        hint = f"did you mean {nested}?"
+    elif not os.path.isdir(load_dir):
+        hint = "it does not exist"
+    else:
+        hint = "leave checkpoint.load unset to start afresh"
+    raise fail("checkpoint.load", f"{load_dir} holds no checkpoint (no {LATEST_FILE}): {hint}")
 
 
 def list_checkpoints(save_dir: str) -> list[int]:

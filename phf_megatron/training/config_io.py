@@ -155,6 +155,11 @@ def split_argv(argv: Sequence[str]) -> tuple[str | None, bool, list[str]]:
                 path = arg.split("=", 1)[1]
                 del args[i]
             break
+    for i, arg in enumerate(args):
+        if arg == "--config" or arg.startswith("--config="):
+            second = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            raise UsageError(f"--config: given twice ({path}, then {second}): one preset per run; override its "
+                             "settings with --section.field=value")
     return path, print_config, args
 
 

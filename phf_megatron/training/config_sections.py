@@ -22,6 +22,8 @@ RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
 MODEL_FORMATS = ("auto", "torch_dist", "per_rank")
+#: The signals ``checkpoint.exit_signal`` may name (``training.stop_signal``).
+EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 
 
 @dataclass
@@ -388,12 +390,20 @@ class CheckpointConfig:
     """Do not restore the RNG states on resume (Megatron's --no-load-rng)."""
     strict_config: bool = True
     """Refuse to resume when a setting that changes the run's math differs from the checkpoint's."""
+    exit_signal_handler: bool = True
+    """On ``exit_signal`` (a scheduler's preemption): finish the step in flight, save a checkpoint and
+    exit with 128 + the signal's number (Megatron's --exit-signal-handler); a second signal stops at once.
+    torchrun kills its workers 30 s after passing a signal on: ask the scheduler for the signal early
+    enough for a step and a save (Slurm: --signal=TERM@300)."""
+    exit_signal: str = "SIGTERM"
+    """The signal exit_signal_handler acts on: SIGTERM | SIGINT | SIGUSR1 | SIGUSR2."""
 
     def __post_init__(self) -> None:
         _check_positive("checkpoint.save_interval", self.save_interval, allow_zero=True)
         if self.keep_last is not None:
             _check_positive("checkpoint.keep_last", self.keep_last)
         check_choice("checkpoint.model_format", self.model_format, MODEL_FORMATS)
+        check_choice("checkpoint.exit_signal", self.exit_signal, EXIT_SIGNALS)
 
 
 @dataclass

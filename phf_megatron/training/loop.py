@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import time
 
 import torch
@@ -38,7 +39,7 @@ from ..tokenizer import load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import UserError
 from .batches import build_microbatches
-from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
+from .checkpoint import META_FILE, iter_dir_name, list_checkpoints, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, optimizer_part, rng_part, stateful_part, tensors_part,
 )
@@ -56,6 +57,7 @@ from .methods import build_method
 from .rollouts import RolloutFailure
 from .schedule import load_scheduler_state
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats
+from .stop_signal import StopSignal
 from .update import run_update
 
 
@@ -300,9 +302,13 @@ class Trainer:
 
     # ----------------------------------------------------------------- the run
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Train to ``training.train_iters``, save and export; returns the exit code: 0, or 128 + the
+        signal's number when ``checkpoint.exit_signal`` stopped the run (saved at its last step)."""
         cfg = self.cfg
         metrics = None
+        interval = cfg.checkpoint.save_interval
+        stop = StopSignal(cfg.checkpoint.exit_signal) if cfg.checkpoint.exit_signal_handler else None
         try:
             while self.step < cfg.training.train_iters:
                 metrics = self.train_step()
@@ -313,20 +319,45 @@ class Trainer:
                 if limit and self.nonfinite_run >= limit:
                     raise nonfinite_stop(self.step, self.nonfinite_run, metrics["nonfinite"])
                 metrics = None
-                if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
+                if interval and self.step % interval == 0:
                     self.save()
+                if (stop is not None and self.step < cfg.training.train_iters
+                        and self.step % self.method.iterations == 0 and stop.agreed()):  # at a rollout batch's end
+                    return self._stopped(stop.name)
+        except KeyboardInterrupt:  # Ctrl-C: one line (cli.run_command) saying what is kept
+            done = list_checkpoints(cfg.save_dir)
+            kept = f"the last checkpoint is {os.path.join(cfg.save_dir, iter_dir_name(done[-1]))}" if done else \
+                "no checkpoint was saved"
+            raise KeyboardInterrupt(f"during step {self.step + 1} of {cfg.training.train_iters}; {kept}; rerun the "
+                                    "same command to resume") from None
         except RolloutFailure:
             if metrics is not None:
                 self._log(metrics)  # the step trained; its sync failed
             self.save()  # nothing lost: the next run resumes from here
             raise
-        interval = cfg.checkpoint.save_interval
+        finally:
+            if stop is not None:
+                stop.close()
         if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
             self.save()
         self.export()
+        self.metrics.end_progress()
         if self.ctx.is_rank0:
             print(f"phf_megatron.train: finished step {self.step} of {cfg.training.train_iters}; the run's "
                   f"outputs:\n{outputs_message(cfg, self.step)}", flush=True)
+        return 0
+
+    def _stopped(self, name: str) -> int:
+        """The run stops on ``name`` after its current step: saved there (if the interval did not), 128 + signal."""
+        interval = self.cfg.checkpoint.save_interval
+        if not (interval and self.step % interval == 0):
+            self.save()
+        self.metrics.end_progress()
+        if self.ctx.is_rank0:
+            print(f"phf_megatron.train: {name} received: stopped after step {self.step} of "
+                  f"{self.cfg.training.train_iters}, saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}; "
+                  f"rerun the same command to resume", flush=True)
+        return 128 + int(getattr(signal, name))
 
     def _log(self, metrics: dict) -> None:
         cfg = self.cfg

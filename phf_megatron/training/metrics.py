@@ -229,6 +229,10 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        self.end_progress()
+
+    def end_progress(self) -> None:
+        """Close the bar (before a final message, so that it starts a line of its own)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -1,0 +1,124 @@
+"""Stopping a run from outside, as a scheduler or a user does, on the tiny CPU preset:
+
+* SIGTERM (``checkpoint.exit_signal``, a preemption): the step in flight finishes, a checkpoint is
+  written there, one line says so, exit code 143 (128 + 15); the same command resumes from that step;
+* SIGTERM delivered to one rank only under torchrun: every rank agrees and saves;
+* Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
+* ``--checkpoint.load`` naming a directory without a checkpoint: one line, before any model is built.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from ..helpers.tiny_run import assert_ok, read_metrics, train, train_command
+
+LONG = ("--training.train_iters=200", "--checkpoint.save_interval=0")
+
+
+def _start(hf: str, data: str, run_dir: str, *overrides: str, nproc: int = 1) -> tuple[subprocess.Popen, str]:
+    """The trainer started in the background (output in ``<run_dir>.log``), once it has logged 2 steps."""
+    argv, env = train_command(hf, data, run_dir, *LONG, *overrides, nproc=nproc)
+    log = f"{run_dir}.log"
+    proc = subprocess.Popen(argv, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    while not (os.path.isfile(metrics) and len(open(metrics).readlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, open(log).read()[-4000:]
+        time.sleep(0.2)
+    return proc, log
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        kids = [int(p) for p in f.read().split()]
+    return kids + [g for k in kids for g in _children(k)]
+
+
+def _worker(torchrun_pid: int, rank: int) -> int:
+    """The pid of torchrun's worker of global rank ``rank``."""
+    for pid in _children(torchrun_pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+        except OSError:
+            continue
+        if env.get(b"RANK") == str(rank).encode() and env.get(b"LOCAL_RANK") is not None:
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under torchrun {torchrun_pid}")
+
+
+def test_sigterm_saves_the_step_in_flight_and_the_same_command_resumes(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    proc, log = _start(hf, data, run)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, open(log).read()[-4000:]
+    out = open(log).read()
+    steps = [m["step"] for m in read_metrics(run)]
+    stopped = steps[-1]
+    assert steps == list(range(1, stopped + 1)) and stopped >= 2
+    line = (f"phf_megatron.train: SIGTERM received: stopped after step {stopped} of 200, saved as "
+            f"{os.path.join(run, 'checkpoints', f'iter_{stopped:07d}')}; rerun the same command to resume")
+    assert line in out.splitlines() and "Traceback" not in out, out[-4000:]
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == [f"iter_{stopped:07d}",
+                                                                     "latest_checkpointed_iteration.txt"]
+    assert not os.path.exists(os.path.join(run, "export"))  # not finished: nothing exported
+    resumed = train(hf, data, run, f"--training.train_iters={stopped + 1}", "--checkpoint.save_interval=0")
+    assert_ok(resumed)
+    assert f"resuming from step {stopped} of {stopped + 1}" in resumed.stdout
+    assert [m["step"] for m in read_metrics(run)] == list(range(1, stopped + 2))
+
+
+def test_sigterm_to_one_rank_stops_and_saves_every_rank(tiny_inputs, tmp_path):
+    """torchrun may pass a signal to one worker before the other: the ranks agree at the step's end."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    proc, log = _start(hf, data, run, nproc=2)
+    os.kill(_worker(proc.pid, 1), signal.SIGTERM)
+    proc.wait(timeout=300)
+    out = open(log).read()
+    match = re.search(r"SIGTERM received: stopped after step (\d+) of 200, saved as (\S+);", out)
+    assert match and not re.search(r"\[rank\d\]:.*Traceback", out), out[-4000:]  # (torchrun's own report follows)
+    files = os.listdir(match.group(2))
+    assert "rank_tp00_pp000_dp000.pt" in files and "rank_tp00_pp000_dp001.pt" in files, files
+    assert read_metrics(run)[-1]["step"] == int(match.group(1))
+
+
+def test_ctrl_c_is_one_line_naming_the_last_checkpoint(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    proc, log = _start(hf, data, run, "--checkpoint.save_interval=1")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=300) == 130, open(log).read()[-4000:]
+    out = open(log).read()
+    assert "Traceback" not in out, out[-4000:]
+    [line] = [line for line in out.splitlines() if line.startswith("error: ")]
+    last = os.path.join(run, "checkpoints", f"iter_{read_metrics(run)[-1]['step']:07d}")
+    assert re.fullmatch(rf"error: interrupted during step \d+ of 200; the last checkpoint is {re.escape(last)}; "
+                        "rerun the same command to resume", line), line
+
+
+@pytest.mark.parametrize("where, hint", [
+    ("missing", "it does not exist"),
+    ("run", "did you mean {run}/checkpoints?"),
+    ("iter", "pass the directory above it, {run}/checkpoints (a run resumes from its latest)"),
+])
+def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path, where, hint):
+    hf, data = tiny_inputs
+    run = str(tmp_path / "done")
+    os.makedirs(os.path.join(run, "checkpoints", "iter_0000002"))
+    with open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("2")
+    load = {"missing": str(tmp_path / "nope"), "run": run, "iter": os.path.join(run, "checkpoints", "iter_0000002")}
+    proc = train(hf, data, str(tmp_path / "new"), f"--checkpoint.load={load[where]}")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and lines == [
+        f"error: --checkpoint.load: {load[where]} holds no checkpoint (no latest_checkpointed_iteration.txt): "
+        + hint.format(run=run)], proc.stderr[-3000:]
