@@ -296,8 +296,10 @@ class Settings:
             lines.append("options:")
             lines += [f"  {flag:<22}{text}" for flag, text in [*options, ("-h, --help", "show this text and exit")]]
             lines.append("")
+        bare = [k for k in self.types if "." in k and sum(o.endswith("." + k.split(".")[-1]) for o in self.types) == 1]
+        alone = f"; a field no other section has may go alone (--{bare[0].split('.')[-1]} for --{bare[0]})" if bare else ""
         lines.append(textwrap.fill(f"settings ({self.flag_form} or {self.flag_form.split('=')[0]} value; - may "
-                                   "stand for _; a bool flag alone means true, --no-<field> false):", width))
+                                   f"stand for _; a bool flag alone means true, --no-<field> false{alone}):", width))
         for name, doc, group in self.sections:
             if not group:
                 continue

@@ -177,6 +177,10 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     assert "  --optimizer.lr=<float>  (default: 5e-06)" in lines
     assert "      Peak learning rate (paper: 5e-6)." in lines
     assert "--print-config" in proc.stdout and "--config FILE" in proc.stdout
+    assert "a field no other section has may go alone (--hf_dir for --model.hf_dir)" in " ".join(proc.stdout.split())
+    from phf_megatron.training.config_io import SETTINGS
+
+    assert SETTINGS.resolve("hf_dir") == "model.hf_dir"   # what the help says holds
 
 
 @pytest.mark.parametrize("argv, line", [
