@@ -15,6 +15,12 @@ thread samples the device's used memory (``total - free``: the trainer, vLLM's w
 cache whether or not torch's allocator holds them, every process on the GPU) every
 ``interval_s`` (``peak_device_used_gib``; a spike shorter than the interval can be missed).
 Without CUDA every value is None.
+
+``peak_device_used_gib`` is the headline figure for now: vLLM's sleep mode unmaps its weights and KV
+cache, but they were allocated through torch's allocator (vLLM's cumem ``MemPool``), so the allocator's
+counts, and ``peak_mem_gib`` with them, may still include a sleeping engine (a 1.7B run on an H100:
+allocator peak 45.5 GiB, device used 39.2 GiB, unexplained). ``allocated_around_sleep`` records
+``torch.cuda.memory_allocated()`` just before and after each of the engine's sleeps to settle it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ def _device_used() -> int:
     import torch
     free, total = torch.cuda.mem_get_info()
     return total - free
+
+
+def _allocated() -> int:
+    import torch
+    return torch.cuda.memory_allocated()
 
 
 def _allocator_peak_and_reset() -> int:
@@ -92,3 +103,24 @@ class PeakMemory:
         return {"peak_mem_gib": max(self.step_peaks) / GIB if self.step_peaks else None,
                 "peak_device_used_gib": None if self.device_peak is None else self.device_peak / GIB,
                 "peak_mem_gib_by_step": [p / GIB for p in self.step_peaks] or None}
+
+
+def allocated_around_sleep(engine, allocated: Callable[[], int] | None = None) -> list[dict] | None:
+    """Wrap ``engine.sleep`` to record torch's allocated memory just before and just after each call
+    (``{"before_gib", "after_gib"}``, appended to the returned list as the run goes). If ``after`` stays near
+    ``before``, the allocator still counts the sleeping engine's memory. None (nothing wrapped) without an
+    engine, or without CUDA unless ``allocated`` is given (tests)."""
+    if engine is None or (allocated is None and not _cuda()):
+        return None
+    allocated = allocated or _allocated
+    seen: list[dict] = []
+    sleep = engine.sleep
+
+    def recorded_sleep(*args, **kwargs):
+        before = allocated()
+        out = sleep(*args, **kwargs)
+        seen.append({"before_gib": before / GIB, "after_gib": allocated() / GIB})
+        return out
+
+    engine.sleep = recorded_sleep
+    return seen

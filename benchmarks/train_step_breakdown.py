@@ -10,7 +10,8 @@
 ``--check`` makes the run fail (exit 1, ``checks`` in the JSON) unless every step has a non-zero
 gradient norm and a verified sync (probe within tolerance, and on backends that read weights
 back, matching fingerprints). Peak memory (``benchmarks/peak_memory.py``: per-step allocator peaks
-and the device's used memory, by our own counter, since vLLM resets torch's) and the sync times
+and the device's used memory, by our own counter, since vLLM resets torch's; on CUDA also
+``allocated_around_sleep_gib``, torch's allocated memory before and after each engine sleep) and the sync times
 (``time_sync_s`` per step: wake, push, fingerprints, probe, sleep; ``sync_s``: the ``sync_weights``
 call alone) are reported. ``--eager``: vLLM without compilation and CUDA graphs (``rollout.enforce_eager``).
 
@@ -30,7 +31,7 @@ import os
 import statistics
 import time
 
-from benchmarks.peak_memory import PeakMemory
+from benchmarks.peak_memory import PeakMemory, allocated_around_sleep
 from benchmarks.shapes import QWEN3_COMMON, QWEN3_SIZES, QWEN3_VOCAB, qwen3_config
 
 PARTS = ("time_rollout_s", "time_teacher_s", "time_student_s", "time_optimizer_s", "time_sync_s", "step_time")
@@ -138,6 +139,9 @@ def main() -> None:
     try:
         engine = getattr(trainer.rollouts, "engine", None) if trainer.rollouts is not None else None
         result["rollout_backend"] = type(engine).__name__ if engine else None
+        # torch's allocated memory around each engine sleep (CUDA only, else None): does the allocator's
+        # peak count vLLM's sleeping weights and KV cache? (benchmarks/peak_memory.py)
+        result["allocated_around_sleep_gib"] = allocated_around_sleep(engine)
         steps = []
         with peak:
             for _ in range(args.steps):

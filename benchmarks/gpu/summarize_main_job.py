@@ -42,7 +42,7 @@ def summarize(out: str) -> dict:
             summary[os.path.basename(path)[:-5]] = {k: b.get(k) for k in (
                 "shape", "method", "device", "rollout_backend", "batch", "micro_batch", "rollout_max_tokens", "recompute",
                 "sleep_mode", "enforce_eager", "trainer_start_s", "median_later_steps", "mean_later_steps", "first_step", "peak_mem_gib",
-                "peak_device_used_gib", "sync_s_median", "checks")}
+                "peak_device_used_gib", "allocated_around_sleep_gib", "sync_s_median", "checks")}
     ref = _load(os.path.join(out, "opsd_reference_step.json"))
     if ref:
         summary["opsd_reference"] = {name: {k: v for k, v in r.items() if k != "traceback"}
@@ -77,6 +77,10 @@ def to_markdown(s: dict) -> str:
         lines += ["", f"peak memory {b.get('peak_mem_gib')} GiB allocated by a step, "
                       f"{b.get('peak_device_used_gib')} GiB used on the device; "
                       f"sync_weights median {b.get('sync_s_median')} s; checks {b.get('checks')}"]
+        if b.get("allocated_around_sleep_gib"):   # does the allocator count the sleeping engine? (peak_memory.py)
+            last = b["allocated_around_sleep_gib"][-1]
+            lines += ["", f"allocated by torch around the last engine sleep: {last['before_gib']:.2f} -> "
+                          f"{last['after_gib']:.2f} GiB"]
     for name, r in (s.get("opsd_reference") or {}).items():
         if "error" in r:
             lines += ["", f"## OPSD reference, {name}: {r['error']}"]

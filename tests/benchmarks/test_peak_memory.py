@@ -3,7 +3,7 @@
 import threading
 import time
 
-from benchmarks.peak_memory import GIB, PeakMemory
+from benchmarks.peak_memory import GIB, PeakMemory, allocated_around_sleep
 
 
 class _Allocator:
@@ -58,3 +58,32 @@ def test_without_cuda_every_value_is_none():
     with PeakMemory() as peak:
         peak.step_done()
     assert peak.result() == {"peak_mem_gib": None, "peak_device_used_gib": None, "peak_mem_gib_by_step": None}
+
+
+class _Engine:
+    """An engine whose sleep frees (or, as vLLM's cumem pool may, keeps counted) what it holds."""
+
+    def __init__(self, held, frees):
+        self.allocated, self.held, self.frees, self.calls = held, held, frees, 0
+
+    def sleep(self):
+        self.calls += 1
+        if self.frees:
+            self.allocated -= self.held
+
+
+def test_allocated_around_each_sleep_shows_whether_the_sleeping_engine_stays_counted():
+    for frees, after in ((True, 0), (False, 5)):
+        engine = _Engine(5 * GIB, frees)
+        seen = allocated_around_sleep(engine, allocated=lambda: engine.allocated)
+        engine.sleep()          # as the trainer calls it: the instance's attribute
+        assert engine.calls == 1 and seen == [{"before_gib": 5, "after_gib": after}]
+
+
+def test_allocated_around_sleep_is_none_without_cuda_or_engine():
+    import torch
+
+    assert allocated_around_sleep(None, allocated=lambda: 0) is None
+    if not torch.cuda.is_available():
+        engine = _Engine(GIB, True)
+        assert allocated_around_sleep(engine) is None and "sleep" not in vars(engine)   # nothing wrapped

@@ -65,7 +65,8 @@ def test_close_leaves_the_trainers_process_group_and_ends_vllms_own(tiny_dir, tr
         engine.close()
         assert dist.is_initialized() == trainer_group
         if trainer_group:
-            t = torch.ones(2)
+            # the trainer's group is NCCL-only on a GPU (join_default_group): a CPU tensor would raise there
+            t = torch.ones(2, device="cuda" if dist.get_backend() == "nccl" else "cpu")
             dist.all_reduce(t)
             assert t.tolist() == [1.0, 1.0]
     finally:
