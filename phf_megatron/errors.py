@@ -72,9 +72,10 @@ class OutputFileError(UserError):
         self.path, self.detail = path, detail
 
 
-def as_config_error(err: ValueError, keys, section: str | None = None) -> ConfigError | None:
-    """A plain ``ValueError("field: detail")`` raised by the checks of a config with fields ``keys``,
-    as a ``ConfigError`` naming ``section.field``; None when the message names no such field."""
+def as_config_error(err: Exception, keys, section: str | None = None) -> ConfigError | None:
+    """A plain ``ValueError("field: detail")`` raised by the checks of a config with fields ``keys``
+    (or a library's ``FileNotFoundError("hf_dir: ...")`` about its argument ``hf_dir``), as a
+    ``ConfigError`` naming ``section.field``; None when the message names no such field."""
     if isinstance(err, ConfigError):
         return err
     name, colon, detail = str(err).partition(":")

@@ -60,6 +60,14 @@ def load_torch_file(path: str, **kwargs) -> Any:
                                    f"size {os.path.getsize(path)} bytes") from None
 
 
+def missing_dir(path: str) -> str | None:
+    """What keeps ``path`` from being a directory to read (``"<path> does not exist"``, ``"<path> is
+    not a directory"``), for the caller to prefix with its setting; None when it is one."""
+    if os.path.isdir(path):
+        return None
+    return f"{path} {'is not a directory' if os.path.exists(path) else 'does not exist'}"
+
+
 def check_hf_model_dir(path: str) -> None:
     """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
     (cheap: no tensor data), so a damaged file is named before an engine or model loads it."""

@@ -192,6 +192,10 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
      "error: --config: given twice (configs/tiny_cpu.yaml, then my.yaml): one preset per run; override its settings "
      "with --section.field=value"),
     ([], "error: --model.hf_dir: is required: the HF Qwen3 checkpoint directory"),
+    (["--model.hf_dir=/nonexistent/hf"], "error: --model.hf_dir: /nonexistent/hf does not exist"),
+    (["--model.hf_dir=README.md"], "error: --model.hf_dir: README.md is not a directory"),
+    (["--model.hf_dir=configs", "--model.pretrained_checkpoint=/nonexistent/mcore"],
+     "error: --model.pretrained_checkpoint: /nonexistent/mcore does not exist"),
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
     proc = run_python(["-m", "phf_megatron.train", *argv])
@@ -243,6 +247,22 @@ def test_converter_help_and_errors(tmp_path, tool, fields):
     proc = run_python([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
     assert (proc.returncode, proc.stderr.splitlines()) == (2, ["error: --dtype: 'bf8' is not one of ('bf16', 'fp16', "
                                                               "'fp32')"])
+
+
+@pytest.mark.parametrize("tool, argv, line", [
+    ("hf_to_mcore.py", ["--hf_dir", "/nonexistent/hf"], "error: --hf_dir: /nonexistent/hf does not exist"),
+    ("hf_to_mcore.py", ["--hf_dir", "{tmp}"], "error: --hf_dir: no config.json in {tmp}"),
+    ("mcore_to_hf.py", ["--mcore_dir", "/nonexistent/mcore"], "error: --mcore_dir: /nonexistent/mcore does not exist"),
+    ("mcore_to_hf.py", ["--mcore_dir", "{tmp}"], "error: --mcore_dir: no phf_megatron.json in {tmp} (not written by "
+                                                "hf_to_mcore; pass --hf_config to export it)"),
+])
+def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
+    """The converters' library says which argument is wrong (``hf_dir: ...``); the command names its flag."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = run_python([os.path.join(TOOLS, "convert", tool), *argv, "--out_dir", str(tmp_path / "o")],
+                      CUDA_VISIBLE_DEVICES="")
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line.format(tmp=tmp_path)]), proc.stderr[-3000:]
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("flag, line", [

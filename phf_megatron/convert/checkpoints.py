@@ -38,10 +38,10 @@ def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
 
 def _check_new_dir(path: str) -> None:
     if os.path.exists(path):
-        raise FileExistsError(f"out-dir: {path} already exists (remove it or choose another)")
+        raise FileExistsError(f"out_dir: {path} already exists (remove it or choose another)")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise FileNotFoundError(f"out-dir: parent directory {parent} does not exist")
+        raise FileNotFoundError(f"out_dir: parent directory {parent} does not exist")
 
 
 def has_tokenizer(files) -> bool:
@@ -99,9 +99,9 @@ def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) 
             if has_tokenizer(files):
                 return path, files
             if tokenizer_dir:
-                raise FileNotFoundError(f"tokenizer-dir: no tokenizer files in {tokenizer_dir}")
-    raise FileNotFoundError(f"no tokenizer found (looked in {[c for c in candidates if c]}); "
-                            "pass --tokenizer-dir DIR")
+                raise FileNotFoundError(f"tokenizer_dir: no tokenizer files in {tokenizer_dir}")
+    raise FileNotFoundError(f"mcore_dir: no tokenizer found (looked in {[c for c in candidates if c]}); "
+                            "pass --tokenizer_dir DIR")
 
 
 def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional[str] = None,

@@ -19,7 +19,7 @@ import torch
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError
-from phf_megatron.input_files import open_safetensors, read_json
+from phf_megatron.input_files import missing_dir, open_safetensors, read_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -33,11 +33,11 @@ class HFCheckpoint:
 
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
-        if not os.path.isdir(self.path):
-            raise FileNotFoundError(f"hf-dir: {self.path} is not a directory")
+        if why := missing_dir(self.path):
+            raise FileNotFoundError(f"hf_dir: {why}")
         config_path = os.path.join(self.path, "config.json")
         if not os.path.isfile(config_path):
-            raise FileNotFoundError(f"hf-dir: no config.json in {self.path}")
+            raise FileNotFoundError(f"hf_dir: no config.json in {self.path}")
         self.config = read_json(config_path)
         try:
             self.arch = Qwen3Arch.from_hf(self.config)
@@ -57,10 +57,10 @@ class HFCheckpoint:
             with open_safetensors(os.path.join(self.path, SINGLE_FILE)) as f:
                 weight_map = {k: SINGLE_FILE for k in f.keys()}
         else:
-            raise FileNotFoundError(f"hf-dir: neither {INDEX_FILE} nor {SINGLE_FILE} in {self.path}")
+            raise FileNotFoundError(f"hf_dir: neither {INDEX_FILE} nor {SINGLE_FILE} in {self.path}")
         missing_files = sorted({f for f in weight_map.values() if not os.path.isfile(os.path.join(self.path, f))})
         if missing_files:
-            raise FileNotFoundError(f"hf-dir: shard file(s) listed in the index are missing: {missing_files}")
+            raise FileNotFoundError(f"hf_dir: shard file(s) listed in the index are missing: {missing_files}")
         return weight_map
 
     def _validate(self) -> None:

@@ -34,7 +34,7 @@ def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str,
     """
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir):
-        raise FileExistsError(f"out-dir: {out_dir} already exists")
+        raise FileExistsError(f"out_dir: {out_dir} already exists")
     with atomic_dir(out_dir, replace=False) as tmp:
         nonfinite = _write_into(tmp, items, hf_config, dtype, tokenizer_src, tokenizer_files, max_shard_bytes,
                                 expected_names)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InputFileError
-from ..input_files import load_dist_checkpoint, read_json, reading_dist_checkpoint
+from ..input_files import load_dist_checkpoint, missing_dir, read_json, reading_dist_checkpoint
 from ..output_files import fresh_dir, fsync_tree, replace_dir, writing
 
 METADATA_FILE = "phf_megatron.json"
@@ -60,11 +60,13 @@ def training_checkpoint_error(ckpt_dir: str) -> InputFileError | None:
 
 def read_metadata(ckpt_dir: str) -> dict:
     path = os.path.join(ckpt_dir, METADATA_FILE)
+    if why := missing_dir(ckpt_dir):
+        raise FileNotFoundError(f"mcore_dir: {why}")
     if (error := training_checkpoint_error(ckpt_dir)) is not None:
         raise error
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"mcore-dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
-                                " pass --hf-config to export it)")
+        raise FileNotFoundError(f"mcore_dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
+                                " pass --hf_config to export it)")
     meta = read_json(path)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise InputFileError(path, f"format {meta.get('format') if isinstance(meta, dict) else meta!r}, "
@@ -83,7 +85,7 @@ def save_checkpoint(model, ckpt_dir: str, write_extra=None) -> None:
     tmp = ckpt_dir + ".tmp"
     rank = dist.get_rank()
     if rank == 0 and os.path.exists(ckpt_dir):
-        raise FileExistsError(f"out-dir: {ckpt_dir} already exists")
+        raise FileExistsError(f"out_dir: {ckpt_dir} already exists")
     with writing(ckpt_dir, cleanup=tmp if rank == 0 else None):  # a full disk: named, tmp removed
         if rank == 0:
             fresh_dir(tmp)
@@ -112,8 +114,8 @@ def load_checkpoint(model, ckpt_dir: str) -> None:
 
 def check_dist_checkpoint(ckpt_dir: str) -> None:
     """``ckpt_dir`` is a Megatron-Core dist checkpoint (Megatron's own test: ``metadata.json``)."""
-    if not os.path.isdir(ckpt_dir):
-        raise FileNotFoundError(f"mcore-dir: {ckpt_dir} is not a directory")
+    if why := missing_dir(ckpt_dir):
+        raise FileNotFoundError(f"mcore_dir: {why}")
     if not os.path.isfile(os.path.join(ckpt_dir, "metadata.json")):
         raise InputFileError(ckpt_dir, "not a Megatron-Core dist checkpoint (no metadata.json)")
 
@@ -128,4 +130,4 @@ def checkpoint_dtype(ckpt_dir: str) -> torch.dtype:
     for key, value in meta.items():
         if "final_layernorm" in key:
             return value.dtype
-    raise ValueError(f"mcore-dir: no final_layernorm tensor in {ckpt_dir}")
+    raise InputFileError(ckpt_dir, "no final_layernorm tensor")

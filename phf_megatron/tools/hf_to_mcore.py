@@ -54,11 +54,15 @@ def convert(argv: list[str], quiet: bool) -> int:
     if args is None:
         return 0
     from ..convert.checkpoints import convert_hf_to_mcore
+    from ..errors import as_config_error
     from ..models.config import as_dtype
 
-    convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
-                        dtype=as_dtype(args.dtype) if args.dtype else None,
-                        require_tokenizer=args.require_tokenizer)
+    try:
+        convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
+                            dtype=as_dtype(args.dtype) if args.dtype else None,
+                            require_tokenizer=args.require_tokenizer)
+    except (FileNotFoundError, FileExistsError) as err:  # "hf_dir: ...", "out_dir: ...": named as the flags
+        raise as_config_error(err, ("hf_dir", "out_dir")) or err from None
     print(f"wrote {os.path.abspath(args.out_dir)}")
     return 0
 

@@ -75,6 +75,15 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(McoreToHf, argv, __doc__, quiet)
     if args is None:
         return 0
+    from ..errors import as_config_error
+
+    try:
+        return _convert(args)
+    except (FileNotFoundError, FileExistsError) as err:  # "mcore_dir: ...", "out_dir: ...": named as the flags
+        raise as_config_error(err, ("mcore_dir", "out_dir", "tokenizer_dir")) or err from None
+
+
+def _convert(args: McoreToHf) -> int:
     from ..errors import ConfigError
     from ..models.config import as_dtype
     from ..training.export import export_run_checkpoint, find_run_checkpoint

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from phf_megatron.input_files import missing_dir
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
 from .config_sections import (  # noqa: F401 - re-exported: the sections are part of this module's API
@@ -183,7 +184,11 @@ class TrainConfig:
         return self.training.global_batch_size // per_step
 
     def require_inputs(self) -> None:
-        """Raise unless the inputs a real run needs are named (not checked at construction so that
-        presets and tests can build configs without the files)."""
+        """Raise unless the inputs a real run needs are named and its model directories exist (not
+        checked at construction so that presets and tests can build configs without the files)."""
         if not self.model.hf_dir:
             raise fail("model.hf_dir", "is required: the HF Qwen3 checkpoint directory")
+        for key in ("hf_dir", "pretrained_checkpoint"):   # named here, not by the loader that meets them
+            path = getattr(self.model, key)
+            if path and (why := missing_dir(path)):
+                raise fail(f"model.{key}", why)

@@ -84,6 +84,22 @@ def test_mcore_to_hf_on_a_directory_that_is_not_a_dist_checkpoint(tmp_path, dirs
     _nothing_left(out)
 
 
+@pytest.mark.parametrize("tool, argv, line", [
+    ("hf_to_mcore", ["--hf_dir", "{hf}", "--out_dir", "{mcore}"],
+     "error: --out_dir: {mcore} already exists (remove it or choose another)"),
+    ("mcore_to_hf", ["--mcore_dir", "{mcore}", "--out_dir", "{hf}"],
+     "error: --out_dir: {hf} already exists (remove it or choose another)"),
+    ("mcore_to_hf", ["--mcore_dir", "{mcore}", "--tokenizer_dir", "{bare}", "--out_dir", "{out}"],
+     "error: --tokenizer_dir: no tokenizer files in {bare}"),
+])
+def test_converter_errors_name_the_flag(tmp_path, dirs, tool, argv, line):
+    paths = dict(dirs, out=str(tmp_path / "out"))
+    before = {name: sorted(os.listdir(path)) for name, path in dirs.items()}
+    assert _one_line(tool, [a.format(**paths) for a in argv]) == line.format(**paths)
+    _nothing_left(paths["out"])
+    assert {name: sorted(os.listdir(path)) for name, path in dirs.items()} == before   # nothing overwritten
+
+
 def test_hf_to_mcore_refuses_a_dir_without_tokenizer_unless_told(tmp_path, dirs):
     out = str(tmp_path / "out")
     line = _one_line("hf_to_mcore", ["--hf_dir", dirs["bare"], "--out_dir", out])

@@ -79,8 +79,8 @@ def test_scale_presets_keep_the_recipe_and_fit_the_model(name):
         assert cfg.rollout.tensor_parallel_size == cfg.model.tensor_model_parallel_size
 
 
-def test_tiny_cpu_preset_builds():
-    cfg = load_config(preset("tiny_cpu"), ["--model.hf_dir=/tmp/tiny"])
+def test_tiny_cpu_preset_builds(tmp_path):
+    cfg = load_config(preset("tiny_cpu"), [f"--model.hf_dir={tmp_path}"])
     cfg.require_inputs()
     assert cfg.num_microbatches(world_size=1) == 2 and cfg.model_format == "per_rank"
 
