@@ -17,6 +17,7 @@ last record's top 20. A panel whose metric was never logged says so, and why, fr
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ class PlotRun:
     out: str | None = None
     """curves PNG; the heatmap and the loss-by-token plot go next to it as <name>_layer_energy.png and
     <name>_loss_tokens.png. None: RUN_DIR/plots/curves.png, layer_energy.png, loss_tokens.png."""
+    verbose: bool = False
+    """Show matplotlib's font warnings ("findfont: Font family ... not found", from a matplotlibrc
+    naming a font that is not installed); hidden by default: the plots fall back to DejaVu Sans."""
 
 
 def pyplot():
@@ -300,6 +304,8 @@ def plot(argv: list[str], quiet: bool = False) -> int:
     args = parse_command_line(PlotRun, argv, __doc__)[0]
     if args is None:
         return 0
+    if not args.verbose:   # one line per text drawn, thousands per figure
+        logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     records = load_run(args.run_dir)
     if args.out:
         curves = args.out

@@ -61,6 +61,23 @@ def test_writes_curves_and_heatmap(tmp_path):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
 
 
+def test_font_warnings_are_hidden_unless_verbose(tmp_path):
+    """A matplotlibrc naming a font that is not installed makes matplotlib log "findfont: Font family
+    ... not found" for every text drawn (thousands of lines): hidden, and shown with --verbose."""
+    run = tmp_path / "run"
+    write_run(str(run), steps=3, layers=2)
+    write_loss_tokens(str(run))
+    config = tmp_path / "mplconfig"
+    config.mkdir()
+    (config / "matplotlibrc").write_text("font.family: NoSuchFontFamily\n")
+    plots = [str(run / "plots" / f"{name}.png") for name in ("curves", "layer_energy", "loss_tokens")]
+    quiet = run_python([TOOL, str(run)], timeout=120, MPLCONFIGDIR=str(config))
+    assert (quiet.returncode, quiet.stdout.splitlines(), quiet.stderr) == (0, plots, ""), quiet.stderr[-2000:]
+    verbose = run_python([TOOL, str(run), "--verbose"], timeout=120, MPLCONFIGDIR=str(config))
+    assert verbose.returncode == 0 and verbose.stdout.splitlines() == plots
+    assert "findfont: Font family 'NoSuchFontFamily' not found." in verbose.stderr.splitlines()
+
+
 def _import_tool():
     from phf_megatron.tools import plot_run
 
