@@ -24,6 +24,11 @@ class SampleProgress:
         self._tokens += tokens
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
         self._bar.set_postfix_str(f"{self._tokens / elapsed:,.0f} tok/s", refresh=False)
+        if self._bar.total is not None and self._bar.n + samples >= self._bar.total:
+            # the last samples: close() draws the full bar; tqdm's update would draw it too, and
+            # a log file (where \r overwrites nothing) would show the 100% bar twice
+            self._bar.n += samples
+            return
         self._bar.update(samples)
 
     def close(self) -> None:
