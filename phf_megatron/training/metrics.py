@@ -191,9 +191,12 @@ class MetricsLogger:
         """Move the bar to ``step`` and show ``postfix`` (e.g. loss=..., step_time=...)."""
         if self._bar is None:
             return
-        self._bar.update(step - self._bar.n)
         shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
         self._bar.set_postfix(shown, refresh=False)
+        if step >= self._bar.total:  # the last step: end_progress draws the full bar once (a log file,
+            self._bar.n = step        # where \r overwrites nothing, would show it twice)
+            return
+        self._bar.update(step - self._bar.n)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write one record for ``step`` and advance the bar (shows ``loss`` and ``step_time``)."""

@@ -79,6 +79,22 @@ def test_progress_bar_tracks_step_and_loss(tmp_path, capsys):
         assert m._bar.postfix == "loss=0.125, step_time=2.5"
 
 
+def test_the_full_bar_is_drawn_once(tmp_path, capsys):
+    """The last step past tqdm's redraw interval: only end_progress draws 100% (in a log file, where \r
+    overwrites nothing, the bar was there twice, the second time after the run's final message)."""
+    import time
+
+    with MetricsLogger(str(tmp_path), total_steps=2, jsonl=False) as m:
+        m.log(1, {"loss": 0.5, "step_time": 1.0})
+        time.sleep(1.1)   # past mininterval: tqdm's update would draw
+        m.log(2, {"loss": 0.25, "step_time": 1.0})
+        m.end_progress()
+        print("finished")
+    err = capsys.readouterr().err
+    assert [line for line in err.replace("\r", "\n").splitlines() if "100%" in line] != []
+    assert sum("100%" in line for line in err.replace("\r", "\n").splitlines()) == 1, err
+
+
 def test_wandb_offline_gets_the_scalars_tensorboard_gets(tmp_path, monkeypatch):
     """W&B (offline: no network, nothing leaves the machine) mirrors TensorBoard: same keys, steps, values."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
