@@ -63,7 +63,9 @@ def _dynamic(t: torch.Tensor, *dims: int) -> torch.Tensor:
     return t
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The HF Qwen3 RMSNorm over the last dim, eager: y = w ⊙ cast(x / sqrt(mean(x², -1) + eps)), statistics
+    in float32; any leading shape ([s, b, h] or [s, b, n, d])."""
     return _rms_norm_forward(x, weight, eps)[0]
 
 
@@ -198,7 +200,7 @@ def compiled_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     sequence, batch, head layout, grad mode or ``requires_grad`` of the call (see ``_dynamic``). Inside a
     compiled decoder layer (``compile_layers``) the eager formula, which the layer's graph fuses."""
     if torch.compiler.is_compiling():
-        return _rms_norm(x, weight, eps)
+        return rms_norm(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 

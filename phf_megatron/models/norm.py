@@ -10,8 +10,8 @@ torch-norm fallback, ``WrappedTorchNorm``, asserts ``not sequence_parallel``.) T
 are all-reduced over TP by Megatron by name (``q_layernorm``/``k_layernorm``).
 
 The builder signature (``config=, hidden_size=, eps=``) is what Megatron-Core 0.16 and 0.19
-pass to norm modules. ``config.phf_fused_rmsnorm`` (see ``models/fused.py``) selects the
-compiled kernel on GPU; the eager form below is the reference.
+pass to norm modules. ``config.fused_rmsnorm`` (see ``models/fused.py``) selects the
+compiled kernel on GPU; the eager ``fused.rms_norm`` is the reference.
 """
 
 from __future__ import annotations
@@ -21,13 +21,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from phf_megatron.models import fused
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF Qwen3 RMSNorm over the last dim; any leading shape ([s, b, h] or [s, b, n, d])."""
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * y.to(x.dtype)
+from phf_megatron.models.fused import rms_norm  # the eager reference
 
 
 class RMSNorm(MegatronModule):

@@ -124,7 +124,7 @@ def test_compiled_rmsnorm_and_rope_equal_eager_on_gpu(dtype):
     # fp32: compiled == eager to rounding. bf16: both are compared with the fp32 evaluation of the
     # same inputs by relative norm error (a bf16 reduction, e.g. the norm-weight gradient summed
     # over 512 rows, differs element-wise between any two bf16 implementations).
-    for eager, compiled, args in ((fused._rms_norm, fused.compiled_rms_norm, (x, w, 1e-6)),
+    for eager, compiled, args in ((fused.rms_norm, fused.compiled_rms_norm, (x, w, 1e-6)),
                                   (fused._rope, fused.fused_rope_bshd, (x, freqs))):
         inputs = [a for a in args if torch.is_tensor(a) and a.requires_grad]
         got = compiled(*args)
