@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import contextlib
+from typing import Iterable, Iterator
 
 import torch
 from megatron.core.transformer.transformer_layer import TransformerLayer
@@ -82,3 +83,16 @@ def adapter_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Param
 def set_adapters_enabled(model: torch.nn.Module, enabled: bool) -> None:
     for _, module in lora_modules(model):
         module.enabled = enabled
+
+
+@contextlib.contextmanager
+def adapters_off(chunks: Iterable[torch.nn.Module]):
+    """The base model: every LoRA adapter of ``chunks`` switched off for the enclosed pass, on again after."""
+    chunks = list(chunks)
+    for chunk in chunks:
+        set_adapters_enabled(chunk, False)
+    try:
+        yield
+    finally:
+        for chunk in chunks:
+            set_adapters_enabled(chunk, True)

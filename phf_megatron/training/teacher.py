@@ -29,7 +29,7 @@ from typing import Iterable
 
 import torch
 
-from ..lora import set_adapters_enabled
+from ..lora import adapters_off
 from ..objectives import ema_update
 from .config_sections import EMA_STARTS, TEACHER_MODES
 
@@ -70,13 +70,8 @@ class PrivilegedTeacher:
             yield
             return
         if self.mode == "fixed" and self.lora:
-            for chunk in self.model_chunks:
-                set_adapters_enabled(chunk, False)
-            try:
+            with adapters_off(self.model_chunks):
                 yield
-            finally:
-                for chunk in self.model_chunks:
-                    set_adapters_enabled(chunk, True)
             return
         with torch.no_grad():
             saved = [p.detach().clone() for p in self.params]

@@ -26,7 +26,7 @@ import torch
 
 from ...data.rows import BadRowError
 from ...eval.rewards import gold_answer, reward_correctness
-from ...lora import set_adapters_enabled
+from ...lora import adapters_off
 from ...objectives.grpo import group_advantages
 from ...parallel.grpo_step import GrpoStep
 from ..batches import Packing, grpo_microbatches
@@ -76,18 +76,6 @@ class Round:
     truncated: torch.Tensor
     sampler_logps: dict
     """sample index -> the engine's processed log-prob of each completion token (this rank's group)."""
-
-
-@contextlib.contextmanager
-def adapters_off(chunks):
-    """The base model: every LoRA adapter switched off for the enclosed pass (the KL reference)."""
-    for chunk in chunks:
-        set_adapters_enabled(chunk, False)
-    try:
-        yield
-    finally:
-        for chunk in chunks:
-            set_adapters_enabled(chunk, True)
 
 
 class GrpoMethod:
