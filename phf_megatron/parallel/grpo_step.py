@@ -52,10 +52,9 @@ import torch.distributed as dist
 
 from ..objectives.config import GrpoConfig
 from ..objectives.grpo import grpo_token_loss, k3_kl, log_importance_weights, vllm_importance_ratio
-from .batch import PhfMicroBatch
 from .layout import SequenceLayout
 from .loss import LOSS, LOSS_TOKENS, LossConventions, _token_logs, megatron_return, sum_logs, top_loss_tokens
-from .sft_step import SftStep
+from .sft_step import ScoredTokens, SftStep
 from .step import _no_loss
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
 
@@ -71,7 +70,7 @@ ADVANTAGE = "grpo_advantage"        # mean advantage over the step's sequences
 
 
 @dataclass
-class GrpoMicroBatch:
+class GrpoMicroBatch(ScoredTokens):
     """``student_tokens [b_act, S]`` (the activation, ``layout.tokens``: prompt ; completion, right-padded
     rows by default), ``scored [b_act, S]`` bool (True on the completion tokens; never a sequence's first
     token), ``advantages [B]`` float64 (one per completion, over the whole step), ``sampler_logps [b_act, S]``
@@ -93,19 +92,8 @@ class GrpoMicroBatch:
     layout: SequenceLayout | None = None
 
     def __post_init__(self) -> None:
-        if self.student_tokens.dim() != 2 or self.student_tokens.dtype != torch.long:
-            raise ValueError(f"student_tokens: expected a [B, T] long tensor, got {self.student_tokens.dtype} "
-                             f"{tuple(self.student_tokens.shape)}")
+        super().__post_init__()
         shape = tuple(self.student_tokens.shape)
-        if self.scored.shape != self.student_tokens.shape or self.scored.dtype != torch.bool:
-            raise ValueError(f"scored: expected a bool tensor of shape {shape}, got {self.scored.dtype} "
-                             f"{tuple(self.scored.shape)}")
-        if self.layout is None:
-            self.layout = SequenceLayout.pad(self.student_tokens)
-        elif self.layout.tokens is not self.student_tokens and not torch.equal(self.layout.tokens, self.student_tokens):
-            raise ValueError("student_tokens: must be the layout's tokens")
-        if bool((self.scored & self.layout.sequence_starts()).any()):
-            raise ValueError("scored: a sequence's first token has no predecessor to predict it")
         if tuple(self.advantages.shape) != (self.num_sequences,) or self.advantages.dtype != torch.float64:
             raise ValueError(f"advantages: expected a float64 tensor of shape {(self.num_sequences,)}, got "
                              f"{self.advantages.dtype} {tuple(self.advantages.shape)}")
@@ -113,9 +101,6 @@ class GrpoMicroBatch:
                                                or self.sampler_logps.dtype != torch.float32):
             raise ValueError(f"sampler_logps: expected a float32 tensor of shape {shape} or None, got "
                              f"{self.sampler_logps.dtype} {tuple(self.sampler_logps.shape)}")
-        self.score_index = PhfMicroBatch.score_index(self.scored)
-        self.score_tokens = self.student_tokens.reshape(-1)[self.score_index + 1]
-        self.num_tokens = int(self.score_index.numel())
         self.grid_shape, self.grid_positions = _sample_grid(self.layout, self.score_index + 1)
         if self.num_items is not None and self.num_items < self.num_tokens:
             raise ValueError(f"num_items: must count at least the {self.num_tokens} scored tokens, "
@@ -136,15 +121,6 @@ class GrpoMicroBatch:
         layout = SequenceLayout.pack(tokens, lengths, pad_multiple, pad_id, total)
         sampler = None if sampler_logps is None else layout.place(sampler_logps, 0.0)
         return cls(layout.tokens, layout.place(scored, False), advantages, sampler, num_items, layout=layout)
-
-    @property
-    def batch_size(self) -> int:
-        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
-        return self.student_tokens.shape[0]
-
-    @property
-    def num_sequences(self) -> int:
-        return self.layout.num_sequences
 
 
 def _sample_grid(layout: SequenceLayout, positions: torch.Tensor) -> tuple[tuple[int, int], torch.Tensor]:

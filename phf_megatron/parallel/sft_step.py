@@ -33,15 +33,14 @@ from .sampled_token import vocab_parallel_token_logprob
 from .step import _no_loss, final_hidden_states
 from .vocab_parallel_jsd import DEFAULT_CHUNK_ELEMENTS
 
-@dataclass
-class SftMicroBatch:
-    """``student_tokens [b_act, S]`` (the activation: ``layout.tokens``), ``scored [b_act, S]`` bool (True on the
-    tokens the loss predicts; never a sequence's first token) and the ``layout`` (default: right-padded rows,
-    ``SequenceLayout.pad``). ``SftMicroBatch.packed`` builds the packed one from per-sample rows."""
+class ScoredTokens:
+    """What the SFT and GRPO micro-batches share: ``student_tokens``, ``scored`` and ``layout`` checked (one line
+    naming the field), ``layout`` defaulted to ``SequenceLayout.pad``, and the scored tokens found:
+    ``score_index [N]`` (flat positions that predict a scored token), ``score_tokens [N]``, ``num_tokens``."""
 
     student_tokens: torch.Tensor
     scored: torch.Tensor
-    layout: SequenceLayout | None = None
+    layout: SequenceLayout | None
 
     def __post_init__(self) -> None:
         if self.student_tokens.dim() != 2 or self.student_tokens.dtype != torch.long:
@@ -60,6 +59,26 @@ class SftMicroBatch:
         self.score_tokens = self.student_tokens.reshape(-1)[self.score_index + 1]
         self.num_tokens = int(self.score_index.numel())
 
+    @property
+    def batch_size(self) -> int:
+        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
+        return self.student_tokens.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        return self.layout.num_sequences
+
+
+@dataclass
+class SftMicroBatch(ScoredTokens):
+    """``student_tokens [b_act, S]`` (the activation: ``layout.tokens``), ``scored [b_act, S]`` bool (True on the
+    tokens the loss predicts; never a sequence's first token) and the ``layout`` (default: right-padded rows,
+    ``SequenceLayout.pad``). ``SftMicroBatch.packed`` builds the packed one from per-sample rows."""
+
+    student_tokens: torch.Tensor
+    scored: torch.Tensor
+    layout: SequenceLayout | None = None
+
     @classmethod
     def packed(cls, tokens: torch.Tensor, scored: torch.Tensor, lengths: torch.Tensor, *, pad_multiple: int = 1,
                pad_id: int = 0, total: int | None = None) -> "SftMicroBatch":
@@ -70,15 +89,6 @@ class SftMicroBatch:
 
     def to(self, device) -> "SftMicroBatch":
         return SftMicroBatch(self.student_tokens.to(device), self.scored.to(device), self.layout.to(device))
-
-    @property
-    def batch_size(self) -> int:
-        """Activation rows (the schedule's ``micro_batch_size``: 1 when packed)."""
-        return self.student_tokens.shape[0]
-
-    @property
-    def num_sequences(self) -> int:
-        return self.layout.num_sequences
 
 
 class SftStep:
