@@ -1,4 +1,4 @@
-"""Adapters out of Megatron: full (unsharded) tensors under HF names, PEFT directories, merged deltas.
+"""Adapters out of Megatron: full (unsharded) tensors under HF names, PEFT directories.
 
 A column-parallel adapter's ``B`` and a row-parallel adapter's ``A`` are gathered over the
 tensor-parallel group (query groups, and the gate/up halves, are contiguous per rank, so the
@@ -56,12 +56,6 @@ def full_adapters(model_chunks: Iterable[torch.nn.Module], select=None) -> dict[
                     a = _all_gather_cat(a, 1, module.tp_group)
                 out[hf_module_name(layer_idx, proj)] = (a.clone(), b.clone())
     return out
-
-
-def merged_deltas(model_chunks: Iterable[torch.nn.Module], scaling: float) -> dict[str, torch.Tensor]:
-    """``{hf weight name: scaling * B @ A}``: what LoRA adds to each base weight (for the rollout sync)."""
-    return {f"{name}.weight": scaling * (b.float() @ a.float())
-            for name, (a, b) in full_adapters(model_chunks).items()}
 
 
 def _gather_to_rank0(local: dict) -> dict | None:

@@ -6,7 +6,7 @@ same tokenizer it trains with, and decodes only for grading or logging.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,6 @@ class SamplingParams:
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
-
-    def with_seed(self, seed: int | None) -> "SamplingParams":
-        return replace(self, seed=seed)
 
 
 #: ``Completion.finish_reason`` values.

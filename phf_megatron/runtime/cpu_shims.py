@@ -170,10 +170,3 @@ def apply() -> None:
         _patch_rng_tracker()
         CudaToCpuMode().__enter__()  # stays on the mode stack for the life of the process
         _applied = True
-
-
-def apply_if_no_cuda() -> bool:
-    """Apply the shims when no GPU is present; returns whether they are active."""
-    if not torch.cuda.is_available():
-        apply()
-    return _applied

@@ -81,14 +81,6 @@ class RankLayout:
             pp_size=ps.get_pipeline_model_parallel_world_size(), dp_size=ps.get_data_parallel_world_size(),
         )
 
-    @staticmethod
-    def data_parallel_only() -> "RankLayout":
-        """Every rank a data-parallel replica (or a single process without torch.distributed)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return RankLayout()
-        rank, world = dist.get_rank(), dist.get_world_size()
-        return RankLayout(rank=rank, world_size=world, dp_rank=rank, dp_size=world)
-
     def sizes(self) -> dict[str, int]:
         return {"tp_size": self.tp_size, "pp_size": self.pp_size, "dp_size": self.dp_size, "world_size": self.world_size}
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..config_errors import _check_positive, check_choice, fail  # noqa: F401 - re-exported
 from ..data.prompts import TEACHER_PROMPTS
+from ..data.reason_first import DEFAULT_ANALYSIS_TOKENS
 from ..lora.config import LORA_TARGETS, LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
 from ..models.choices import TRANSFORMER_IMPLS
 from ..rollout import choices as rollout_choices
@@ -262,7 +263,7 @@ class DataConfig:
     the student's weights, as the official vLLM runs do) and its prompt is the analysis prompt,
     the analysis and the transition text (official --reason_first; data.reason_first). False: the
     plain privileged prompt (paper, official scripts)."""
-    reason_first_max_tokens: int = 4096
+    reason_first_max_tokens: int = DEFAULT_ANALYSIS_TOKENS
     """Most tokens of the teacher's analysis (official max_reasoning_length default 4096)."""
 
     def __post_init__(self) -> None:

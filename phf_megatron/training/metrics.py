@@ -43,7 +43,6 @@ LOSS_OPSD = _loss.LOSS_OPSD  # L_OPSD, the clipped JSD term
 LOSS_FLOW = _loss.LOSS_FLOW  # L_flow (before alpha)
 GRAD_NORM = "grad_norm"  # global gradient norm before clipping
 LR = "lr"
-STEP_TIME = "step_time"  # seconds per optimizer step
 FLOW_ENERGY = "flow_energy"  # [L] per-layer energy (diagnostics.layer_energy_metrics)
 OPSD_UNCLIPPED = _loss.OPSD_UNCLIPPED        # mean divergence per token before the clip
 CLIP_FRAC_TOKENS = _loss.CLIP_FRAC_TOKENS    # fraction of tokens the clip changed

@@ -56,11 +56,19 @@ def _adapter_grads(model, ids):
     return full_adapters([model], select=lambda p: p.grad)
 
 
+def _merged_deltas(model_chunks, scaling):
+    """``{hf weight name: scaling * B @ A}``: what LoRA adds to each base weight (the oracle for the merge)."""
+    from phf_megatron.lora.export import full_adapters
+
+    return {f"{name}.weight": scaling * (b.float() @ a.float())
+            for name, (a, b) in full_adapters(model_chunks).items()}
+
+
 def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     from phf_megatron.convert.live_model import load_hf_weights
     from phf_megatron.models.qwen3_arch import Qwen3Arch
     from phf_megatron.lora import LoraConfig, apply_lora
-    from phf_megatron.lora.export import export_peft_adapter, load_full_adapters, merged_deltas
+    from phf_megatron.lora.export import export_peft_adapter, load_full_adapters
     from phf_megatron.models import build_qwen3_model
 
     megatron_layout(tp, pp)
@@ -75,7 +83,7 @@ def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     logits = megatron_logits(model, ids)
     grads = _adapter_grads(model, ids)
     export_peft_adapter([model], out_dir, cfg, base_model_name_or_path="tiny")
-    deltas = merged_deltas([model], cfg.scaling)
+    deltas = _merged_deltas([model], cfg.scaling)
     # the rollout sync's path: merged weights gathered tensor by tensor under HF names
     from megatron.core import parallel_state
 
