@@ -2,7 +2,8 @@
 
 A random adapter set (non-zero B) is loaded into the Megatron model at TP=2 (with SP) and at
 TP=2 x PP=2; Megatron's logits, the logits of ``PeftModel.from_pretrained`` on the exported
-directory, and the logits of the HF model with the merged deltas added must all agree (fp32).
+directory, and the logits of the HF model with the merged deltas added must all agree (fp32); with the
+adapters switched off (``lora.adapters_off``) Megatron's logits are the base HF model's.
 """
 
 import os
@@ -81,6 +82,11 @@ def _megatron_side(rank, world_size, name, tp, pp, out_dir):
     load_full_adapters([model], _random_adapters(hf, cfg.r))
     ids = torch.randint(0, hf.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(5))
     logits = megatron_logits(model, ids)
+    from phf_megatron.lora import adapters_off, lora_modules
+
+    with adapters_off([model]):  # the GRPO KL reference and the fixed LoRA teacher: the base model
+        base = megatron_logits(model, ids)
+    assert all(module.enabled for _, module in lora_modules(model))  # on again after the block
     grads = _adapter_grads(model, ids)
     export_peft_adapter([model], out_dir, cfg, base_model_name_or_path="tiny")
     deltas = _merged_deltas([model], cfg.scaling)
@@ -92,7 +98,7 @@ def _megatron_side(rank, world_size, name, tp, pp, out_dir):
 
     merged = dict(iter_hf_weights(model, Qwen3Arch.from_hf(hf.config), select=merged_weight_selector([model]),
                                   pp_group=parallel_state.get_pipeline_model_parallel_group()))
-    return {"logits": logits, "deltas": deltas, "ids": ids, "merged": merged if rank == 0 else None, "grads": grads}
+    return {"logits": logits, "base": base, "deltas": deltas, "ids": ids, "merged": merged if rank == 0 else None, "grads": grads}
 
 
 @pytest.mark.parametrize("name,tp,pp", [("gqa", 1, 1), ("gqa", 2, 1), ("tied", 2, 2)],
@@ -140,6 +146,9 @@ def test_peft_export_and_merged_deltas_reproduce_megatron_logits(tmp_path, name,
         for got, ref in ((g_a, module.lora_A["default"].weight.grad), (g_b, module.lora_B["default"].weight.grad)):
             err, scale = (got - ref).abs().max().item(), ref.abs().max().item()
             assert err <= 1e-5 * scale + 1e-6, (module_name, err, scale)  # fp32, summation order only
-    # and the adapters matter: without them the logits differ
+    # and the adapters matter: without them the logits differ; with them switched off (adapters_off) Megatron
+    # is the base HF model
     with torch.no_grad():
-        assert (tiny_hf_model(name)(ids).logits - megatron).abs().max() > 1e-2
+        base_hf = tiny_hf_model(name)(ids).logits
+    assert (base_hf - megatron).abs().max() > 1e-2
+    torch.testing.assert_close(next(r["base"] for r in results if r["base"] is not None), base_hf, atol=1e-4, rtol=0)
