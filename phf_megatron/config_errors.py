@@ -15,6 +15,9 @@ def check_choice(where: str, value, choices) -> None:
         raise fail(where, f"{value!r} is not one of {tuple(choices)}")
 
 
-def _check_positive(where: str, value, allow_zero: bool = False) -> None:
+def check_positive(where: str, value, allow_zero: bool = False) -> None:
     if value is None or (value < 0 if allow_zero else value <= 0):
         raise fail(where, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+_check_positive = check_positive  # the old name, until tools/mcore_to_hf.py imports check_positive

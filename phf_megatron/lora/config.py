@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_errors import _check_positive, check_choice, fail
+from ..config_errors import check_choice, check_positive, fail
 
 #: HF Qwen3 projection names, as PEFT's ``target_modules`` spells them.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -28,8 +28,8 @@ class LoraConfig:
 
     def __post_init__(self) -> None:
         self.target_modules = tuple(self.target_modules)
-        _check_positive("lora.r", self.r)
-        _check_positive("lora.alpha", self.alpha)
+        check_positive("lora.r", self.r)
+        check_positive("lora.alpha", self.alpha)
         if not 0.0 <= self.dropout < 1.0:
             raise fail("lora.dropout", f"must lie in [0, 1), got {self.dropout}")
         if not self.target_modules:

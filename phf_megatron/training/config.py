@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from phf_megatron.input_files import missing_dir
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
+from ..config_errors import check_choice, fail
 from .config_sections import (  # noqa: F401 - re-exported: the sections are part of this module's API
-    LORA_TARGETS, CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig,
-    RolloutConfig, TeacherConfig, TrainingConfig, check_choice, fail,
+    CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig, RolloutConfig,
+    TeacherConfig, TrainingConfig,
 )
 
 #: The paper's ablation rows (Table 3 and Section 4) as switches: ``--ablation NAME`` sets these

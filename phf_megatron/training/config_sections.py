@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config_errors import _check_positive, check_choice, fail  # noqa: F401 - re-exported
+from ..config_errors import check_choice, check_positive, fail
 from ..data.prompts import TEACHER_PROMPTS
 from ..data.reason_first import DEFAULT_ANALYSIS_TOKENS
-from ..lora.config import LORA_TARGETS, LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
+from ..lora.config import LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
 from ..models.choices import TRANSFORMER_IMPLS
 from ..rollout import choices as rollout_choices
 
@@ -67,11 +67,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPES)
-        _check_positive("model.tensor_model_parallel_size", self.tensor_model_parallel_size)
-        _check_positive("model.pipeline_model_parallel_size", self.pipeline_model_parallel_size)
+        check_positive("model.tensor_model_parallel_size", self.tensor_model_parallel_size)
+        check_positive("model.pipeline_model_parallel_size", self.pipeline_model_parallel_size)
         vpp = self.virtual_pipeline_model_parallel_size
         if vpp is not None:
-            _check_positive("model.virtual_pipeline_model_parallel_size", vpp)
+            check_positive("model.virtual_pipeline_model_parallel_size", vpp)
             if self.pipeline_model_parallel_size == 1 and vpp > 1:
                 raise fail("model.virtual_pipeline_model_parallel_size",
                            f"{vpp} chunks need pipeline_model_parallel_size > 1")
@@ -82,7 +82,7 @@ class ModelConfig:
             check_choice("model.recompute_granularity", self.recompute_granularity, RECOMPUTE_GRANULARITIES)
         if self.recompute_granularity == "full":
             check_choice("model.recompute_method", self.recompute_method, RECOMPUTE_METHODS)
-            _check_positive("model.recompute_num_layers", self.recompute_num_layers)
+            check_positive("model.recompute_num_layers", self.recompute_num_layers)
 
     def check_model_shape(self, num_layers: int, num_attention_heads: int, num_query_groups: int) -> None:
         """Raise if the parallel layout does not fit the model (called once the HF config is read)."""
@@ -188,9 +188,9 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, rollout_choices.BACKENDS)
-        _check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
+        check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
         if self.probe_atol is not None:
-            _check_positive("rollout.probe_atol", self.probe_atol)
+            check_positive("rollout.probe_atol", self.probe_atol)
         if not 0.0 <= self.lmbda <= 1.0:
             raise fail("rollout.lmbda", f"must lie in [0, 1], got {self.lmbda}")
         if self.backend == "vllm_server" and not self.server_url:
@@ -202,9 +202,9 @@ class RolloutConfig:
         if not 0 < self.server_nccl_port < 65536:
             raise fail("rollout.server_nccl_port", f"must lie in 1..65535, got {self.server_nccl_port}")
         for name in ("n", "max_tokens", "tensor_parallel_size", "sync_interval"):
-            _check_positive(f"rollout.{name}", getattr(self, name))
-        _check_positive("rollout.temperature", self.temperature)
-        _check_positive("rollout.timeout_s", self.timeout_s)
+            check_positive(f"rollout.{name}", getattr(self, name))
+        check_positive("rollout.temperature", self.temperature)
+        check_positive("rollout.timeout_s", self.timeout_s)
         if not 0.0 < self.top_p <= 1.0:
             raise fail("rollout.top_p", f"must lie in (0, 1], got {self.top_p}")
         if self.top_k < -1:
@@ -269,10 +269,10 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise fail("data.path", "is empty")
-        _check_positive("data.reason_first_max_tokens", self.reason_first_max_tokens)
+        check_positive("data.reason_first_max_tokens", self.reason_first_max_tokens)
         if self.max_rows is not None:
-            _check_positive("data.max_rows", self.max_rows)
-        _check_positive("data.max_prompt_length", self.max_prompt_length)
+            check_positive("data.max_rows", self.max_rows)
+        check_positive("data.max_prompt_length", self.max_prompt_length)
         check_choice("data.teacher_prompt", self.teacher_prompt, TEACHER_PROMPTS)
 
 
@@ -306,21 +306,21 @@ class OptimizerConfig:
     """Shard optimizer state over data-parallel ranks (Megatron's distributed optimizer; CUDA only)."""
 
     def __post_init__(self) -> None:
-        _check_positive("optimizer.lr", self.lr)
-        _check_positive("optimizer.min_lr", self.min_lr, allow_zero=True)
+        check_positive("optimizer.lr", self.lr)
+        check_positive("optimizer.min_lr", self.min_lr, allow_zero=True)
         if self.min_lr > self.lr:
             raise fail("optimizer.min_lr", f"{self.min_lr} exceeds lr = {self.lr}")
         check_choice("optimizer.lr_decay_style", self.lr_decay_style, LR_DECAY_STYLES)
-        _check_positive("optimizer.lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
-        _check_positive("optimizer.num_train_epochs", self.num_train_epochs)
+        check_positive("optimizer.lr_warmup_iters", self.lr_warmup_iters, allow_zero=True)
+        check_positive("optimizer.num_train_epochs", self.num_train_epochs)
         if self.lr_decay_iters is not None and self.lr_decay_iters <= self.lr_warmup_iters:
             raise fail("optimizer.lr_decay_iters", f"{self.lr_decay_iters} must exceed lr_warmup_iters = {self.lr_warmup_iters}")
-        _check_positive("optimizer.weight_decay", self.weight_decay, allow_zero=True)
+        check_positive("optimizer.weight_decay", self.weight_decay, allow_zero=True)
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise fail(f"optimizer.{name}", f"must lie in [0, 1), got {getattr(self, name)}")
-        _check_positive("optimizer.adam_eps", self.adam_eps)
-        _check_positive("optimizer.clip_grad", self.clip_grad, allow_zero=True)
+        check_positive("optimizer.adam_eps", self.adam_eps)
+        check_positive("optimizer.clip_grad", self.clip_grad, allow_zero=True)
 
 
 @dataclass
@@ -359,10 +359,10 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "global_batch_size", "train_iters"):
-            _check_positive(f"training.{name}", getattr(self, name))
-        _check_positive("training.max_nonfinite_steps", self.max_nonfinite_steps, allow_zero=True)
+            check_positive(f"training.{name}", getattr(self, name))
+        check_positive("training.max_nonfinite_steps", self.max_nonfinite_steps, allow_zero=True)
         if self.max_tokens_per_microbatch is not None:
-            _check_positive("training.max_tokens_per_microbatch", self.max_tokens_per_microbatch)
+            check_positive("training.max_tokens_per_microbatch", self.max_tokens_per_microbatch)
         if self.global_batch_size % self.micro_batch_size:
             raise fail("training.global_batch_size",
                        f"{self.global_batch_size} is not a multiple of micro_batch_size = {self.micro_batch_size}")
@@ -400,9 +400,9 @@ class CheckpointConfig:
     """The signal exit_signal_handler acts on: SIGTERM | SIGINT | SIGUSR1 | SIGUSR2."""
 
     def __post_init__(self) -> None:
-        _check_positive("checkpoint.save_interval", self.save_interval, allow_zero=True)
+        check_positive("checkpoint.save_interval", self.save_interval, allow_zero=True)
         if self.keep_last is not None:
-            _check_positive("checkpoint.keep_last", self.keep_last)
+            check_positive("checkpoint.keep_last", self.keep_last)
         check_choice("checkpoint.model_format", self.model_format, MODEL_FORMATS)
         check_choice("checkpoint.exit_signal", self.exit_signal, EXIT_SIGNALS)
 
@@ -447,7 +447,7 @@ class LoggingConfig:
 
 
     def __post_init__(self) -> None:
-        _check_positive("logging.log_interval", self.log_interval)
-        _check_positive("logging.loss_tokens_interval", self.loss_tokens_interval, allow_zero=True)
+        check_positive("logging.log_interval", self.log_interval)
+        check_positive("logging.loss_tokens_interval", self.loss_tokens_interval, allow_zero=True)
         if self.wandb and not self.wandb_project:
             raise fail("logging.wandb_project", "is empty (W&B needs a project name)")
