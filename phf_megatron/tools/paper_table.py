@@ -23,7 +23,7 @@ difference. Logs: <out>/<row>/train.log, eval.log.
 
 from __future__ import annotations
 
-import argparse
+import copy
 import json
 import os
 import shlex
@@ -119,7 +119,7 @@ def parse_args(argv: list[str]):
     args.hf_model = args.hf_model and os.path.abspath(args.hf_model)
     args.scale = "toy" if args.toy else args.scale
     args.ngpu = args.ngpu or (1 if args.toy else 8)
-    args.overrides, args.eval_arg = overrides, shlex.split(args.eval_args)
+    args.overrides = overrides
     return args
 
 
@@ -180,7 +180,7 @@ def plan_row(args, name: str) -> Row:
             f"--training.train_iters={args.step}", *toy_method_flags(name), *args.overrides]
         result = os.path.join(eval_dir, "toy_eval.json")
         ev = _python("phf_megatron.toy", "evaluate", "--hf-dir", p["hf"], "--seed", str(args.seed),
-                     *(["--adapter", adapter] if adapter else []), "--json", result, *args.eval_arg)
+                     *(["--adapter", adapter] if adapter else []), "--json", result, *shlex.split(args.eval_args))
         return Row(name, run_dir, train, adapter, ev, result)
     train = None if name == "base" else [
         *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", f"phf_qwen3_{args.scale}.yaml"),
@@ -189,7 +189,7 @@ def plan_row(args, name: str) -> Row:
         *PAPER_COMMON, f"--training.train_iters={args.step}", *method_flags(name, SCALE_LAYERS[args.scale]),
         *args.overrides]
     ev = _python("phf_megatron.tools.eval_avg_at_k", "--model", args.hf_model, *(["--adapter", adapter] if adapter else []),
-                 "--out_dir", eval_dir, "--n", str(args.k), *args.eval_arg)
+                 "--out_dir", eval_dir, "--n", str(args.k), *shlex.split(args.eval_args))
     return Row(name, run_dir, train, adapter, ev, os.path.join(eval_dir, "summary.json"))
 
 
@@ -356,7 +356,8 @@ def seeds_tables(args) -> int:
 
     out, tables = args.out, {}
     for seed in args.seeds:
-        seed_args = argparse.Namespace(**{**vars(args), "seed": seed, "out": os.path.join(out, f"s{seed}")})
+        seed_args = copy.copy(args)
+        seed_args.seed, seed_args.out = seed, os.path.join(out, f"s{seed}")
         if not args.dry_run:
             _say(f"seed {seed} -> {seed_args.out}")
         rc = one_table(seed_args)
@@ -389,9 +390,9 @@ def one_table(args) -> int:
         rc = run_rows(args, rows)
         if rc != 0:
             return rc
-    write_table(args, rows)
+    table = write_table(args, rows)
     _say(f"table: {os.path.join(args.out, 'table.md')} and table.json")
-    print(table_markdown(build_table(args, rows)), end="")
+    print(table_markdown(table), end="")
     return 0
 
 
