@@ -20,4 +20,3 @@ def check_positive(where: str, value, allow_zero: bool = False) -> None:
         raise fail(where, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-_check_positive = check_positive  # the old name, until tools/mcore_to_hf.py imports check_positive

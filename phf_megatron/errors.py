@@ -1,6 +1,6 @@
 """The errors a user can fix: a setting, the command line, an input file.
 
-The command lines (``phf_megatron.cli.run_command``) print these as one line, ``error: ...``,
+The command lines (``phf_megatron.commands.run_command``) print these as one line, ``error: ...``,
 and exit with code 2; every other exception keeps its traceback. All are ``ValueError``s, so
 library callers catch them as before. ``write_failure(err, path)`` tells a failed write the user
 can fix (a full disk, a read-only file system, no permission: ``OutputFileError``) from a bug,

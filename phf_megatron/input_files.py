@@ -3,7 +3,7 @@
 Truncated or corrupt safetensors, a ``config.json`` that is not JSON, a torch file cut short by a
 full disk: the libraries' own errors ("invalid header length", "PytorchStreamReader failed") do
 not say which file. These readers add the path and say what the file should have been, and the
-command lines print the result as one line (``phf_megatron.cli.run_command``).
+command lines print the result as one line (``phf_megatron.commands.run_command``).
 
     config = read_json(os.path.join(hf_dir, "config.json"))
     with open_safetensors(path) as f: ...

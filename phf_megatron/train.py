@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import command
+from .commands import command
 
 
 def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
-    from .cli import process_rank, wants_help
+    from .cli import wants_help
+    from .commands import process_rank
     from .training.config_io import help_text, load_config, split_argv, to_yaml
 
     if wants_help(argv):

@@ -1,4 +1,4 @@
-"""The command lines (phf_megatron/cli.py): flags and --help generated from the config dataclasses,
+"""The command lines (phf_megatron/cli.py, commands.py): flags and --help generated from the config dataclasses,
 user errors as one line with exit code 2 (once, by rank 0, under torchrun too), other exceptions
 with their traceback, and no heavy import before the command line is parsed."""
 
@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 
-from phf_megatron import cli
-from phf_megatron.cli import Settings, parse_command_line, run_command
+from phf_megatron import commands
+from phf_megatron.cli import Settings
+from phf_megatron.commands import parse_command_line, run_command
 from phf_megatron.errors import ConfigError, InputFileError, UsageError
 from tests.helpers import REPO, python_env, run_python
 
@@ -132,9 +133,9 @@ def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(c
     def interrupted():
         raise KeyboardInterrupt("during step 3 of 9; no checkpoint was saved")
 
-    assert run_command(interrupted) == cli.INTERRUPTED_EXIT == 130   # Ctrl-C: one line, the shell's code for SIGINT
+    assert run_command(interrupted) == commands.INTERRUPTED_EXIT == 130   # Ctrl-C: one line, the shell's code for SIGINT
     assert capsys.readouterr().err.splitlines() == ["error: interrupted during step 3 of 9; no checkpoint was saved"]
-    monkeypatch.setattr(cli, "SILENT_RANK_WAIT_S", 0.0)
+    monkeypatch.setattr(commands, "SILENT_RANK_WAIT_S", 0.0)
     monkeypatch.setenv("RANK", "1")  # settings are the same on every rank: only rank 0 reports them
     assert run_command(fail(ConfigError("a.b", "too big"))) == 2
     assert run_command(fail(InputFileError("shard.pt", "truncated"))) == 2
@@ -362,7 +363,7 @@ def test_help_piped_to_head_has_exit_status_0_in_the_shell():
 
 def test_a_run_cut_short_by_a_closed_pipe_is_quiet_but_no_success():
     """Output that fails mid-command (not --help, not the final flush): exit code 141, like SIGPIPE."""
-    code = ("import sys\nfrom phf_megatron.cli import command\n"
+    code = ("import sys\nfrom phf_megatron.commands import command\n"
             "def body(argv, quiet):\n    for _ in range(1000):\n        print('x' * 1000, flush=True)\n"
             "sys.exit(command(body)())")
     exit_code, err = _with_closed_stdout(["-c", code])

@@ -39,6 +39,7 @@ ACYCLIC = ("phf_megatron", "benchmarks")
 LAYERS = (
     ("errors", "lazy_exports", "startup"),
     ("config_errors", "input_files", "output_files", "cli", "tokenizer"),
+    ("commands",),
     ("runtime",),
     ("objectives",),
     ("kernels",),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import command, tool_config
+from ..commands import command, tool_config
 from ..eval.config import EvalConfig
 
 

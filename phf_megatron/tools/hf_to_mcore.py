@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..cli import command, tool_config
+from ..commands import command, tool_config
 from ..config_errors import check_choice
 
 DTYPES = ("bf16", "fp16", "fp32")

@@ -31,8 +31,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..cli import command, tool_config
-from ..config_errors import _check_positive, check_choice
+from ..commands import command, tool_config
+from ..config_errors import check_choice, check_positive
 
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -68,7 +68,7 @@ class McoreToHf:
     def __post_init__(self) -> None:
         if self.dtype is not None:
             check_choice("dtype", self.dtype, DTYPES)
-        _check_positive("max_shard_size_gb", self.max_shard_size_gb)
+        check_positive("max_shard_size_gb", self.max_shard_size_gb)
 
 
 def convert(argv: list[str], quiet: bool) -> int:

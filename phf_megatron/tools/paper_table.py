@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..cli import command, parse_command_line
+from ..commands import command, parse_command_line
 from ..config_errors import check_choice, fail
 from ..runtime.children import run_reaped
 from .paper_recipes import (BENCHMARKS, PAPER_COMMON, ROWS, SCALE_LAYERS, SCALES, TOY_BENCHMARKS, TOY_ROWS,

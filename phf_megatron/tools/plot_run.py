@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cli import command, parse_command_line
+from ..commands import command, parse_command_line
 from ..errors import InputFileError, UserError
 from ..training import metrics as M
 

@@ -324,7 +324,7 @@ class Trainer:
                 if (stop is not None and self.step < cfg.training.train_iters
                         and self.step % self.method.iterations == 0 and stop.agreed()):  # at a rollout batch's end
                     return self._stopped(stop.name)
-        except KeyboardInterrupt:  # Ctrl-C: one line (cli.run_command) saying what is kept
+        except KeyboardInterrupt:  # Ctrl-C: one line (commands.run_command) saying what is kept
             done = list_checkpoints(cfg.save_dir)
             kept = f"the last checkpoint is {os.path.join(cfg.save_dir, iter_dir_name(done[-1]))}" if done else \
                 "no checkpoint was saved"

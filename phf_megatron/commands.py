@@ -1,0 +1,144 @@
+"""Running a command line: a command's body, with the errors a user can fix printed as one line.
+
+``command(body)`` makes a console script's ``main(argv=None) -> exit code``: a user error
+(``errors.UserError``, a missing file, a full disk, a dependency not installed) is one line,
+``error: ...``, and exit code 2 (under torchrun: a setting's error by rank 0 only, a file's by
+every rank that read it); Ctrl-C is one line and 130; a closed output pipe ends quietly; any other
+exception keeps its traceback. ``tool_config`` / ``parse_command_line`` read a tool's flags with
+``cli.Settings``. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+from .cli import Settings, wants_help
+from .errors import ConfigError, UsageError, UserError, missing_dependency, write_failure
+
+
+def process_rank() -> int:
+    """This process's global rank: torch.distributed's once joined, else torchrun's ``RANK``, else 0."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+#: How long a rank other than 0 waits before exiting on an error that only rank 0 reports.
+SILENT_RANK_WAIT_S = 10.0
+
+
+def report_error(err: BaseException) -> None:
+    """Print a user error as one line on stderr. Settings and flags are the same on every rank,
+    so only rank 0 reports them; a file error may be one rank's own, so every rank reports it."""
+    rank = process_rank()
+    if rank != 0 and isinstance(err, (ConfigError, UsageError)):
+        # rank 0 reports it; a silent rank that exited first would make torchrun stop rank 0 (SIGTERM)
+        # before its line is out (seen in CI): give rank 0 the time to print and exit
+        time.sleep(SILENT_RANK_WAIT_S)
+        return
+    line = err.line if isinstance(err, UserError) else str(err)
+    print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
+
+
+#: Exit code of a command stopped by Ctrl-C: the shell's code for a process killed by SIGINT (128 + 2).
+INTERRUPTED_EXIT = 130
+
+
+def run_command(main: Callable[[], int | None]) -> int:
+    """Run a command's body: a user error (``UserError``, a missing or already existing file, an
+    ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
+    permission, a dependency that is not installed) prints one line and returns exit code 2; Ctrl-C
+    prints one line and returns ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
+    try:
+        return int(main() or 0)
+    except (UserError, FileNotFoundError, FileExistsError) as err:
+        report_error(err)
+        return 2
+    except ModuleNotFoundError as err:  # a dependency not installed: named, with what to install
+        missing = missing_dependency(err)
+        if missing is None:
+            raise
+        report_error(missing)
+        return 2
+    except OSError as err:  # a full disk, a read-only file system, no permission: named as such
+        failure = write_failure(err)
+        if failure is None:
+            raise
+        report_error(failure)
+        return 2
+    except KeyboardInterrupt as err:  # Ctrl-C reaches every rank: rank 0 says what was kept
+        if process_rank() == 0:
+            print(f"error: interrupted{f' {err}' if str(err) else ''}", file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
+
+
+#: Exit code of a command whose output pipe closed before it finished (``phf-train ... | head``):
+#: the shell's code for a process killed by SIGPIPE (128 + 13), as ``yes | head`` reports it.
+CLOSED_PIPE_EXIT = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the reader is gone, and Python's final flush must not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def command(body: Callable[[list[str], bool], int | None]) -> Callable[..., int]:
+    """A command's ``main(argv=None) -> exit code`` (what ``[project.scripts]`` names) from its
+    ``body(argv, quiet)``: ``argv=None`` is this process's command line, whose start is made quiet
+    (``quiet=True``; a test passes ``argv`` and keeps the warnings); user errors are one line
+    with exit code 2, any other exception keeps its traceback (``run_command``).
+
+    A reader that closes the output pipe early (``--help | head -1``) ends the command quietly, not
+    with a ``BrokenPipeError`` traceback: exit code 0 when it was answering ``--help`` or had
+    finished (only the last flush failed), else ``CLOSED_PIPE_EXIT`` (a run cut short is no success).
+    """
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        args = sys.argv[1:] if argv is None else list(argv)
+        finished = False
+        try:
+            code = run_command(lambda: body(args, argv is None))
+            finished = True
+            sys.stdout.flush()   # here, not at exit: a closed pipe is then caught below
+            return code
+        except BrokenPipeError:
+            _silence_stdout()
+            return 0 if finished or wants_help(args) else CLOSED_PIPE_EXIT
+
+    main.__doc__ = f"The command ``{body.__module__}`` (``argv=None``: this process's command line)."
+    return main
+
+
+def parse_command_line(cls: type, argv: Sequence[str], description: str,
+                       switches: dict[str, str] | None = None):
+    """A tool's command line: ``(config, switches given)``, or ``(None, set())`` after printing
+    ``--help``. ``switches``: the tool's own on/off flags besides the config's (``--verbose``)."""
+    settings = Settings(cls)
+    switches = switches or {}
+    if wants_help(argv):
+        print(settings.help(description, list(switches.items())))
+        return None, set()
+    given = {a for a in argv if a in switches}
+    return settings.build(settings.parse([a for a in argv if a not in switches])), given
+
+
+VERBOSE = {"--verbose": "show third-party warnings and vLLM's INFO/WARNING log (quiet by default)"}
+
+
+def tool_config(cls: type, argv: Sequence[str], description: str, quiet: bool):
+    """A tool's config from its command line, after a quiet start unless ``--verbose``
+    (``quiet``: the command is this process's own, not a test calling ``main(argv)``); None after
+    printing ``--help``. The start comes first: a config's checks may import torch."""
+    if quiet and not wants_help(argv):
+        from .startup import quiet_start
+
+        quiet_start("--verbose" in argv)
+    return parse_command_line(cls, argv, description, VERBOSE)[0]
