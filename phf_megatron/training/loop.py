@@ -338,8 +338,7 @@ class Trainer:
         finally:
             if stop is not None:
                 stop.close()
-        if not (interval and self.step % interval == 0):  # the last step was not saved by the loop
-            self.save()
+        self._save_last()
         self.export()
         self.metrics.end_progress()
         if self.ctx.is_rank0:
@@ -348,16 +347,20 @@ class Trainer:
         return 0
 
     def _stopped(self, name: str) -> int:
-        """The run stops on ``name`` after its current step: saved there (if the interval did not), 128 + signal."""
-        interval = self.cfg.checkpoint.save_interval
-        if not (interval and self.step % interval == 0):
-            self.save()
+        """The run stops on ``name`` after its current step, saved there; returns 128 + the signal's number."""
+        self._save_last()
         self.metrics.end_progress()
         if self.ctx.is_rank0:
             print(f"phf_megatron.train: {name} received: stopped after step {self.step} of "
                   f"{self.cfg.training.train_iters}, saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}; "
                   f"rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
+
+    def _save_last(self) -> None:
+        """Save the step the run ends at, unless ``checkpoint.save_interval`` just did."""
+        interval = self.cfg.checkpoint.save_interval
+        if not (interval and self.step % interval == 0):
+            self.save()
 
     def _log(self, metrics: dict) -> None:
         cfg = self.cfg
