@@ -142,11 +142,12 @@ def die_with_launcher() -> bool:
 
     torchrun starts each worker in a session of its own, so a killed torchrun leaves its workers
     training (and holding their GPUs) with nobody to stop them. ``TORCHELASTIC_RUN_ID`` marks a
-    torchrun worker; its parent is the launcher's agent. The worker gets SIGTERM and ends; the
-    ``Reaper`` of its spawned engine then stops the engine."""
+    torchrun worker; its parent is the launcher's agent. The worker gets SIGKILL and ends at once, also
+    when stuck in a collective (the trainer acts on SIGTERM only at a step's end:
+    ``training.stop_signal``); the ``Reaper`` of its spawned engine then stops the engine."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return False
-    return die_with_parent(os.getppid(), signal.SIGTERM)
+    return die_with_parent(os.getppid(), signal.SIGKILL)
 
 
 def run_reaped(argv: list[str], **popen_kwargs):

@@ -44,10 +44,10 @@ from ..errors import InputFileError, NonFiniteError, OutputFileError, write_fail
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
+from .config import LATEST_FILE
 from .config_io import fingerprint_diff, fingerprint_hash
 
 FORMAT_VERSION = 1
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 META_FILE = "meta.json"
 DIST_DIR = "dist"
 _ITER_RE = re.compile(r"^iter_(\d{7})$")
@@ -325,12 +325,14 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
         saved, now = meta["layout"], layout.sizes()
         diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
         if diffs:
+            other = {"rng": "skip it (--checkpoint.no_load_rng)", "optimizer": "skip it (--checkpoint.no_load_optim)"}
             raise InputFileError(
-                path, f"part {name!r} is stored per {part.scope.value} rank and cannot be resharded "
+                path, f"part {name!r} is stored per {'rank' if part.scope is Scope.RANK else 'model-parallel rank'} and cannot be "
+                f"resharded "
                 f"({', '.join(diffs)}). Resume with the checkpoint's layout (--model.tensor_model_parallel_size="
                 f"{saved['tp_size']} --model.pipeline_model_parallel_size={saved['pp_size']}, "
-                f"{saved['world_size']} ranks), save with --checkpoint.model_format=torch_dist, or skip the part "
-                f"(--checkpoint.no_load_rng / --checkpoint.no_load_optim)")
+                f"{saved['world_size']} ranks), or "
+                f"{other.get(name, 'save with --checkpoint.model_format=torch_dist')}")
 
 
 def _check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -133,15 +133,22 @@ def optimizer_part(optimizer) -> Part:
     if not any(hasattr(o, "get_parameter_state_dp_reshardable") for o in inner):
         return stateful_part(optimizer, Scope.MODEL_PARALLEL)
 
+    def entries(shards: dict) -> Iterator[dict]:
+        """One entry per parameter: buffer index -> dtype -> buckets -> entries (and sizes under str keys)."""
+        buffers = (v for k, v in shards.items() if isinstance(k, int))
+        return (e for buffer in buffers for buckets in buffer.values() for b in buckets for e in b)
+
     def state() -> dict[str, Any]:
-        return {"common": optimizer.state_dict(), "shards": [o.get_parameter_state_dp_reshardable() for o in inner]}
+        shards = [o.get_parameter_state_dp_reshardable() for o in inner]
+        for entry in (e for s in shards for e in entries(s)):  # an fp32 main parameter is a view of the
+            entry["param"] = entry["param"].clone()            # model's buffer: saved alone, not the buffer
+        return {"common": optimizer.state_dict(), "shards": shards}
 
     def load(saved: dict[str, Any]) -> None:
         optimizer.load_state_dict(saved["common"])  # allocates the moments, uninitialised
         for o, shards in zip(inner, saved["shards"], strict=True):
-            buffers = (v for k, v in shards.items() if isinstance(k, int))  # buffer index -> dtype -> buckets
-            for entry in (e for buffer in buffers for buckets in buffer.values() for b in buckets for e in b):
-                entry["padding"] = False  # one entry per parameter; the loader expects the sharded form's flag
+            for entry in entries(shards):
+                entry["padding"] = False  # the loader expects the sharded form's flag
             with torch.no_grad():  # the main parameters may be views of the model's leaves
                 o.load_parameter_state_from_dp_reshardable(shards)
             for param_state in o.optimizer.state.values():  # Megatron (torch Adam) gives every parameter one

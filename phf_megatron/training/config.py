@@ -13,6 +13,7 @@ The sections live in ``config_sections.py``; YAML loading, overrides and dumping
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from phf_megatron.input_files import missing_dir
@@ -23,6 +24,9 @@ from .config_sections import (  # noqa: F401 - re-exported: the sections are par
     CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig, RolloutConfig,
     TeacherConfig, TrainingConfig,
 )
+
+#: Megatron's tracker file: a checkpoint directory's latest complete iteration (``training.checkpoint``).
+LATEST_FILE = "latest_checkpointed_iteration.txt"
 
 #: The paper's ablation rows (Table 3 and Section 4) as switches: ``--ablation NAME`` sets these
 #: ``objective`` values before the explicit command-line overrides are applied.
@@ -154,7 +158,10 @@ class TrainConfig:
 
     @property
     def load_dir(self) -> str:
-        return self.checkpoint.load or self.save_dir
+        """Where the run resumes from: its own save directory once that holds a checkpoint (a rerun, a
+        requeue), else ``checkpoint.load`` (a run that starts from another run's checkpoint)."""
+        own = os.path.isfile(os.path.join(self.save_dir, LATEST_FILE))
+        return self.save_dir if own or not self.checkpoint.load else self.checkpoint.load
 
     @property
     def model_format(self) -> str:

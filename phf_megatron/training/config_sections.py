@@ -393,9 +393,9 @@ class CheckpointConfig:
     """Refuse to resume when a setting that changes the run's math differs from the checkpoint's."""
     exit_signal_handler: bool = True
     """On ``exit_signal`` (a scheduler's preemption): finish the step in flight, save a checkpoint and
-    exit with 128 + the signal's number (Megatron's --exit-signal-handler); a second signal stops at once.
-    torchrun kills its workers 30 s after passing a signal on: ask the scheduler for the signal early
-    enough for a step and a save (Slurm: --signal=TERM@300)."""
+    exit with 128 + the signal's number (Megatron's --exit-signal-handler); repeats are noted again, a
+    second Ctrl-C stops at once. torchrun kills its workers --shutdown-timeout seconds (default 30) after
+    passing a signal on: leave a step and a save (examples/slurm/train_phf_multinode.sbatch)."""
     exit_signal: str = "SIGTERM"
     """The signal exit_signal_handler acts on: SIGTERM | SIGINT | SIGUSR1 | SIGUSR2."""
 

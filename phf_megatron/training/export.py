@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import read_json
-from .checkpoint import LATEST_FILE, META_FILE, iter_dir_name, read_latest
-from .config import TrainConfig
+from .checkpoint import META_FILE, iter_dir_name, read_latest
+from .config import LATEST_FILE, TrainConfig
 from .config_io import CONFIG_FILE, load_config
 
 #: Where ``Trainer.export`` writes, below the run directory.

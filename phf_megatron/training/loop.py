@@ -207,6 +207,8 @@ class Trainer:
             parts.pop(PREFETCH_PART)  # saved on-policy: the first resumed step samples afresh
         info = load_checkpoint(load_dir, parts, self.layout,
                                fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
+        if "optimizer" not in parts:  # its fp32 main parameters (bf16) were copied from the weights before the
+            self.student.optimizer.reload_model_params()  # load: else the first update writes them back over it
         self.step = info.iteration
         extra = info.meta.get("extra", {})
         self.nonfinite_steps, self.nonfinite_run = extra.get("nonfinite_steps", 0), extra.get("nonfinite_run", 0)

@@ -3,7 +3,9 @@
 Megatron-LM's ``--exit-signal-handler``: the handler only notes the signal; at the end of the step in
 flight every rank agrees that one was received (on any rank: torchrun may deliver it to one worker
 before the others), the trainer writes a checkpoint and exits with ``128 + signal number``, the code
-of a process the signal killed. A second signal acts at once (the handler that was there before).
+of a process the signal killed. A repeated signal is noted again (Slurm signals every process of the
+job step and torchrun passes its own signal on: a worker often gets two); a second Ctrl-C, though,
+acts at once (the handler that was there before).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import signal
 
 import torch
 import torch.distributed as dist
+
 
 class StopSignal:
     """Notes the signal ``name`` (``SIGTERM``) while installed; ``close()`` restores the old handler."""
@@ -23,7 +26,8 @@ class StopSignal:
 
     def _note(self, signum, frame) -> None:
         self.received = True
-        signal.signal(self.signum, self._previous)  # a second signal: stop now
+        if signum == signal.SIGINT:  # a second Ctrl-C: stop now
+            signal.signal(self.signum, self._previous or signal.SIG_DFL)
 
     def agreed(self) -> bool:
         """Whether any rank received the signal (a collective over the world when distributed)."""
@@ -38,5 +42,4 @@ class StopSignal:
         return signal.Signals(self.signum).name
 
     def close(self) -> None:
-        if not self.received:
-            signal.signal(self.signum, self._previous)
+        signal.signal(self.signum, self._previous or signal.SIG_DFL)

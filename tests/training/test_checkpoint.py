@@ -167,12 +167,14 @@ def test_layout_change_of_per_rank_parts_is_refused(tmp_path):
     run = ToyRun(seed=0)
     ckpt.save_checkpoint(str(tmp_path), 1, run.parts(), RankLayout())
     tp2 = RankLayout(rank=0, world_size=2, tp_size=2)
-    with pytest.raises(ValueError, match=r"part 'model' is stored per model_parallel rank.*tp_size 1 -> 2.*"
-                                         r"--model.tensor_model_parallel_size=1"):
+    with pytest.raises(ValueError, match=r"part 'model' is stored per model-parallel rank.*tp_size 1 -> 2.*"
+                                         r"--model.tensor_model_parallel_size=1.*or save with --checkpoint.model_format="
+                                         r"torch_dist$"):
         ckpt.load_checkpoint(str(tmp_path), run.parts(), tp2)
     dp2 = RankLayout(rank=0, world_size=2, dp_size=2)
     only_rng = {"rng": rng_part()}
-    with pytest.raises(ValueError, match=r"part 'rng' is stored per rank rank.*dp_size 1 -> 2.*no_load_rng"):
+    with pytest.raises(ValueError, match=r"part 'rng' is stored per rank and cannot.*dp_size 1 -> 2.*or skip it "
+                                                     r"\(--checkpoint.no_load_rng\)$"):
         ckpt.load_checkpoint(str(tmp_path), only_rng, dp2)
     global_parts = {k: v for k, v in run.parts().items() if k in ("data", "scheduler")}
     assert ckpt.load_checkpoint(str(tmp_path), global_parts, dp2).iteration == 1  # global state reshards

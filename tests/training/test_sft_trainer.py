@@ -81,6 +81,25 @@ def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tm
         assert all(line.endswith(message) for line in errors), errors
 
 
+def test_a_bf16_resume_without_the_optimizer_goes_on_from_the_saved_weights(tiny_inputs, tmp_path):
+    """``--checkpoint.no_load_optim`` in bf16: the optimizer's fp32 main parameters are refreshed from the
+    loaded adapters (Megatron's reload_model_params); before, the first resumed update was written over
+    the initial adapters. Adam's first step moves each weight by at most lr, so step 7 lies within lr of
+    step 6, which lies several lr away from the start."""
+    hf, data = tiny_inputs
+    lr = 1e-2
+    run = str(tmp_path / "run")
+    common = ("--method=sft", f"--lr={lr}", "--model.dtype=bfloat16", "--checkpoint.save_interval=0")
+    assert_ok(train(hf, data, run, *common, "--training.train_iters=6"))
+    saved = {k: v.float() for k, v in _adapters(run).items()}
+    assert_ok(train(hf, data, run, *common, "--training.train_iters=7", "--checkpoint.no_load_optim"))
+    resumed = {k: v.float() for k, v in _adapters(run).items()}
+    b = [k for k in saved if "lora_B" in k]
+    assert max(saved[k].abs().max().item() for k in b) > 3 * lr  # B starts at 0: six steps moved it
+    for k in saved:
+        assert (resumed[k] - saved[k]).abs().max().item() <= 1.1 * lr, k
+
+
 def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
     """``sft.loss_on_prompt`` scores more tokens of the same sequences; ``sft.max_length`` cuts and counts."""
     hf, data = tiny_inputs

@@ -1,7 +1,8 @@
 """Stopping a run from outside, as a scheduler or a user does, on the tiny CPU preset:
 
-* SIGTERM (``checkpoint.exit_signal``, a preemption): the step in flight finishes, a checkpoint is
-  written there, one line says so, exit code 143 (128 + 15); the same command resumes from that step;
+* SIGTERM (``checkpoint.exit_signal``, a preemption; twice, as Slurm and torchrun both send it): the
+  step in flight finishes, a checkpoint is written there, one line says so, exit code 143 (128 + 15);
+  the same command resumes from that step, with ``--checkpoint.load`` too (its own checkpoints first);
 * SIGTERM delivered to one rank only under torchrun: every rank agrees and saves;
 * Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
 * ``--checkpoint.load`` naming a directory without a checkpoint: one line, before any model is built.
@@ -59,6 +60,7 @@ def test_sigterm_saves_the_step_in_flight_and_the_same_command_resumes(tiny_inpu
     run = str(tmp_path / "run")
     proc, log = _start(hf, data, run)
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)  # Slurm's and torchrun's: a repeat is noted again, not a kill
     assert proc.wait(timeout=300) == 128 + signal.SIGTERM, open(log).read()[-4000:]
     out = open(log).read()
     steps = [m["step"] for m in read_metrics(run)]
@@ -100,9 +102,25 @@ def test_ctrl_c_is_one_line_naming_the_last_checkpoint(tiny_inputs, tmp_path):
     out = open(log).read()
     assert "Traceback" not in out, out[-4000:]
     [line] = [line for line in out.splitlines() if line.startswith("error: ")]
-    last = os.path.join(run, "checkpoints", f"iter_{read_metrics(run)[-1]['step']:07d}")
+    with open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")) as f:  # (Ctrl-C may cut
+        last = os.path.join(run, "checkpoints", f"iter_{int(f.read()):07d}")                # a save short)
     assert re.fullmatch(rf"error: interrupted during step \d+ of 200; the last checkpoint is {re.escape(last)}; "
                         "rerun the same command to resume", line), line
+
+
+def test_a_run_started_from_another_runs_checkpoint_resumes_its_own(tiny_inputs, tmp_path):
+    """``--checkpoint.load`` names where a run starts; once it has saved, the same command resumes its own."""
+    hf, data = tiny_inputs
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    assert_ok(train(hf, data, first, "--training.train_iters=2"))
+    start = ("--checkpoint.save_interval=0", f"--checkpoint.load={os.path.join(first, 'checkpoints')}")
+    proc = train(hf, data, second, *start, "--training.train_iters=3")
+    assert_ok(proc)
+    assert "resuming from step 2 of 3" in proc.stdout
+    proc = train(hf, data, second, *start, "--training.train_iters=4")
+    assert_ok(proc)
+    assert f"resuming from step 3 of 4 ({os.path.join(second, 'checkpoints', 'iter_0000003')})" in proc.stdout
+    assert [m["step"] for m in read_metrics(second)] == [3, 4]
 
 
 @pytest.mark.parametrize("where, hint", [
