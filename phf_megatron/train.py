@@ -14,7 +14,6 @@ line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .commands import command
@@ -49,10 +48,9 @@ def train(argv: list[str], quiet: bool = True) -> int:
                   f"{outputs_message(cfg, step)}", flush=True)
         return 0
 
-    if cfg.checkpoint.load and os.path.abspath(cfg.load_dir) != os.path.abspath(cfg.save_dir):
-        from .training.checkpoint import require_checkpoint
+    from .training.checkpoint import require_checkpoint
 
-        require_checkpoint(cfg.load_dir)
+    require_checkpoint(cfg)
     from .training.distributed import shutdown_distributed
     from .training.loop import Trainer
 

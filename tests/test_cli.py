@@ -188,6 +188,8 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--optimizer.lr=abc"], "error: --optimizer.lr: expected float, got 'abc'"),
     (["--lrr", "1e-5"], "error: --lrr: unknown setting; did you mean lora.r, lr?"),
     (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
+    (["--checkpoint.exit_signal=SIGKILL"],
+     "error: --checkpoint.exit_signal: 'SIGKILL' is not one of ('SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2')"),
     (["--config", "configs/nope.yaml"], "error: config file 'configs/nope.yaml' does not exist"),
     (["--config", "configs/tiny_cpu.yaml", "--lr=1e-4", "--config=my.yaml"],
      "error: --config: given twice (configs/tiny_cpu.yaml, then my.yaml): one preset per run; override its settings "

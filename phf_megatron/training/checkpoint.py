@@ -44,7 +44,7 @@ from ..errors import InputFileError, NonFiniteError, OutputFileError, write_fail
 from ..input_files import load_dist_checkpoint, load_torch_file, read_json
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
-from .config import LATEST_FILE
+from .config import LATEST_FILE, TrainConfig
 from .config_io import fingerprint_diff, fingerprint_hash
 
 FORMAT_VERSION = 1
@@ -92,13 +92,16 @@ def read_latest(save_dir: str) -> int | None:
     return int(text)
 
 
-def require_checkpoint(load_dir: str) -> None:
-    """Raise (one line naming ``--checkpoint.load``) unless ``load_dir`` holds a checkpoint to resume.
+def require_checkpoint(cfg: TrainConfig) -> None:
+    """Raise (one line naming ``--checkpoint.load``) when the run is to start from a ``checkpoint.load``
+    apart from its save directory and that holds no checkpoint.
 
-    For a ``checkpoint.load`` set apart from the save directory: a mistyped path would otherwise
-    train from scratch unnoticed. The hint names the directory meant where it can tell (an
-    ``iter_XXXXXXX`` directory's parent, a run directory's ``checkpoints``).
+    A mistyped path would otherwise train from scratch unnoticed. The hint names the directory meant
+    where it can tell (an ``iter_XXXXXXX`` directory's parent, a run directory's ``checkpoints``).
     """
+    load_dir = cfg.load_dir
+    if not cfg.checkpoint.load or os.path.abspath(load_dir) == os.path.abspath(cfg.save_dir):
+        return
     if read_latest(load_dir) is not None:
         return
     nested = os.path.join(load_dir, "checkpoints")
