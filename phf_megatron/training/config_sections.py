@@ -251,7 +251,7 @@ class DataConfig:
     """Wording of the teacher's message: official (OPSD 7448751, data_collator.py) | opsd_2026_03
     (the wording before the authors' 2026-03-18 rewrite; see phf_megatron/data/prompts.py)."""
     max_prompt_length: int = 20000
-    """Truncate prompts to this many tokens (official --max_length 20000)."""
+    """Longest prompt in tokens; a longer row stops the run at load (official --max_length 20000 truncates)."""
     skip_bad_rows: bool = False
     """Skip and count invalid rows instead of stopping at the first one."""
     shuffle: bool = True

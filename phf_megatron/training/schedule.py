@@ -1,7 +1,8 @@
 """The learning-rate schedule: Megatron's ``OptimizerParamScheduler`` with the official OPSD span.
 
-The official run (HF Trainer, ``lr_scheduler_type=cosine``, ``num_train_epochs=30``, no warm-up)
-decays over ``num_train_epochs * steps_per_epoch`` optimizer steps, with
+The paper's schedule (cosine, ``num_train_epochs=30``, no warm-up; the official scripts at 7448751
+set no ``lr_scheduler_type``, so TRL 0.26's GOLDConfig keeps HF's linear default: README "Recipe",
+``--optimizer.lr_decay_style=linear``) decays over ``num_train_epochs * steps_per_epoch`` steps, with
 ``steps_per_epoch = ceil(rows / global_batch_size)`` (29,434 rows / 32 -> 920 -> 27,600 steps),
 and a watcher stops the run at step 100, so the learning rate barely moves (5e-6 -> ~5e-6 x
 0.99997). Megatron's cosine with ``min_lr = 0`` is the same curve as HF's:
