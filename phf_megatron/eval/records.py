@@ -15,6 +15,7 @@ import glob
 import json
 import os
 from collections.abc import Iterable
+from importlib.metadata import version
 
 from ..errors import InputFileError
 from ..output_files import writing
@@ -24,18 +25,22 @@ SHARD_GLOB = "samples.rank*.jsonl"
 
 
 def grade_record(record: dict, require_boxed: bool) -> dict:
-    """``record`` with its answer (the official extraction; ``boxed``: one was found) and both
-    graders' verdicts, ``correct = {"official": ..., "extended": ...}``."""
+    """``record`` with its answer (the official extraction; ``boxed``: one was found), both
+    graders' verdicts, ``correct = {"official": ..., "extended": ...}``, and the math-verify
+    version that gave them."""
     pred = official_boxed_answer(record["output"])
     return {**record, "pred": pred, "boxed": pred is not None, "require_boxed": require_boxed,
-            "correct": grade(record["output"], record["gold"], require_boxed=require_boxed)}
+            "correct": grade(record["output"], record["gold"], require_boxed=require_boxed),
+            "math_verify": version("math-verify")}
 
 
-def needs_grading(record: dict, require_boxed: bool) -> bool:
-    """True for a record graded under another rule, or before both graders were recorded."""
+def needs_grading(record: dict, require_boxed: bool, gold: str | None = None) -> bool:
+    """True for a record graded under another rule, against another answer than ``gold`` (the
+    benchmark's now; None: the one stored), by another math-verify, or before both graders were recorded."""
     correct = record.get("correct")
     return (record.get("require_boxed") != require_boxed or not isinstance(correct, dict)
-            or set(correct) != set(GRADERS))
+            or set(correct) != set(GRADERS) or (gold is not None and record.get("gold") != gold)
+            or record.get("math_verify") != version("math-verify"))
 
 
 def sample_key(record: dict) -> tuple[str, str, int]:

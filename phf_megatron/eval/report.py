@@ -61,10 +61,12 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
               generated: int, seconds: float, model_dir: str, backend: str) -> Summary:
     """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot)."""
     by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    answers = {(p.benchmark, p.id): p.answer for ps in problems.values() for p in ps}
     for (bench, pid, idx), rec in records.items():
         if idx < config.n:
-            if needs_grading(rec, config.require_boxed):              # another rule, or an older record
-                rec = grade_record(rec, config.require_boxed)
+            gold = answers.get((bench, pid), rec.get("gold"))
+            if needs_grading(rec, config.require_boxed, gold):        # another rule or answer, an older record
+                rec = grade_record({**rec, "gold": gold}, config.require_boxed)
             by_problem[bench][pid].append(rec)
     scores = []
     for bench, ps in problems.items():

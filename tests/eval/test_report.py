@@ -55,3 +55,33 @@ def test_table_and_summary_report_both_graders(tmp_path, grader, old_format):
     bench = got["benchmarks"]["b"]
     assert bench["pass_at_k"]["2"] == {"official": 50.0, "extended": 100.0}[grader]
     assert bench["boxed_rate"] == 50.0                                   # the official extraction: \fbox, \boxed 5 are none
+
+
+def _suite_averages(out_dir, records, answer="5"):
+    config = EvalConfig(out_dir=str(out_dir), model="unused", n=2, pass_ks=(1,))
+    problems = {"b": [Problem("b", "p1", "?", answer), Problem("b", "p2", "?", answer)]}
+    summary = summarize(config, problems, records, duplicates=0, generated=0, seconds=0.0, model_dir="m", backend="hf")
+    return summary.suite_average_by_grader
+
+
+def _current(records):
+    for rec in records.values():
+        rec["math_verify"] = version("math-verify")
+    return records
+
+
+def test_records_are_graded_against_the_benchmarks_answer_not_the_one_stored(tmp_path):
+    """A benchmark whose answer changed (a fixed typo) after the samples were drawn: the resumed
+    run grades every sample against the answer it has now, not against the one stored with it."""
+    assert _suite_averages(tmp_path, _current(_records()), answer="5") == {"official": 25.0, "extended": 75.0}
+    assert _suite_averages(tmp_path, _current(_records()), answer="6") == {"official": 25.0, "extended": 25.0}
+
+
+def test_records_graded_by_another_math_verify_are_regraded(tmp_path):
+    """summary.json names the installed math-verify as the one that graded: verdicts stored by
+    another version (here wrong on purpose) are graded again, not taken as they are."""
+    records = _records()
+    for rec in records.values():
+        rec.update(correct={"official": True, "extended": True}, math_verify="0.0.1")
+    assert _suite_averages(tmp_path, records) == {"official": 25.0, "extended": 75.0}
+    assert _suite_averages(tmp_path, _current(_records())) == {"official": 25.0, "extended": 75.0}
