@@ -77,21 +77,45 @@ def _grader_cases():
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _in_solution(gold):
+    """What the official script passes as the gold: the row's whole solution, which ends in the answer's box
+    (its only one: math-verify reads several boxes of a text as one set)."""
+    return f"Since $x = 4$, the answer is \\boxed{{{gold}}}."
+
+
+def _string_equal(completion, gold):
+    pred = extract_boxed_answer(completion)
+    return float(bool(pred) and re.sub(r"\s+", "", pred).lower() == re.sub(r"\s+", "", gold).lower())
+
+
 def test_equal_to_official_on_every_grader_case():
-    """Each of the 119 labelled outputs, as it is and after a ``<think>`` block holding a decoy box.
-    The official rule is strict (math-verify on the bare answer, no ``$``, the first box): it gives
-    1 to 49 of the 89 outputs labelled correct (the eval tool's official grader: 66) and to none
-    labelled wrong."""
+    """Each of the 119 labelled outputs, as it is and after a ``<think>`` block holding a decoy box,
+    against the official rule given what the official script gives it, a solution ending in the
+    gold's box. Ours also takes an answer equal as a string to that box (step 3; the official
+    compares with the whole solution). The rule is strict (math-verify on the bare answer, no
+    ``$``, the first box): 53 of the 89 outputs labelled correct (the eval tool's official grader:
+    66), none labelled wrong."""
     rows = _grader_cases()
     assert len(rows) == 119
     for think in ("", "<think>so \\boxed{-12345} maybe</think>\n"):
         outputs = [think + r["model_output_text"] for r in rows]
         golds = [r["gold_answer"] for r in rows]
-        theirs = official_reward_correctness(outputs, golds)
+        theirs = official_reward_correctness(outputs, [_in_solution(g) for g in golds])
         ours = [reward_correctness(o, g) for o, g in zip(outputs, golds)]
         assert [grpo_boxed_answer(o) for o in outputs] == [extract_boxed_answer(o) for o in outputs]
-        assert ours == theirs
-    assert sum(ours) == 49 and not any(v and not r["is_correct"] for v, r in zip(ours, rows))
+        assert ours == [max(t, _string_equal(o, g)) for t, o, g in zip(theirs, outputs, golds)]
+    assert sum(ours) == 53 and not any(v and not r["is_correct"] for v, r in zip(ours, rows))
+
+
+@pytest.mark.parametrize("gold, pred, want", [
+    ("25\\pi", "25", 0.0), ("5-12i", "5", 0.0), ("2\\sqrt{3}", "2", 0.0), ("(3, -1)", "-1", 0.0),
+    ("\\dfrac{3}{50}", "\\frac{3}{50}", 1.0), ("50,\\!625", "50625", 1.0), ("\\$65", "65", 1.0)])
+def test_the_gold_reads_as_the_official_reads_the_solutions_box(gold, pred, want):
+    """math-verify reads a bare gold only up to what it recognises (``25\\pi`` as 25, ``\\dfrac`` not at
+    all); the official reads the solution's box whole. A bare parse rewarded 25 for 25 pi."""
+    completion = f"<think>x</think> \\boxed{{{pred}}}"
+    assert official_reward_correctness([completion], [_in_solution(gold)]) == [want]
+    assert reward_correctness(completion, gold) == want
 
 
 ADVERSARIAL = [
@@ -134,7 +158,8 @@ ADVERSARIAL = [
 @pytest.mark.parametrize("completion, gold", ADVERSARIAL)
 def test_equal_to_official_on_adversarial_strings(completion, gold):
     assert grpo_boxed_answer(completion) == extract_boxed_answer(completion)
-    assert reward_correctness(completion, gold) == official_reward_correctness([completion], [gold])[0]
+    theirs = official_reward_correctness([completion], [_in_solution(gold)])[0]
+    assert reward_correctness(completion, gold) == max(theirs, _string_equal(completion, gold))
 
 
 def test_the_adversarial_strings_reach_both_verdicts():
