@@ -113,7 +113,7 @@ class SftConfig:
 
     max_length: int = DEFAULT_SFT_MAX_LENGTH
     """Most tokens of one sequence, prompt + solution + EOS (paper and official ``--max_length``:
-    16000); a longer one is cut at the end as TRL's SFTTrainer does (``truncation_mode`` keep_start)
+    16000); a longer one is cut at the end as TRL 0.26's SFTTrainer does (``truncate_dataset``)
     and counted in the metrics (``sft_truncated``)."""
     loss_on_prompt: bool = False
     """Also score the prompt tokens (the official baseline: TRL's SFTTrainer on a plain ``text``

@@ -2,8 +2,9 @@
 
 No rollout engine (``NullRolloutDriver``: no sync, no engine), no teacher, no EMA, no flow: one
 student pass per update (``parallel.SftStep``). The data, optimizer, schedule, checkpoints and
-export are the trainer's. A sequence longer than ``sft.max_length`` is cut at its end, as TRL's
-SFTTrainer does (``truncation_mode="keep_start"``), and the step's cuts are ``sft_truncated``.
+export are the trainer's. A sequence longer than ``sft.max_length`` is cut at its end, as TRL
+0.26's SFTTrainer does (``truncate_dataset``: the first ``max_length`` ids), and the step's cuts
+are ``sft_truncated``.
 """
 
 from __future__ import annotations
