@@ -116,6 +116,24 @@ def fixed_plan(num_samples: int, *, dp_size: int, micro_batch_size: int) -> Micr
         for r in range(dp_size)))
 
 
+def check_step_split(num_samples: int, dp_size: int, micro_batch_size: int, max_tokens: int | None,
+                     pp_size: int = 1, vpp_size: int | None = None) -> None:
+    """At start-up, before any rollout: a step's ``num_samples`` split over ``dp_size`` ranks (both modes), into
+    micro-batches of ``micro_batch_size`` (fixed count), a multiple of ``pp_size`` of them per rank under an
+    interleaved pipeline (``vpp_size`` > 1: Megatron's schedule refuses another count). One line naming the setting."""
+    if num_samples % dp_size:
+        raise fail("training.global_batch_size", f"{num_samples} samples do not split over {dp_size} "
+                   "data-parallel ranks")
+    if max_tokens is not None:
+        return
+    count = len(fixed_plan(num_samples, dp_size=dp_size, micro_batch_size=micro_batch_size).ranks[0])
+    if (vpp_size or 1) > 1 and count % pp_size:
+        raise fail("training.micro_batch_size", f"{count} micro-batches per data-parallel rank (global_batch_size / "
+                   f"(micro_batch_size x data-parallel size {dp_size})) are not a multiple of "
+                   f"pipeline_model_parallel_size = {pp_size}, which the interleaved schedule "
+                   "(model.virtual_pipeline_model_parallel_size) needs")
+
+
 def token_budget_plan(student_lengths: Sequence[int], teacher_lengths: Sequence[int], *, dp_size: int,
                       max_tokens: int, layout: str = "packed", pad_multiple: int = 1,
                       names: Sequence[str] | None = None) -> MicroBatchPlan:

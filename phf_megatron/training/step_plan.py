@@ -21,6 +21,7 @@ from ..data.prompts import encode_prompt, render_student_prompt, render_teacher_
 from ..data.reason_first import analysis_prompt_ids, analysis_prompt_text, reason_first_teacher_ids
 from .batches import local_samples
 from .config import TrainConfig
+from .microbatch_plan import check_step_split
 from .policy_mix import on_policy_samples, solution_completion
 from .rollouts import StepRequests, StepSamples
 
@@ -53,6 +54,10 @@ class StepPlanner:
         """``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (the method's; default PHF's)."""
         self.cfg, self.dataset, self.tokenizer, self.prompt_config = cfg, dataset, tokenizer, prompt_config
         self.dp_size = dp_size
+        t, m = cfg.training, cfg.model   # the step's split, checked now: one line, before any rollout
+        check_step_split(t.global_batch_size, dp_size, t.micro_batch_size, t.max_tokens_per_microbatch,
+                         m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size)
+        on_policy_samples(cfg.rollout.lmbda, t.seed, 0, t.global_batch_size, dp_size, t.micro_batch_size)
         self.row_inputs = row_inputs or (lambda tok, r, pc: build_prompt_pair(tok, r.problem, r.solution, pc))
 
     def plan(self, step: int, sampler, steps_ahead: int = 0) -> StepPlan:

@@ -225,3 +225,54 @@ def test_the_builder_names_the_sample_over_the_budget_by_its_origin():
                            max_tokens=16, origins=["train.jsonl:4", "train.jsonl:9"])
     assert err.value.key == "training.max_tokens_per_microbatch"
     assert "sample 1 (train.jsonl:9) alone needs 31 student tokens, over the budget of 16" in err.value.line
+
+
+def _planner(flags, dp):
+    from phf_megatron.data import PromptConfig, load_qwen3_tokenizer
+    from phf_megatron.data.toy import toy_row
+    from phf_megatron.training.config_io import load_config
+    from phf_megatron.training.step_plan import StepPlanner
+
+    cfg = load_config(None, ["--method=phf", "--rollout.n=1", "--training.global_batch_size=8", *flags])
+    rows = [toy_row(10 + a, 17 + a) for a in range(8)]
+    return StepPlanner(cfg, rows, load_qwen3_tokenizer(), PromptConfig(), dp), len(rows)
+
+
+def test_a_budget_plans_a_step_whatever_the_micro_batch_size():
+    """Under ``training.max_tokens_per_microbatch`` nothing is cut by ``training.micro_batch_size``: 2 samples per
+    rank (dp 4) under its 8 plan their step (rollout.lmbda = 1 needs no draw slots; before, an IndexError)."""
+    from phf_megatron.data.sampler import EpochSampler
+
+    planner, n = _planner(["--training.micro_batch_size=8", "--training.packing",
+                           "--training.max_tokens_per_microbatch=4096"], 4)
+    plan = planner.plan(0, EpochSampler(n, shuffle=False))
+    assert plan.indices == list(range(8)) and plan.requests.on_policy == [True] * 8
+
+
+@pytest.mark.parametrize("flags,dp,key,says", [
+    (["--training.micro_batch_size=4"], 4, "training.micro_batch_size", "does not divide the 2 samples"),
+    (["--training.micro_batch_size=1"], 3, "training.global_batch_size", "do not split over 3"),
+    (["--training.micro_batch_size=1", "--training.packing", "--training.max_tokens_per_microbatch=4096"], 3,
+     "training.global_batch_size", "do not split over 3"),
+    (["--training.micro_batch_size=4", "--training.packing", "--training.max_tokens_per_microbatch=4096",
+      "--rollout.lmbda=0.5"], 4, "training.micro_batch_size", "rollout.lmbda's one draw per micro-batch"),
+])
+def test_the_step_split_is_one_line_when_the_planner_starts(flags, dp, key, says):
+    """A split a step cannot take is named when the trainer builds its planner, before any rollout (before: an
+    IndexError at the first step's plan, from rollout.lmbda's draw slots, or a ValueError after the rollouts)."""
+    with pytest.raises(ConfigError) as err:
+        _planner(flags, dp)
+    assert err.value.key == key and says in err.value.line and "\n" not in err.value.line
+
+
+def test_an_interleaved_pipeline_needs_a_multiple_of_pp_micro_batches_at_start():
+    """Megatron's interleaved schedule refuses a per-rank micro-batch count that is not a multiple of PP: said in
+    one line when the planner starts (8 / (2 x dp 2) = 2 micro-batches pass at PP 2; 6 / 2 = 3 do not)."""
+    vpp = ["--model.pipeline_model_parallel_size=2", "--model.virtual_pipeline_model_parallel_size=2",
+           "--training.micro_batch_size=2"]
+    _planner(vpp, 2)
+    with pytest.raises(ConfigError) as err:
+        _planner([*vpp, "--training.global_batch_size=6"], 1)
+    assert err.value.key == "training.micro_batch_size" and "\n" not in err.value.line
+    assert "3 micro-batches per data-parallel rank" in err.value.line
+    assert "pipeline_model_parallel_size = 2" in err.value.line
