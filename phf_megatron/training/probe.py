@@ -42,13 +42,15 @@ def megatron_logprobs(student, prompt_ids: list[int], completion_ids: list[int])
         return output, collect
 
     chunks = student.chunks
+    # an interleaved pipeline runs a multiple of PP micro-batches (Megatron refuses 1): the same one PP times
+    count = ps.get_pipeline_model_parallel_world_size() if len(chunks) > 1 else 1
     was_training = [c.training for c in chunks]
     for c in chunks:
         c.eval()
     try:
         get_forward_backward_func()(
-            forward_step_func=step, data_iterator=[iter([None]) for _ in chunks] if len(chunks) > 1 else iter([None]),
-            model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1, seq_length=ids.shape[1],
+            forward_step_func=step, data_iterator=[iter([None] * count) for _ in chunks] if len(chunks) > 1 else
+            iter([None]), model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=count, seq_length=ids.shape[1],
             micro_batch_size=1, forward_only=True)
     finally:
         for c, mode in zip(chunks, was_training):
