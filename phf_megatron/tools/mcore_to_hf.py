@@ -31,7 +31,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..commands import command, tool_config
+from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -95,7 +95,8 @@ def _convert(args: McoreToHf) -> int:
         export_run_checkpoint(run, args.out_dir, adapter=args.adapter_only, base_model=args.base_model, dtype=dtype,
                               max_shard_bytes=shard_bytes)
         what = "PEFT adapter" if args.adapter_only else "HF model (LoRA merged)" if run.cfg.lora.enabled else "HF model"
-        print(f"wrote {os.path.abspath(args.out_dir)}: the {what} of {run.path} (step {run.iteration})")
+        if process_rank() == 0:  # under torchrun: once
+            print(f"wrote {os.path.abspath(args.out_dir)}: the {what} of {run.path} (step {run.iteration})")
         return 0
     if args.adapter_only:
         raise ConfigError("adapter_only", f"{args.mcore_dir} is a model checkpoint, not a training run: it has no "
@@ -106,7 +107,8 @@ def _convert(args: McoreToHf) -> int:
     hf_config = read_json(args.hf_config) if args.hf_config else None
     convert_mcore_to_hf(args.mcore_dir, args.out_dir, tokenizer_dir=args.tokenizer_dir, hf_config=hf_config,
                         dtype=dtype, tp=args.tp, pp=args.pp, max_shard_bytes=shard_bytes)
-    print(f"wrote {os.path.abspath(args.out_dir)}")
+    if process_rank() == 0:
+        print(f"wrote {os.path.abspath(args.out_dir)}")
     return 0
 
 

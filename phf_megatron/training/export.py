@@ -57,7 +57,9 @@ def outputs_message(cfg: TrainConfig, step: int) -> str:
         lines.append(f"  tensorboard   {cfg.logging.tensorboard_dir or os.path.join(run, 'tensorboard')}")
     if cfg.lora.enabled:
         lines.append(f"  PEFT adapter  {export_dir(cfg)} (base model: {cfg.model.hf_dir})")
-        lines.append(f"  merged model  python tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir "
+        mp = cfg.model.tensor_model_parallel_size * cfg.model.pipeline_model_parallel_size
+        launcher = "python" if mp == 1 else f"torchrun --nproc-per-node {mp}"  # the checkpoint's TP x PP layout
+        lines.append(f"  merged model  {launcher} tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir "
                      f"{os.path.join(run, 'merged')}")
     else:
         lines.append(f"  HF model      {export_dir(cfg)}")

@@ -113,12 +113,12 @@ def save_tiny_qwen3(out_dir: str, *, tied: bool = False, seed: int = 0, **overri
     return model
 
 
-def make_tiny_hf(out_dir: str, seed: int = 0) -> str:
+def make_tiny_hf(out_dir: str, seed: int = 0, num_layers: int = 2) -> str:
     """The trainer tests' model directory: real vocabulary, hidden 32, tied, Qwen3's init (0.02)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=QWEN3_PADDED_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = Qwen3Config(vocab_size=QWEN3_PADDED_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
                       max_position_embeddings=1024, rope_theta=1e6)
     Qwen3ForCausalLM(cfg).save_pretrained(out_dir)

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from phf_megatron.output_files import output_mode
 
 from ..helpers import REPO, run_python
-from ..helpers.tiny_run import assert_ok, train, train_recording_logits
+from ..helpers.tiny_qwen3 import make_tiny_hf
+from ..helpers.tiny_run import assert_ok, make_toy_jsonl, train, train_recording_logits
 
 MCORE_TO_HF = os.path.join(REPO, "tools", "convert", "mcore_to_hf.py")
 IDS = [[151644, 872, 198, 3838, 374, 220, 17, 10, 18, 30, 151645, 198], [785, 4226, 374, 220, 20, 13, 151643,
@@ -92,6 +93,32 @@ def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_stu
     converted = load_file(os.path.join(adapter, "adapter_model.safetensors"))
     assert own.keys() == converted.keys() and all(torch.equal(own[k], converted[k]) for k in own)
     assert _modes(merged) == _modes(adapter) == {output_mode()}   # weight files as readable as config.json
+
+
+def test_an_interleaved_pipeline_run_converts_under_the_torchrun_its_end_names(tmp_path):
+    """PP 2 x VPP 2 (4 layers), as a user runs it: the step's sync probe runs through the interleaved
+    schedule; the run's end names the torchrun that converts its TP x PP checkpoint, which writes the
+    merged model once (rank 0 says so) with the logits of the base model + the run's PEFT adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    hf = make_tiny_hf(str(tmp_path / "hf"), num_layers=4)
+    run, merged = str(tmp_path / "run"), str(tmp_path / "run" / "merged")
+    proc = train(hf, make_toy_jsonl(str(tmp_path / "toy.jsonl")), run, "--model.pipeline_model_parallel_size=2",
+                 "--model.virtual_pipeline_model_parallel_size=2", "--training.train_iters=1", *COMMON, nproc=2)
+    assert_ok(proc)
+    line = f"merged model  torchrun --nproc-per-node 2 tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir {merged}"
+    assert line in proc.stdout, proc.stdout
+    conv = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", MCORE_TO_HF,
+                       "--mcore_dir", run, "--out_dir", merged], OMP_NUM_THREADS="1")
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    assert conv.stdout.count("wrote ") == 1, conv.stdout
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(merged).eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained(hf).eval()
+        want = PeftModel.from_pretrained(base, os.path.join(run, "export", "peft_adapter")).eval()(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
