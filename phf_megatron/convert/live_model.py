@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from phf_megatron.convert.qwen3_mapping import (MCORE_LAYER, canonical_name, hf_shapes, hf_sources,
                                                 hf_to_mcore, mcore_to_hf, split_layer_name)
-from phf_megatron.convert.sharding import tp_merge, tp_shard
+from phf_megatron.convert.sharding import REPLICATED, tp_kind, tp_merge, tp_shard
 from phf_megatron.models.provider import unwrap
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 
@@ -114,7 +114,9 @@ def _iter_stage(model, arch, tp_group, dtype, select):
         if full_name == "output_layer.weight" and arch.tie_word_embeddings:
             continue  # the last stage's copy of the tied embedding
         shard = (param if select is None else select(param)).detach()
-        if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
+        # the layout says what is split, not the parameter's ``tensor_model_parallel`` attribute:
+        # Megatron sets that only when it initializes the weights (not under perform_initialization=False)
+        if tp_size > 1 and tp_kind(full_name) != REPLICATED:
             shards = [torch.empty_like(shard) for _ in range(tp_size)]
             dist.all_gather(shards, shard.contiguous(), group=tp_group)
             shard = tp_merge(full_name, shards)

@@ -2,7 +2,8 @@
 
 * the command-line tools round-trip a HF checkpoint bit-exactly (fp32 GQA model), and the
   result loads in transformers with the source tokenizer; so do the library conversions
-  launched on 2 ranks (bf16 tied model, saved from TP=2, exported from PP=2);
+  launched on 2 ranks (bf16 tied model, saved from TP=2, exported from PP=2) and on 4 ranks
+  (bf16 untied, saved and exported at TP=2 x PP=2);
 * a dist checkpoint written from TP=2 loads at TP=1 and at PP=2, and the tools' unsharded
   checkpoint loads at TP=2 with SP and at PP=2, all with HF's logits (fp32, <= 1e-4).
 """
@@ -79,6 +80,27 @@ def test_bf16_tied_round_trip_through_sharded_launches_is_bit_exact(tmp_path):
         assert json.load(f)["saved_layout"] == {"tp": 2, "pp": 1}
     src, back = _safetensors(hf_dir), _safetensors(out)
     assert src.keys() == back.keys() and "lm_head.weight" not in back
+    assert all(back[k].dtype == torch.bfloat16 and torch.equal(src[k], back[k]) for k in src)
+
+
+def _tp2_pp2_round_trip(rank, world_size, hf_dir, mcore_dir, out_dir):
+    from phf_megatron.convert.checkpoints import convert_hf_to_mcore, convert_mcore_to_hf
+
+    convert_hf_to_mcore(hf_dir, mcore_dir, tp=2, pp=2, progress=False)
+    convert_mcore_to_hf(mcore_dir, out_dir, tp=2, pp=2, progress=False)  # gathers TP shards, then PP stages
+
+
+def test_round_trip_launched_at_tp2_pp2_is_bit_exact(tmp_path):
+    """Both conversions as 4-rank launches (``torchrun --nproc-per-node 4 ... --tp 2 --pp 2``), on a
+    Qwen3-4B-like attention (4 query heads per KV head, head_dim 16 != hidden/heads = 5), bf16, untied.
+    The export gathered nothing over TP before (the converters' model, built without initialization,
+    lacks Megatron's ``tensor_model_parallel`` marks) and failed on the first q/k/v shard."""
+    model = tiny_hf_model("gqa", dtype=torch.bfloat16, hidden_size=40, num_attention_heads=8, head_dim=16)
+    hf_dir = save_tiny_hf(model, str(tmp_path / "hf"))
+    out = str(tmp_path / "back")
+    run_ranks(_tp2_pp2_round_trip, 4, hf_dir, str(tmp_path / "mcore"), out)
+    src, back = _safetensors(hf_dir), _safetensors(out)
+    assert src.keys() == back.keys() and "lm_head.weight" in back
     assert all(back[k].dtype == torch.bfloat16 and torch.equal(src[k], back[k]) for k in src)
 
 
