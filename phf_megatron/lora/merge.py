@@ -33,14 +33,20 @@ def _local_delta(module) -> torch.Tensor:
     return adapter.lora_B.float() @ adapter.lora_A.float()
 
 
-@torch.no_grad()
 def merged_weight_selector(model_chunks: Iterable[torch.nn.Module]) -> Callable[[torch.nn.Parameter], torch.Tensor]:
-    """``select(param)``: the merged weight for LoRA-wrapped base weights, the parameter otherwise."""
-    merged: dict[int, torch.Tensor] = {}
-    for chunk in model_chunks:
-        for _, module in lora_modules(chunk):
-            if not module.enabled:
-                continue
-            w = module.base.weight
-            merged[id(w)] = (w.float() + module.scaling * _local_delta(module)).to(w.dtype)
-    return lambda param: merged.get(id(param), param)
+    """``select(param)``: the merged weight for LoRA-wrapped base weights, the parameter otherwise.
+
+    Each merged weight is computed when asked for and held by no one but the caller, so a stream
+    (``iter_hf_weights``) holds about one merged tensor at a time, not a second copy of the model."""
+    wrapped = {id(module.base.weight): module for chunk in model_chunks for _, module in lora_modules(chunk)
+               if module.enabled}
+
+    @torch.no_grad()
+    def select(param: torch.nn.Parameter) -> torch.Tensor:
+        module = wrapped.get(id(param))
+        if module is None:
+            return param
+        w = module.base.weight
+        return (w.float() + module.scaling * _local_delta(module)).to(w.dtype)
+
+    return select
