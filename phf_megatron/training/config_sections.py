@@ -84,12 +84,17 @@ class ModelConfig:
             check_choice("model.recompute_method", self.recompute_method, RECOMPUTE_METHODS)
             check_positive("model.recompute_num_layers", self.recompute_num_layers)
 
-    def check_model_shape(self, num_layers: int, num_attention_heads: int, num_query_groups: int) -> None:
+    def check_model_shape(self, num_layers: int, num_attention_heads: int, num_query_groups: int, *,
+                          intermediate_size: int | None = None, vocab_size: int | None = None) -> None:
         """Raise if the parallel layout does not fit the model (called once the HF config is read)."""
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
-        for what, n in (("num_attention_heads", num_attention_heads), ("num_key_value_heads", num_query_groups)):
-            if n % tp:
+        for what, n in (("num_attention_heads", num_attention_heads), ("num_key_value_heads", num_query_groups),
+                        ("intermediate_size", intermediate_size)):
+            if n is not None and n % tp:
                 raise fail("model.tensor_model_parallel_size", f"{tp} does not divide the model's {what} ({n})")
+        if vocab_size is not None and vocab_size % tp:
+            raise fail("model.tensor_model_parallel_size", f"{tp} does not divide the model's vocab_size ({vocab_size}); "
+                       "the vocabulary is not padded for TP: use a TP size that divides it, or pad the embedding")
         chunks = pp * (self.virtual_pipeline_model_parallel_size or 1)
         if num_layers % chunks:
             raise fail("model.pipeline_model_parallel_size",

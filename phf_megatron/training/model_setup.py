@@ -64,7 +64,8 @@ def read_hf_config(cfg: TrainConfig):
 def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
     """Settings that depend on the model, checked before anything is built (errors name the flag)."""
     cfg.model.check_model_shape(hf_config.num_hidden_layers, hf_config.num_attention_heads,
-                                hf_config.num_key_value_heads)
+                                hf_config.num_key_value_heads, intermediate_size=hf_config.intermediate_size,
+                                vocab_size=hf_config.vocab_size)
     if cfg.objective.uses_flow:
         from ..objectives.flow import LayerPlan
         try:

@@ -210,6 +210,25 @@ def test_parallel_layout_checks_name_the_flag():
         TrainConfig().require_inputs()
 
 
+@pytest.mark.parametrize("field,value", [("vocab_size", 151669), ("intermediate_size", 6145)])
+def test_a_vocabulary_or_ffn_that_tp_does_not_split_is_named_before_the_model_is_built(field, value):
+    """Qwen3-1.7B's shape with a vocabulary resized to the tokenizer (151,669) or an odd FFN: at TP=2 the
+    trainer stops with one line naming the flag (it was a traceback from the model builder); the vocabulary
+    is never padded, so nothing padded can reach an export, the loss or the sampler."""
+    from transformers import Qwen3Config
+
+    from phf_megatron.training.model_setup import check_settings_fit_model
+
+    hf = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960)
+    cfg = load_config(argv=["--tensor_model_parallel_size=2"])
+    check_settings_fit_model(cfg, hf)  # the real shape fits
+    setattr(hf, field, value)
+    with pytest.raises(ValueError, match=rf"^model.tensor_model_parallel_size: 2 does not divide the model's "
+                                         rf"{field} \({value}\)"):
+        check_settings_fit_model(cfg, hf)
+
+
 def test_model_dependent_settings_are_checked_against_the_hf_config(tmp_path):
     from transformers import Qwen3Config
 
