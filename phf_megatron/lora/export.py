@@ -95,8 +95,10 @@ def peft_adapter_config(cfg: LoraConfig, base_model_name_or_path: str | None) ->
     }
 
 
-def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_name_or_path: str | None = None) -> None:
-    """Write a PEFT LoRA directory (``adapter_config.json`` + ``adapter_model.safetensors``).
+def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_name_or_path: str | None = None,
+                        dtype: torch.dtype | None = None) -> None:
+    """Write a PEFT LoRA directory (``adapter_config.json`` + ``adapter_model.safetensors``), its
+    tensors in ``dtype`` (default: the adapters' own).
 
     A collective: every rank calls it; rank 0 writes, atomically (a temp dir renamed into place).
     ``peft.PeftModel.from_pretrained(hf_model, out_dir)`` then reproduces the trained student.
@@ -108,8 +110,8 @@ def export_peft_adapter(model_chunks, out_dir: str, cfg: LoraConfig, base_model_
         return
     tensors = {}
     for name, (a, b) in adapters.items():
-        tensors[f"base_model.model.{name}.lora_A.weight"] = a.contiguous()
-        tensors[f"base_model.model.{name}.lora_B.weight"] = b.contiguous()
+        tensors[f"base_model.model.{name}.lora_A.weight"] = a.to(dtype or a.dtype).contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = b.to(dtype or b.dtype).contiguous()
     if (found := first_nonfinite(tensors.items())) is not None:
         raise NonFiniteError.not_written(out_dir, found)
     with atomic_dir(out_dir) as tmp:

@@ -57,7 +57,8 @@ class McoreToHf:
     hf_config: str | None = None
     """HF config.json, for model checkpoints without our metadata."""
     dtype: str | None = None
-    """dtype of the HF weights: bf16 | fp16 | fp32; None: the stored one (a run's: model.dtype)."""
+    """dtype of the written weights (the HF model, or the PEFT adapter): bf16 | fp16 | fp32; None: the stored
+    one (a run's: model.dtype)."""
     max_shard_size_gb: float = 2.0
     """safetensors shard size in GiB."""
     tp: int = 1

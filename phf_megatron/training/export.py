@@ -80,7 +80,7 @@ def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str,
                   dtype=None, max_shard_bytes: int = 2 << 30) -> str:
     """Write this run's student (``chunks``: this rank's model chunks) to ``out_dir`` (a collective;
     rank 0 writes, atomically): the PEFT adapter (``adapter``), else HF safetensors + config +
-    tokenizer with every LoRA adapter merged into its base weight. ``dtype``: of the HF weights
+    tokenizer with every LoRA adapter merged into its base weight. ``dtype``: of the written weights
     (default: the parameters'). Returns ``out_dir``."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -94,7 +94,7 @@ def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str,
     if adapter:
         from ..lora.export import export_peft_adapter
 
-        export_peft_adapter(chunks, out_dir, cfg.lora, base_model_name_or_path=os.path.abspath(hf_dir))
+        export_peft_adapter(chunks, out_dir, cfg.lora, base_model_name_or_path=os.path.abspath(hf_dir), dtype=dtype)
         return out_dir
     select = merged_weight_selector(chunks) if cfg.lora.enabled else None
     items = (item for chunk in chunks

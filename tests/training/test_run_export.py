@@ -93,6 +93,13 @@ def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_stu
     converted = load_file(os.path.join(adapter, "adapter_model.safetensors"))
     assert own.keys() == converted.keys() and all(torch.equal(own[k], converted[k]) for k in own)
     assert _modes(merged) == _modes(adapter) == {output_mode()}   # weight files as readable as config.json
+    # --dtype applies to the adapter too (the fp32 run's adapter, rounded to bf16)
+    proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", adapter + "_bf16", "--adapter_only",
+                       "--dtype", "bf16"], timeout=300)
+    assert_ok(proc)
+    bf16 = load_file(os.path.join(adapter + "_bf16", "adapter_model.safetensors"))
+    assert bf16.keys() == own.keys() and all(bf16[k].dtype == torch.bfloat16 for k in bf16)
+    assert all(torch.equal(bf16[k], own[k].to(torch.bfloat16)) for k in own)
 
 
 def test_an_interleaved_pipeline_run_converts_under_the_torchrun_its_end_names(tmp_path):
