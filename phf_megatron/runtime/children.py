@@ -32,7 +32,7 @@ import sys
 import time
 
 from . import reaper
-from .reaper import start_time
+from .reaper import kill_targets, start_time
 
 _PR_SET_PDEATHSIG = 1
 _forking_pid: int | None = None
@@ -105,7 +105,8 @@ class Reaper:
         self._proc = None
         import threading
 
-        targets = [f"{pid}:{t}" for pid in pids if (t := start_time(pid)) is not None]
+        self._targets = [(pid, t) for pid in pids if (t := start_time(pid)) is not None]
+        targets = [f"{pid}:{t}" for pid, t in self._targets]
         if not targets or not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
             return
         self._proc = subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), *targets],
@@ -116,6 +117,12 @@ class Reaper:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+    def kill_now(self) -> None:
+        """SIGKILL the processes (with their descendants) now, as the watcher would, then stop it."""
+        if self._proc is not None:
+            kill_targets(self._targets)
+        self.close()
 
 
 def exit_code(proc, timeout: float = 10.0) -> int | None:
