@@ -88,7 +88,9 @@ class RolloutEngine(abc.ABC):
             raise EngineUnusableError(f"{type(self).__name__} refuses to generate: {self._stale}")
         if not prompts:
             return []
-        return self._guarded("generate", timeout_s, self._generate, prompts, per_prompt)
+        outs = self._guarded("generate", timeout_s, self._generate, prompts, per_prompt)
+        self._check_completions(outs, per_prompt)
+        return outs
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
               timeout_s: float | None = None) -> list[float]:
@@ -218,6 +220,19 @@ class RolloutEngine(abc.ABC):
         at its next step on ``_cancel``; nothing to do by default)."""
 
     # ----------------------------------------------------------------- plumbing
+    def _check_completions(self, outs: list[list[Completion]], params: list[SamplingParams]) -> None:
+        """``n`` completions per prompt, each of at least one token (an engine samples one at least, ``max_tokens``
+        >= 1): a broken engine or server that answered with none raises instead of training on nothing."""
+        engine = type(self).__name__
+        if len(outs) != len(params):
+            raise RolloutEngineError(f"{engine} returned completions for {len(outs)} of {len(params)} prompts")
+        for i, (comps, p) in enumerate(zip(outs, params)):
+            if len(comps) != p.n:
+                raise RolloutEngineError(f"{engine} returned {len(comps)} completions for prompt {i}, asked for {p.n}")
+            if any(not c.token_ids for c in comps):
+                raise RolloutEngineError(f"{engine} returned an empty completion (no token, not even an end-of-text) "
+                                         f"for prompt {i} of {len(params)}: the engine is broken; restart it")
+
     def _check_usable(self) -> None:
         if self._broken is not None:
             raise EngineUnusableError(f"{type(self).__name__} is unusable: {self._broken}")

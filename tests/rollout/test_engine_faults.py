@@ -82,3 +82,22 @@ def test_closed_engine_refuses_calls(tiny_dir):
     eng.close()
     with pytest.raises(EngineUnusableError, match="closed"):
         eng.generate([[1]], SamplingParams(max_tokens=1))
+
+
+def test_an_engine_answering_with_no_tokens_is_an_error_not_an_empty_rollout(tiny_dir, monkeypatch):
+    """A backend (a broken server, a proxy) that answers with empty completions, or too few: before, the
+    trainer trained on nothing (loss 0, num_tokens 0, no warning) to the end of the run."""
+    from phf_megatron.rollout.types import Completion
+
+    eng = start_engine("hf", tiny_dir)
+    try:
+        params = SamplingParams(n=2, temperature=1.0, max_tokens=3, seed=1)
+        assert all(len(c) == 2 and all(x.token_ids for x in c) for c in eng.generate([[1, 2], [3]], params))
+        monkeypatch.setattr(eng, "_generate", lambda prompts, ps: [[Completion([], "stop")] * p.n for p in ps])
+        with pytest.raises(RolloutEngineError, match=r"^HFEngine returned an empty completion .* for prompt 0 of 2"):
+            eng.generate([[1, 2], [3]], params)
+        monkeypatch.setattr(eng, "_generate", lambda prompts, ps: [[Completion([5], "stop")] for p in ps])
+        with pytest.raises(RolloutEngineError, match=r"^HFEngine returned 1 completions for prompt 0, asked for 2"):
+            eng.generate([[1, 2], [3]], params)
+    finally:
+        eng.close()
