@@ -16,7 +16,7 @@ import time
 from typing import Callable, Sequence
 
 from .cli import Settings, wants_help
-from .errors import ConfigError, UsageError, UserError, missing_dependency, write_failure
+from .errors import ConfigError, RunStopped, UsageError, UserError, missing_dependency, write_failure
 
 
 def process_rank() -> int:
@@ -51,8 +51,9 @@ INTERRUPTED_EXIT = 130
 def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's body: a user error (``UserError``, a missing or already existing file, an
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
-    permission, a dependency that is not installed) prints one line and returns exit code 2; Ctrl-C
-    prints one line and returns ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
+    permission, a dependency that is not installed) prints one line and returns exit code 2; a
+    ``RunStopped`` (an engine failed; the run saved first) one line and 1; Ctrl-C one line and
+    ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
@@ -70,6 +71,12 @@ def run_command(main: Callable[[], int | None]) -> int:
             raise
         report_error(failure)
         return 2
+    except RunStopped as err:  # raised on every rank together: rank 0 says what failed and what was kept
+        if process_rank() == 0:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(SILENT_RANK_WAIT_S)  # as for a setting error: rank 0's line goes out before torchrun stops it
+        return 1
     except KeyboardInterrupt as err:  # Ctrl-C reaches every rank: rank 0 says what was kept
         if process_rank() == 0:
             print(f"error: interrupted{f' {err}' if str(err) else ''}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """The errors a user can fix: a setting, the command line, an input file.
 
 The command lines (``phf_megatron.commands.run_command``) print these as one line, ``error: ...``,
-and exit with code 2; every other exception keeps its traceback. All are ``ValueError``s, so
+and exit with code 2 (``RunStopped``: one line, code 1); every other exception keeps its traceback. All are ``ValueError``s, so
 library callers catch them as before. ``write_failure(err, path)`` tells a failed write the user
 can fix (a full disk, a read-only file system, no permission: ``OutputFileError``) from a bug,
 even when a library wrapped the ``OSError`` or kept only its text. Imports nothing heavy.
@@ -13,6 +13,11 @@ import contextlib
 import errno
 import os
 from typing import Iterator
+
+
+class RunStopped(RuntimeError):
+    """A run stopped by a failure outside the user's input (a rollout engine died or hung), after it
+    saved what it had: one line, ``error: <what failed>; <what is kept>; rerun ...``, exit code 1."""
 
 
 class UserError(ValueError):

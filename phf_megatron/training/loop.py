@@ -37,7 +37,7 @@ from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..tokenizer import load_qwen3_tokenizer
 from ..config_errors import fail
-from ..errors import UserError
+from ..errors import RunStopped, UserError
 from .batches import build_microbatches
 from .checkpoint import META_FILE, iter_dir_name, list_checkpoints, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import (
@@ -327,16 +327,13 @@ class Trainer:
                         and self.step % self.method.iterations == 0 and stop.agreed()):  # at a rollout batch's end
                     return self._stopped(stop.name)
         except KeyboardInterrupt:  # Ctrl-C: one line (commands.run_command) saying what is kept
-            done = list_checkpoints(cfg.save_dir)
-            kept = f"the last checkpoint is {os.path.join(cfg.save_dir, iter_dir_name(done[-1]))}" if done else \
-                "no checkpoint was saved"
-            raise KeyboardInterrupt(f"during step {self.step + 1} of {cfg.training.train_iters}; {kept}; rerun the "
-                                    "same command to resume") from None
-        except RolloutFailure:
+            raise KeyboardInterrupt(f"during step {self.step + 1} of {cfg.training.train_iters}; {self._kept()}; "
+                                    "rerun the same command to resume") from None
+        except RolloutFailure as err:
             if metrics is not None:
                 self._log(metrics)  # the step trained; its sync failed
             self.save()  # nothing lost: the next run resumes from here
-            raise
+            raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
         finally:
             if stop is not None:
                 stop.close()
@@ -357,6 +354,12 @@ class Trainer:
                   f"{self.cfg.training.train_iters}, saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}; "
                   f"rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
+
+    def _kept(self) -> str:
+        """What a stopped run keeps: its last checkpoint, named."""
+        done = list_checkpoints(self.cfg.save_dir)
+        return f"the last checkpoint is {os.path.join(self.cfg.save_dir, iter_dir_name(done[-1]))}" if done else \
+            "no checkpoint was saved"
 
     def _save_last(self) -> None:
         """Save the step the run ends at, unless ``checkpoint.save_interval`` just did."""

@@ -86,9 +86,13 @@ def test_rollout_failure_saves_a_checkpoint_first(tiny_inputs, tmp_path):
     proc = train(hf, data, run, "--training.train_iters=3", "--checkpoint.save_interval=0",
                  "--rollout.timeout_s=0.5", "--rollout.max_tokens=600", "--rollout.top_k=0",
                  "--data.max_prompt_length=400")
-    assert proc.returncode != 0
-    assert "RolloutFailure" in proc.stderr and "GenerationTimeoutError" in proc.stderr
+    assert proc.returncode == 1, proc.stderr[-3000:]
     assert open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")).read().strip() == "0"
+    # one line: the engine, the cause, what is kept, what to do (no traceback)
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "Traceback" not in proc.stderr
+    assert line.startswith("error: rollout engine 0 (host rank 0): sampling failed at step 0 (GenerationTimeoutError)")
+    assert line.endswith(f"; the last checkpoint is {run}/checkpoints/iter_0000000; rerun the same command to resume")
 
 
 @pytest.mark.vllm
