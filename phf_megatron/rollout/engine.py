@@ -46,6 +46,11 @@ ABANDON_WAIT_S = 10.0
 class RolloutEngine(abc.ABC):
     """Base class of the rollout backends (see the module docstring)."""
 
+    #: A weight update's loads go to another process (a spawned engine) that may hang: each is given
+    #: up after ``timeout_s``. False: they run in this process (nothing to give up on), or carry
+    #: timeouts of their own (HTTP requests).
+    timed_loads: bool = False
+
     #: fused parameter groups loaded as a whole (see weights.iter_buckets). vLLM needs this;
     #: the fallback keeps the same rule so a trainer bug shows up on either backend.
     packed_modules: dict[str, tuple[str, ...]] = QWEN3_PACKED_MODULES
@@ -118,17 +123,20 @@ class RolloutEngine(abc.ABC):
             try:
                 for bucket in iter_buckets(named_tensors, self.spec, packed=self.packed_modules,
                                            bucket_bytes=bucket_bytes or self.bucket_bytes):
-                    self._load_bucket(bucket)
+                    # the stream (the trainer's gathers) runs here; a load in another process within the timeout
+                    self._timed("update_weights", self.timeout_s if self.timed_loads else None, self._load_bucket,
+                                bucket)
                     n_buckets += 1
                     n_tensors += len(bucket)
                     n_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 if n_buckets:
-                    self._after_update()
+                    self._timed("update_weights", self.timeout_s if self.timed_loads else None, self._after_update)
             except BaseException as exc:
                 if n_buckets:
                     self._stale = (f"a weight update failed after {n_tensors} tensors went in "
                                       f"({type(exc).__name__}: {exc}); push a full update before generating")
-                    self._after_update()
+                    if self._broken is None:   # not after a timeout: the engine may still hang
+                        self._after_update()
                 if isinstance(exc, RolloutEngineError) or not isinstance(exc, Exception):
                     raise
                 raise WeightSyncError(f"weight update failed: {type(exc).__name__}: {exc}") from exc
@@ -247,16 +255,30 @@ class RolloutEngine(abc.ABC):
         if not self._lock.acquire(timeout=timeout_s):
             raise GenerationTimeoutError(f"{what}: the engine stayed busy for {timeout_s:.3g} s")
         try:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
-            future = self._inflight = self._pool.submit(fn, *args)
-            try:
-                return future.result(timeout=timeout_s)
-            except concurrent.futures.TimeoutError:
-                self._broken = f"{what} timed out after {timeout_s:.3g} s"
-                self._cancel.set()   # backends that loop in Python stop at their next step
-                raise GenerationTimeoutError(
-                    f"{type(self).__name__}.{what} did not finish within {timeout_s:.3g} s; the engine "
-                    "is now unusable (save a checkpoint and restart)") from None
+            return self._timed(what, timeout_s, fn, *args)
         finally:
             self._lock.release()
+
+    def _timed(self, what: str, timeout_s: float | None, fn, *args):
+        """``fn(*args)`` (the lock held), given up after ``timeout_s`` in a worker thread; the engine
+        is then unusable (the call may still run: ``close`` ends it)."""
+        if timeout_s is None:
+            return fn(*args)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+        def on_callers_device():   # a thread starts on device 0: a rank's engine work stays on its own GPU
+            if device is not None:
+                torch.cuda.set_device(device)
+            return fn(*args)
+
+        future = self._inflight = self._pool.submit(on_callers_device)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            self._broken = f"{what} timed out after {timeout_s:.3g} s"
+            self._cancel.set()   # backends that loop in Python stop at their next step
+            raise GenerationTimeoutError(
+                f"{type(self).__name__}.{what} did not finish within {timeout_s:.3g} s; the engine "
+                "is now unusable (save a checkpoint and restart)") from None

@@ -24,7 +24,8 @@ class EngineStartError(RolloutEngineError):
 
 
 class GenerationTimeoutError(RolloutEngineError):
-    """generate()/score() did not return within its timeout. The engine is marked unusable."""
+    """generate(), score() or a weight update's load did not return within its timeout. The engine is
+    marked unusable."""
 
 
 class EngineUnusableError(RolloutEngineError):

@@ -178,6 +178,7 @@ class VLLMEngine(RolloutEngine):
                  **llm_kwargs):
         on_gpu = torch.cuda.is_available()
         self.in_process = tensor_parallel_size == 1 and not separate_process and not _inside_multi_rank_group()
+        self.timed_loads = not self.in_process   # a spawned engine may hang in a weight push: given up on
         if not on_gpu and tensor_parallel_size != 1:
             raise ValueError(f"tensor_parallel_size: CPU vLLM runs in one process here, got {tensor_parallel_size}")
         super().__init__(WeightSpec.for_engine(model_dir, "vLLM"), bucket_bytes=bucket_bytes, timeout_s=timeout_s)
