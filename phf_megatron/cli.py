@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -116,9 +117,10 @@ def _parse_scalar(text: str, tp: type, key: str):
             raise ConfigError(key, f"expected a mapping like {{name: value}}, got {text!r}")
         return value
     try:
-        return tp(text)
+        value = tp(text)
     except ValueError:
         raise ConfigError(key, f"expected {tp.__name__}, got {text!r}") from None
+    return coerce(value, tp, key) if tp is float else value   # float: refuses nan and inf
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -152,6 +154,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if isinstance(value, str):
         return _parse_scalar(value, tp, key)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):   # nan passes every "> 0" check; inf makes no setting meaningful
+            raise ConfigError(key, f"expected a finite number, got {value}")
         return float(value)
     if tp is int and isinstance(value, float) and value.is_integer():
         return int(value)

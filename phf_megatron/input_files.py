@@ -68,9 +68,10 @@ def missing_dir(path: str) -> str | None:
     return f"{path} {'is not a directory' if os.path.exists(path) else 'does not exist'}"
 
 
-def check_hf_model_dir(path: str) -> None:
+def check_hf_model_dir(path: str, weights: bool = False) -> None:
     """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
-    (cheap: no tensor data), so a damaged file is named before an engine or model loads it."""
+    (cheap: no tensor data), so a damaged file is named before an engine or model loads it;
+    ``weights``: it must hold safetensors weights too."""
     config = os.path.join(path, "config.json")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory (expected a HF model directory)")
@@ -78,7 +79,11 @@ def check_hf_model_dir(path: str) -> None:
         raise FileNotFoundError(f"{path}: no config.json (expected a HF model directory)")
     if not isinstance(read_json(config), dict):
         raise InputFileError(config, "expected a JSON object")
-    for name in sorted(os.listdir(path)):
+    names = sorted(os.listdir(path))
+    if weights and not any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
+        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json (expected a HF "
+                                "model directory with its weights)")
+    for name in names:
         if name.endswith(".safetensors"):
             with open_safetensors(os.path.join(path, name)):
                 pass

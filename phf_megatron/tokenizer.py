@@ -14,9 +14,12 @@ ids >= 151,669 are never produced by this tokenizer.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from .errors import InputFileError
 
 #: Rows of Qwen3's (padded) embedding matrix; the tokenizer itself has 151,669 entries.
 QWEN3_PADDED_VOCAB = 151_936
@@ -39,6 +42,19 @@ def shipped_tokenizer_dir() -> str:
     return path
 
 
+def _raise_if_damaged(src: str) -> None:
+    """``InputFileError`` naming the first of ``src``'s tokenizer JSON files that does not parse."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "special_tokens_map.json",
+                 "added_tokens.json"):
+        path = os.path.join(src, name)
+        if os.path.isfile(path):
+            try:
+                with open(path, "rb") as f:
+                    json.loads(f.read())
+            except ValueError as err:   # JSONDecodeError, UnicodeDecodeError
+                raise InputFileError(path, f"not a valid tokenizer file ({err})") from None
+
+
 def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
     """A fast (Rust ``tokenizers``) Qwen3 tokenizer with its chat template.
 
@@ -54,7 +70,11 @@ def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
         raise FileNotFoundError(f"tokenizer path {src!r} is not a directory")
     if not any(os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "vocab.json")):
         raise FileNotFoundError(f"{src}: no tokenizer.json or vocab.json (not a HF tokenizer directory)")
-    tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    except Exception:
+        _raise_if_damaged(src)   # a damaged file is named; anything else keeps its traceback
+        raise
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{src}: expected a fast tokenizer, got {type(tok).__name__}")
     if not tok.chat_template:

@@ -75,6 +75,8 @@ def test_flags_in_every_spelling():
     (["y"], UsageError, "unexpected argument 'y': flags look like --section.field=value"),
     (["--inner.rate=fast"], ConfigError, "--inner.rate: expected float, got 'fast'"),
     (["--inner.on=maybe"], ConfigError, "--inner.on: expected true/false, got 'maybe'"),
+    (["--inner.rate=nan"], ConfigError, "--inner.rate: expected a finite number, got nan"),   # passed "> 0" checks
+    (["--inner.rate=-inf"], ConfigError, "--inner.rate: expected a finite number, got -inf"),
     (["--name=bad"], ConfigError, "--name: must not be 'bad'"),
     (["--extra=[1]"], ConfigError, "--extra: expected a mapping like {name: value}, got '[1]'"),
 ])
@@ -199,6 +201,10 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--model.hf_dir=README.md"], "error: --model.hf_dir: README.md is not a directory"),
     (["--model.hf_dir=configs", "--model.pretrained_checkpoint=/nonexistent/mcore"],
      "error: --model.pretrained_checkpoint: /nonexistent/mcore does not exist"),
+    (["--model.hf_dir=configs", "--run_dir=README.md"], "error: --run_dir: README.md is not a directory"),  # was
+    # "[Errno 17] File exists" once the model was loaded
+    (["--config", "configs"], "error: config file 'configs' is not a file"),
+    (["--optimizer.lr=nan"], "error: --optimizer.lr: expected a finite number, got nan"),
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
     proc = run_python(["-m", "phf_megatron.train", *argv])
@@ -234,6 +240,7 @@ def test_eval_cli_flags_come_from_eval_config():
         assert f"  --{f.name}=<" in proc.stdout, f.name
     for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
                        (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
+                       (["--model", "m", "--out_dir", "README.md"], "error: --out_dir: README.md is not a directory"),
                        (["--out_dir=o", "--temprature=1"], "error: --temprature: unknown setting; did you mean temperature?")]:
         proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])
         assert (proc.returncode, proc.stderr.splitlines()) == (2, [line])

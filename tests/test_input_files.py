@@ -63,13 +63,50 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     save_file({"w": torch.zeros(64)}, str(hf / "model.safetensors"))
-    check_hf_model_dir(str(hf))
+    check_hf_model_dir(str(hf), weights=True)
     _truncate(hf / "model.safetensors")
     with pytest.raises(InputFileError, match=r"/hf/model.safetensors: not a readable safetensors file"):
         check_hf_model_dir(str(hf))
     (hf / "config.json").write_text("{")
     with pytest.raises(InputFileError, match=r"/hf/config.json: not valid JSON"):
         check_hf_model_dir(str(hf))
+    (hf / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    os.remove(hf / "model.safetensors")   # the eval's engine raised EngineStartError with its traceback
+    check_hf_model_dir(str(hf))
+    with pytest.raises(FileNotFoundError, match=r"/hf: no model.safetensors or model.safetensors.index.json"):
+        check_hf_model_dir(str(hf), weights=True)
+
+
+@pytest.mark.parametrize("content, detail", [
+    (b"lora:\n  r: \x80\x81\n", "not valid YAML (unacceptable character #x0080"),   # was a UnicodeDecodeError traceback
+    (b"- lora\n", "expected a mapping of sections, got list"),
+    (b"lora: 8\n", "section 'lora': expected a mapping of its fields, got 8"),   # was "unknown key 'lora'"
+    (b"lora:\n", "section 'lora': expected a mapping of its fields, got None"),
+    (b"lora: {rank: 8}\n", "unknown key 'lora.rank'"),
+])
+def test_bad_config_yaml_names_the_file(tmp_path, content, detail):
+    from phf_megatron.training.config_io import read_yaml
+
+    path = tmp_path / "preset.yaml"
+    path.write_bytes(content)
+    with pytest.raises(InputFileError) as err:
+        read_yaml(str(path))
+    assert err.value.path == str(path) and err.value.detail.startswith(detail), err.value.detail
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_damaged_tokenizer_file_is_named(tmp_path, name):
+    """A cut tokenizer file was a JSONDecodeError traceback from transformers (trainer and eval)."""
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    from tests.helpers.tiny_qwen3 import copy_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    tok = copy_tokenizer(str(tmp_path / "tok"))
+    assert load_qwen3_tokenizer(tok).chat_template
+    _truncate(os.path.join(tok, name))
+    with pytest.raises(InputFileError) as err:
+        load_qwen3_tokenizer(tok)
+    assert err.value.path == os.path.join(tok, name) and err.value.detail.startswith("not a valid tokenizer file")
 
 
 def test_training_checkpoint_files_are_named(tmp_path):

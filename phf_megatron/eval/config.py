@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
@@ -110,6 +111,8 @@ class EvalConfig:
             raise ValueError(f"top_p: must lie in (0, 1] or be None (official), got {self.top_p}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len: must be >= 1 or None (official), got {self.max_model_len}")
+        if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):   # not once the model is loaded
+            raise ValueError(f"out_dir: {self.out_dir} is not a directory")
         self._check_engine_settings()
 
     def _check_engine_settings(self) -> None:

@@ -33,7 +33,7 @@ def check_hf_dir(path: str, what: str = "model") -> str:
         raise FileNotFoundError(f"{what} directory {path!r} does not exist")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path}: no config.json (not a HF {what} directory)")
-    check_hf_model_dir(path)  # a damaged config.json or safetensors file is named before an engine loads it
+    check_hf_model_dir(path, weights=True)  # a damaged or missing file is named before an engine loads it
     return path
 
 

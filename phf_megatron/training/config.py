@@ -200,3 +200,5 @@ class TrainConfig:
             path = getattr(self.model, key)
             if path and (why := missing_dir(path)):
                 raise fail(f"model.{key}", why)
+        if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):   # not once the model is loaded
+            raise fail("run_dir", f"{self.run_dir} is not a directory")

@@ -99,14 +99,18 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 def read_yaml(path: str) -> dict[str, Any]:
     """The YAML file as flat ``section.field`` keys; unknown keys raise naming the file."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file {path!r} does not exist")
-    with open(path) as f:
+        raise FileNotFoundError(f"config file {path!r} {'is not a file' if os.path.exists(path) else 'does not exist'}")
+    with open(path, "rb") as f:
         try:
             tree = yaml.safe_load(f) or {}
-        except yaml.YAMLError as err:
+        except yaml.YAMLError as err:   # bytes that are not UTF-8 text included
             raise InputFileError(path, f"not valid YAML ({' '.join(str(err).split())})") from None
     if not isinstance(tree, dict):
         raise InputFileError(path, f"expected a mapping of sections, got {type(tree).__name__}")
+    sections = {name for name, _, _ in SETTINGS.sections if name}
+    for name, value in tree.items():
+        if name in sections and not isinstance(value, dict):
+            raise InputFileError(path, f"section {name!r}: expected a mapping of its fields, got {value!r}")
     flat = flatten(tree)
     for key in flat:
         if key not in SETTINGS.types:

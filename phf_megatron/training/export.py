@@ -170,11 +170,20 @@ def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:
     model = cfg.model
     if base_model is not None:
         model = dataclasses.replace(model, hf_dir=base_model, pretrained_checkpoint=None)
+    named = base_model if base_model is not None else f"the run's base model (model.hf_dir = {model.hf_dir!r})"
     if not model.hf_dir or not os.path.isfile(os.path.join(model.hf_dir, "config.json")):
-        raise ConfigError("base_model", f"the run's base model (model.hf_dir = {model.hf_dir!r}) is not a HF "
-                                        "model directory here; give the base model the run was trained from")
+        raise ConfigError("base_model", f"{named} is not a HF model directory here; give the base model the run "
+                                        "was trained from")
     if model.pretrained_checkpoint and not os.path.isdir(model.pretrained_checkpoint):
         model = dataclasses.replace(model, pretrained_checkpoint=None)  # the same base weights, from hf_dir
+    if not model.pretrained_checkpoint:   # its weights are read from hf_dir: named here, not as "hf_dir: ..."
+        from ..convert.hf_checkpoint import HFCheckpoint
+
+        try:
+            HFCheckpoint(model.hf_dir)
+        except FileNotFoundError as err:
+            detail = str(err).removeprefix("hf_dir: ")
+            raise ConfigError("base_model", detail if base_model is not None else f"{named}: {detail}") from None
     return dataclasses.replace(cfg, model=model)
 
 

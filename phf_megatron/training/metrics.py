@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..config_errors import fail
+from ..errors import InputFileError
 from ..output_files import write_jsonl
 from ..parallel import loss as _loss
 
@@ -79,11 +80,14 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             if number == len(lines):  # a crash mid-write leaves the last line without its newline
                 break
-            raise ValueError(f"{path}:{number}: not a JSON line: {line[:80]!r}") from None
+            raise InputFileError(f"{path}:{number}", f"not a JSON line: {line[:80]!r}") from None
+        if not isinstance(record, dict):
+            raise InputFileError(f"{path}:{number}", f"expected a JSON object, got {type(record).__name__}")
+        records.append(record)
     return records
 
 

@@ -15,6 +15,7 @@ import torch
 from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
+from ..errors import as_config_error
 from ..input_files import check_hf_model_dir, read_json
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
@@ -76,10 +77,12 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
         raise fail("sft.max_length", f"{cfg.sft.max_length} exceeds the model's max_position_embeddings "
                    f"({hf_config.max_position_embeddings})")
     longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
-    if cfg.method == "phf" and longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
-        raise fail("data.max_prompt_length", f"data.max_prompt_length + rollout.max_tokens = "
+    if cfg.method != "sft" and longest > hf_config.max_position_embeddings:   # vLLM refuses it; the trainer would extrapolate RoPE
+        culprit = "rollout.max_tokens" if cfg.rollout.max_tokens >= hf_config.max_position_embeddings else \
+            "data.max_prompt_length"
+        raise fail(culprit, f"data.max_prompt_length + rollout.max_tokens = "
                    f"{cfg.data.max_prompt_length} + {cfg.rollout.max_tokens} = {longest} exceeds the model's "
-                   f"max_position_embeddings ({hf_config.max_position_embeddings}); lower data.max_prompt_length")
+                   f"max_position_embeddings ({hf_config.max_position_embeddings}); lower {culprit}")
     if cfg.data.reason_first and longest + cfg.data.reason_first_max_tokens > hf_config.max_position_embeddings:
         raise fail("data.reason_first_max_tokens", f"the reason-first teacher sequence (prompt "
                    f"{cfg.data.max_prompt_length} + analysis {cfg.data.reason_first_max_tokens} + rollout "
@@ -116,7 +119,11 @@ def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:
     from ..convert.hf_checkpoint import HFCheckpoint
     from ..convert.live_model import load_hf_weights
 
-    load_hf_weights(chunk, HFCheckpoint(cfg.model.hf_dir).get, arch)
+    try:
+        checkpoint = HFCheckpoint(cfg.model.hf_dir)
+    except FileNotFoundError as err:   # "hf_dir: neither model.safetensors.index.json nor ..."
+        raise as_config_error(err, ("hf_dir",), "model") or err from None
+    load_hf_weights(chunk, checkpoint.get, arch)
 
 
 def _let_recompute_reach_the_adapters(model) -> None:

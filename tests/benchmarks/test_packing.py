@@ -106,3 +106,19 @@ def test_the_command_on_a_subset_of_the_real_mix(tmp_path, capsys, monkeypatch):
                                                                       else float("inf"))
         fractions = [res["variants"][v]["both"]["padding_fraction"] for v in ("padded", "packed", "packed+budget")]
         assert fractions[0] > 0.05 and fractions[1] < 0.01 and fractions[2] < 0.01
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--gpus", "0"], "error: --gpus: must be >= 1, got 0"),   # was a ValueError traceback from the plan
+    (["--rollout-median", "nan"], "error: --rollout-median: must be a finite number > 0, got nan"),
+    (["--out", "configs"], "error: --out: configs is a directory (give the JSON file to write)"),
+    (["--data", "/nonexistent.jsonl"], "error: --data: '/nonexistent.jsonl' does not exist"),
+    (["--gpus", "3"], "error: configs/tiny_cpu.yaml: --training.global_batch_size: 4 samples do not split over 3 "
+                      "data-parallel ranks"),   # a preset's setting: named with its file
+])
+def test_the_command_reports_bad_flags_as_one_line(argv, line):
+    """The script as a user runs it: one line, exit code 2 (each was a traceback)."""
+    from ..helpers import run_python
+
+    proc = run_python(["benchmarks/packing.py", "--configs", "configs/tiny_cpu.yaml", "--rows", "8", *argv])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-2000:]

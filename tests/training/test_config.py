@@ -8,6 +8,7 @@ import os
 import pytest
 import yaml
 
+from phf_megatron.errors import ConfigError
 from phf_megatron.training.config import ABLATIONS, ModelConfig, TrainConfig
 from phf_megatron.training.config_io import (
     config_from_argv, config_hash, dump_config, field_types, flatten, load_config, resolve_key, resume_fingerprint,
@@ -256,6 +257,25 @@ def test_model_dependent_settings_are_checked_against_the_hf_config(tmp_path):
         check([*base, "--data.max_prompt_length=900", "--data.reason_first=true", "--data.reason_first_max_tokens=128"])
     with pytest.raises(ValueError, match=r"objective.top_k_loss: 129 exceeds the model's vocabulary \(128\)"):
         check([*base, "--data.max_prompt_length=1000", "--objective.top_k_loss=129"])
+    with pytest.raises(ConfigError, match=r"^rollout.max_tokens: .* = 1000 \+ 5000 = 6000 exceeds .*; lower "
+                                          r"rollout.max_tokens"):   # was: blamed data.max_prompt_length
+        check([*base, "--data.max_prompt_length=1000", "--rollout.max_tokens=5000"])
+    grpo = ["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0", "--training.train_iters=2"]
+    with pytest.raises(ConfigError, match=r"^data.max_prompt_length: .* = 1000 \+ 100 = 1100 exceeds"):  # GRPO rolls
+        check([*base, *grpo, "--data.max_prompt_length=1000", "--rollout.max_tokens=100"])  # out too: was unchecked
+    assert check([*base, *grpo, "--data.max_prompt_length=1000"]).max_position_embeddings == 1024
+
+
+def test_hf_dir_without_weights_names_the_flag(tmp_path):
+    """The trainer met it as the converter's "hf_dir: neither ...", a flag it does not have."""
+    from phf_megatron.training.model_setup import _load_base_weights
+    from tests.helpers.tiny_qwen3 import tiny_qwen3_config
+
+    tiny_qwen3_config().save_pretrained(tmp_path)
+    cfg = load_config(argv=[f"--model.hf_dir={tmp_path}"])
+    with pytest.raises(ConfigError) as err:
+        _load_base_weights(None, cfg, None)
+    assert err.value.line == f"--model.hf_dir: neither model.safetensors.index.json nor model.safetensors in {tmp_path}"
 
 
 @pytest.mark.parametrize("name, variant", [

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from phf_megatron.errors import InputFileError
 from phf_megatron.training.metrics import METRICS_FILE, MetricsLogger, read_jsonl, to_json_value, truncate_jsonl
 
 
@@ -46,7 +47,10 @@ def test_resume_drops_steps_after_the_checkpoint(tmp_path):
 def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     path = tmp_path / METRICS_FILE
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+    with pytest.raises(InputFileError, match=r"metrics.jsonl:2: not a JSON line"):   # one line from plot_run
+        read_jsonl(str(path))
+    path.write_text('{"step": 1}\n[2]\n')
+    with pytest.raises(InputFileError, match=r"metrics.jsonl:2: expected a JSON object, got list"):
         read_jsonl(str(path))
     assert truncate_jsonl(str(tmp_path / "absent.jsonl"), 3) == 0
 

@@ -129,12 +129,18 @@ def test_an_interleaved_pipeline_run_converts_under_the_torchrun_its_end_names(t
 
 
 def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
-    _, run, *_ = trained
+    hf, run, *_ = trained
+    no_weights = tmp_path / "base_without_weights"   # its config.json, not its safetensors
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text(open(os.path.join(hf, "config.json")).read())
     no_steps = tmp_path / "run_without_steps"   # a run that has written its config, no checkpoint yet
     no_steps.mkdir()
     (no_steps / "config.yaml").write_text(open(os.path.join(run, "config.yaml")).read())
     for args, line in [
-        ([run, "--base_model", str(tmp_path / "nowhere")], "error: --base_model: the run's base model"),
+        ([run, "--base_model", str(tmp_path / "nowhere")],
+         f"error: --base_model: {tmp_path / 'nowhere'} is not a HF model directory here"),
+        ([run, "--base_model", str(no_weights)],   # was "hf_dir: neither ...", a flag the tool does not have
+         f"error: --base_model: neither model.safetensors.index.json nor model.safetensors in {no_weights}"),
         ([str(no_steps)], "no checkpoint of the run yet (latest_checkpointed_iteration.txt missing)"),
         ([run, "--adapter_only", "--out_dir", run], "already exists"),
     ]:
