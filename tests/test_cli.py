@@ -201,8 +201,7 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--model.hf_dir=README.md"], "error: --model.hf_dir: README.md is not a directory"),
     (["--model.hf_dir=configs", "--model.pretrained_checkpoint=/nonexistent/mcore"],
      "error: --model.pretrained_checkpoint: /nonexistent/mcore does not exist"),
-    (["--model.hf_dir=configs", "--run_dir=README.md"], "error: --run_dir: README.md is not a directory"),  # was
-    # "[Errno 17] File exists" once the model was loaded
+    (["--model.hf_dir=configs", "--run_dir=README.md"], "error: --run_dir: README.md is not a directory"),
     (["--config", "configs"], "error: config file 'configs' is not a file"),
     (["--optimizer.lr=nan"], "error: --optimizer.lr: expected a finite number, got nan"),
 ])
