@@ -204,6 +204,7 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--model.hf_dir=configs", "--run_dir=README.md"], "error: --run_dir: README.md is not a directory"),
     (["--config", "configs"], "error: config file 'configs' is not a file"),
     (["--optimizer.lr=nan"], "error: --optimizer.lr: expected a finite number, got nan"),
+    (["--data.shuffle_seed=-1"], "error: --data.shuffle_seed: must be >= 0, got -1"),   # was a traceback, late
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
     proc = run_python(["-m", "phf_megatron.train", *argv])

@@ -278,6 +278,7 @@ class DataConfig:
         if self.max_rows is not None:
             check_positive("data.max_rows", self.max_rows)
         check_positive("data.max_prompt_length", self.max_prompt_length)
+        check_positive("data.shuffle_seed", self.shuffle_seed, allow_zero=True)   # the sampler's, once the model loaded
         check_choice("data.teacher_prompt", self.teacher_prompt, TEACHER_PROMPTS)
 
 
