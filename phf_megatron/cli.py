@@ -252,6 +252,8 @@ class Settings:
                     value = following if len(following) > 1 else following[0]
                 elif self.types[full] is bool:
                     value = True
+                elif i + 1 < len(args) and self.types[full] is str:   # --eval_args "--limit 5": a flag's look
+                    raise UsageError(f"--{key}: missing a value (one that starts with -- goes as --{key}=VALUE)")
                 else:
                     raise UsageError(f"--{key}: missing a value")
             out[full] = value

@@ -88,6 +88,11 @@ class PaperTable:
         for key in ("step", "k", "warmup_steps"):
             if getattr(self, key) < 1:
                 raise fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if self.ngpu < 0:
+            raise fail("ngpu", f"must be >= 0 (0: 8, toy 1), got {self.ngpu}")
+        _check_eval_args(self.eval_args)   # here, not when the first row's eval starts (after its training)
+        if self.data and self.data.startswith(("/", ".", "~")) and not os.path.exists(self.data):
+            raise fail("data", f"{self.data} does not exist")
         if self.seeds is not None and (not self.toy or not self.seeds or len(set(self.seeds)) != len(self.seeds)):
             raise fail("seeds", "distinct seeds, with --toy (a real scale's table is one run per row)")
         if self.toy:
@@ -106,6 +111,17 @@ class PaperTable:
             raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
         if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
             raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
+
+
+def _check_eval_args(eval_args: str) -> None:
+    from ..cli import Settings
+    from ..errors import UserError
+    from ..eval.config import EvalConfig
+
+    try:
+        Settings(EvalConfig).parse(shlex.split(eval_args))
+    except (ValueError, UserError) as err:   # "No closing quotation", "--bogus: unknown setting"
+        raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
 
 
 def parse_args(argv: list[str]):

@@ -173,6 +173,13 @@ def test_the_examples_train_the_recipes_rows(script, row):
     (["--toy", "--scale", "4b", "--out", "o"], "error: --toy: the toy builds its own model"),
     (["--scale", "4b", "--out", "o", "--hf_model", "x", "--seeds", "0,1"], "error: --seeds: distinct seeds, with --toy"),
     (["--toy", "--out", "o", "--seeds", "3,3"], "error: --seeds: distinct seeds, with --toy"),
+    # each was found only when the first row's eval or training started (a traceback, or hours later)
+    (["--toy", "--out", "o", "--eval_args=--bogus 1"], "error: --eval_args: --bogus: unknown setting (in '--bogus 1')"),
+    (["--toy", "--out", "o", "--eval_args=--limit '5"], "error: --eval_args: No closing quotation"),
+    (["--toy", "--out", "o", "--eval_args", "--limit 5"], "error: --eval_args: missing a value (one that starts "
+                                                         "with -- goes as --eval_args=VALUE)"),
+    (["--toy", "--out", "o", "--ngpu", "-1"], "error: --ngpu: must be >= 0 (0: 8, toy 1), got -1"),
+    (["--toy", "--out", "o", "--data", "/no/such.jsonl"], "error: --data: /no/such.jsonl does not exist"),
 ])
 def test_one_line_errors(capsys, argv, line):
     assert paper_table.main(argv) == 2
