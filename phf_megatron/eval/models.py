@@ -140,8 +140,13 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
 
     if not os.path.isdir(mcore_dir):
         raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
-    from ..convert.mcore_checkpoint import training_checkpoint_error
+    from ..convert.mcore_checkpoint import METADATA_FILE, training_checkpoint_error
 
+    if not os.path.isfile(os.path.join(mcore_dir, METADATA_FILE)) and training_checkpoint_error(mcore_dir) is None:
+        run = os.path.isdir(os.path.join(mcore_dir, "checkpoints"))   # was the converter's "mcore_dir: ... --hf_config"
+        raise ConfigError("megatron_checkpoint", f"{mcore_dir} is neither hf_to_mcore's output (no {METADATA_FILE}) "
+                          "nor a training checkpoint" + (f" (a run: give {os.path.join(mcore_dir, 'checkpoints')}"
+                                                         "/iter_N)" if run else ""))
     final = os.path.join(run_dir, "converted_model")
     marker = {"megatron_checkpoint": os.path.abspath(mcore_dir)}
     if _reusable(final, marker):

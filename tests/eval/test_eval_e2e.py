@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from phf_megatron.errors import UserError
+from phf_megatron.errors import ConfigError
 from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
@@ -178,10 +178,13 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_se
             monkeypatch.setenv(name, value)
         converted = run_eval(from_mcore)
     assert _check_run(from_mcore, converted) == _check_run(from_hf, run_eval(from_hf))
-    with pytest.raises(UserError, match="converting the Megatron checkpoint .* failed"):
-        (tmp_path / "not_mcore").mkdir()
+    (tmp_path / "not_mcore" / "checkpoints").mkdir(parents=True)   # a run directory: named, not as the converter's
+    with pytest.raises(ConfigError) as err:                       # "mcore_dir: ... pass --hf_config"
         run_eval(_config(tmp_path, None, eval_sets, name="bad", megatron_checkpoint=str(tmp_path / "not_mcore"),
                          **kw))
+    assert err.value.line == (f"--megatron_checkpoint: {tmp_path / 'not_mcore'} is neither hf_to_mcore's output (no "
+                              f"phf_megatron.json) nor a training checkpoint (a run: give "
+                              f"{tmp_path / 'not_mcore' / 'checkpoints'}/iter_N)")
     training_ckpt = tmp_path / "run" / "checkpoints" / "iter_0000002"    # what phf_megatron.train writes
     training_ckpt.mkdir(parents=True)
     (training_ckpt / "meta.json").write_text("{}")
