@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
+from ..errors import InputFileError, UserError
 from .rows import BadRowError, FieldNames, MathRow, validate_row
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -76,7 +77,18 @@ def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
 
 
 def iter_arrow_file(path: str) -> Iterator[tuple[str, Any]]:
-    """``(origin, record)`` per row of a Parquet or Arrow (IPC stream/file) table."""
+    """``(origin, record)`` per row of a Parquet or Arrow (IPC stream/file) table; a damaged file
+    raises ``InputFileError`` naming it (pyarrow's "Parquet magic bytes not found" does not)."""
+    try:
+        yield from _arrow_rows(path)
+    except (ValueError, OSError) as err:   # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+        if isinstance(err, UserError):
+            raise
+        kind = "Parquet" if path.endswith(".parquet") else "Arrow"
+        raise InputFileError(path, f"not a readable {kind} file, truncated or corrupt ({err})") from None
+
+
+def _arrow_rows(path: str) -> Iterator[tuple[str, Any]]:
     if path.endswith(".parquet"):
         pq = _require("pyarrow.parquet", f"reading Parquet ({path})")
         batches = pq.ParquetFile(path).iter_batches()

@@ -113,6 +113,29 @@ def test_parquet_rows_name_file_and_row(tmp_path):
     assert len(ds) == 2 and ds.skipped == 1 and ds[1].origin == f"{path} row 3"
 
 
+@pytest.mark.parametrize("name, kind, keep", [("train.parquet", "Parquet", 0.5), ("train.arrow", "Arrow", 0.02)])
+def test_a_damaged_parquet_or_arrow_file_is_named(tmp_path, name, kind, keep):
+    """pyarrow's "Parquet magic bytes not found in footer" named no file (the trainer printed it after
+    --data.path, which may be a directory of many)."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    from phf_megatron.errors import InputFileError
+
+    path = tmp_path / "data" / name
+    path.parent.mkdir()
+    table = pa.Table.from_pylist([GOOD] * 50)
+    pq.write_table(table, path) if kind == "Parquet" else feather.write_feather(table, path, compression="uncompressed")
+    assert len(load_math_dataset(str(tmp_path / "data"))) == 50
+    with open(path, "r+b") as f:
+        f.truncate(int(path.stat().st_size * keep))
+    with pytest.raises(InputFileError) as err:
+        load_math_dataset(str(tmp_path / "data"))
+    assert err.value.path == str(path) and err.value.detail.startswith(f"not a readable {kind} file, truncated or "
+                                                                      "corrupt ("), err.value
+
+
 @pytest.fixture(scope="module")
 def opsd_rows():
     """40 rows of the OPSD schema (problem, solution; no answer column), from the example math set."""
