@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..commands import command, parse_command_line
-from ..errors import InputFileError, UserError
+from ..errors import ConfigError, InputFileError, UserError
 from ..training import metrics as M
 
 CURVES = (
@@ -315,7 +315,12 @@ def plot(argv: list[str], quiet: bool = False) -> int:
         curves = os.path.join(args.run_dir, "plots", "curves.png")
         heatmap = os.path.join(args.run_dir, "plots", "layer_energy.png")
         tokens = os.path.join(args.run_dir, "plots", "loss_tokens.png")
-    os.makedirs(os.path.dirname(os.path.abspath(curves)), exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(curves))
+    if args.out and os.path.isdir(args.out):   # matplotlib wrote <out>.png beside it, not what was printed
+        raise ConfigError("out", f"{args.out} is a directory (give the PNG file to write)")
+    if os.path.exists(folder) and not os.path.isdir(folder):   # was "[Errno 17] File exists"
+        raise ConfigError("out" if args.out else "run_dir", f"{folder} is not a directory (where the plots go)")
+    os.makedirs(folder, exist_ok=True)
     title = os.path.basename(os.path.normpath(args.run_dir))
     settings = run_settings(args.run_dir)
     plot_curves(records, curves, title, settings)

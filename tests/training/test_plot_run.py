@@ -107,6 +107,23 @@ def test_missing_or_empty_metrics_is_a_clear_error(tmp_path, capsys, content):
     assert not (run / "plots").exists()
 
 
+@pytest.mark.parametrize("damage, line", [
+    ("metrics", "error: {run}/metrics.jsonl:2: expected a JSON object, got list"),   # was an AttributeError
+    ("plots", "error: --run_dir: {run}/plots is not a directory (where the plots go)"),   # was "[Errno 17] ..."
+    ("out", "error: --out: {run} is a directory (give the PNG file to write)"),   # wrote <out>.png beside it
+])
+def test_a_bad_input_or_output_is_one_line(tmp_path, capsys, damage, line):
+    run = tmp_path / "run"
+    write_run(str(run), steps=3, layers=2)
+    if damage == "metrics":
+        (run / "metrics.jsonl").write_text('{"step": 1}\n[2]\n{"step": 3}\n')
+    if damage == "plots":
+        (run / "plots").write_text("")
+    assert _import_tool().main([str(run), *(["--out", str(run)] if damage == "out" else [])]) == 2
+    assert capsys.readouterr().err.splitlines() == [line.format(run=run)]
+    assert not any(p.suffix == ".png" for p in tmp_path.rglob("*"))
+
+
 @pytest.mark.parametrize("layers, ticks", [(2, ["0", "1"]), (3, ["0", "1", "2"]), (28, [str(i) for i in range(0, 28, 2)])])
 def test_layer_heatmap_ticks_are_whole_layers(tmp_path, layers, ticks):
     """A 2-layer model's heatmap once showed ticks at -0.5, 0.0, 0.5, ...: every tick is a layer."""
