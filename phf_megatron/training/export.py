@@ -214,6 +214,9 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
         raise ConfigError("adapter_only", "the run trained every weight (lora.enabled=false): it has no adapter; "
                                           "leave the flag out for the HF model")
     cfg = _with_base_model(ckpt.cfg, base_model)
+    if not adapter and not {"tokenizer.json", "vocab.json"} & set(_tokenizer_files(cfg.model.hf_dir)):  # vLLM needs it
+        raise ConfigError("base_model", f"{cfg.model.hf_dir} holds no tokenizer files (tokenizer.json, vocab.json, "
+                                        "...): give the base model directory with its tokenizer")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tensor_model_parallel_size=tp,
                                                              pipeline_model_parallel_size=pp))
     _check_new_dir(out_dir)

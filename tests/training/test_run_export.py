@@ -6,6 +6,7 @@ trainer's final student's."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -133,6 +134,8 @@ def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
     no_weights = tmp_path / "base_without_weights"   # its config.json, not its safetensors
     no_weights.mkdir()
     (no_weights / "config.json").write_text(open(os.path.join(hf, "config.json")).read())
+    no_tokenizer = shutil.copytree(hf, tmp_path / "base_without_tokenizer", ignore=shutil.ignore_patterns(
+        "tokenizer*", "vocab.json", "merges.txt"))   # the merged model was written without one, silently
     no_steps = tmp_path / "run_without_steps"   # a run that has written its config, no checkpoint yet
     no_steps.mkdir()
     (no_steps / "config.yaml").write_text(open(os.path.join(run, "config.yaml")).read())
@@ -141,6 +144,7 @@ def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
          f"error: --base_model: {tmp_path / 'nowhere'} is not a HF model directory here"),
         ([run, "--base_model", str(no_weights)],   # was "hf_dir: neither ...", a flag the tool does not have
          f"error: --base_model: neither model.safetensors.index.json nor model.safetensors in {no_weights}"),
+        ([run, "--base_model", str(no_tokenizer)], f"error: --base_model: {no_tokenizer} holds no tokenizer files"),
         ([str(no_steps)], "no checkpoint of the run yet (latest_checkpointed_iteration.txt missing)"),
         ([run, "--adapter_only", "--out_dir", run], "already exists"),
     ]:
