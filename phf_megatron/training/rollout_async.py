@@ -15,7 +15,7 @@ So the rollouts of a step come from the weights one update behind the trainer's 
 ``rollout_staleness``: 1, and 0 on the first step), as in verl's one-step-off-policy trainer and
 NeMo-RL's async GRPO with ``max_trajectory_age_steps = 1``. The overlap needs the engine awake
 while the trainer steps, on devices or CPU time of its own: not with ``rollout.enable_sleep_mode``
-(``config_sections``), and a vLLM engine runs in a process of its own even in a world of one.
+(``rollout.config``), and a vLLM engine runs in a process of its own even in a world of one.
 
 Sampler: step k+1's rows are read from a copy of the sampler; the sampler itself advances only
 when a step's update is done (``training.loop``), so a checkpoint's data position is exact.
