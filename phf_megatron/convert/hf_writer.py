@@ -26,16 +26,19 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 def write_hf_checkpoint(items: Iterable[tuple[str, torch.Tensor]], out_dir: str, *, hf_config: dict,
                         dtype: torch.dtype, tokenizer_src: Optional[str] = None,
                         tokenizer_files: Iterable[str] = (), max_shard_bytes: int = 2 << 30,
-                        expected_names: Optional[Iterable[str]] = None) -> str:
+                        expected_names: Optional[Iterable[str]] = None, replace: bool = False) -> str:
     """Stream ``items`` into a HF checkpoint at ``out_dir``; returns ``out_dir``.
+
+    An existing ``out_dir`` is refused, or with ``replace`` swapped for the new one once it is complete
+    (the trainer's own export, rewritten when a finished run is resumed to train longer).
 
     ``expected_names``: if given, the stream must produce exactly these names (checked before
     the rename, so a short stream never becomes a checkpoint).
     """
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir):
+    if os.path.exists(out_dir) and not replace:
         raise FileExistsError(f"out_dir: {out_dir} already exists")
-    with atomic_dir(out_dir, replace=False) as tmp:
+    with atomic_dir(out_dir, replace=replace) as tmp:
         nonfinite = _write_into(tmp, items, hf_config, dtype, tokenizer_src, tokenizer_files, max_shard_bytes,
                                 expected_names)
         if nonfinite is not None:  # raised inside: the temp directory goes, out_dir never appears

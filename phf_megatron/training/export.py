@@ -79,8 +79,9 @@ def _tokenizer_files(hf_dir: str) -> list[str]:
 def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str, *, adapter: bool,
                   dtype=None, max_shard_bytes: int = 2 << 30) -> str:
     """Write this run's student (``chunks``: this rank's model chunks) to ``out_dir`` (a collective;
-    rank 0 writes, atomically): the PEFT adapter (``adapter``), else HF safetensors + config +
-    tokenizer with every LoRA adapter merged into its base weight. ``dtype``: of the written weights
+    rank 0 writes, atomically, replacing an earlier export there): the PEFT adapter (``adapter``), else
+    HF safetensors + config + tokenizer with every LoRA adapter merged into its base weight. ``dtype``: of
+    the written weights
     (default: the parameters'). Returns ``out_dir``."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -103,7 +104,7 @@ def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str,
         if dist.get_rank() == 0:
             write_hf_checkpoint(items, out_dir, hf_config=hf_config, dtype=dtype or chunks[0].config.params_dtype,
                                 tokenizer_src=hf_dir, tokenizer_files=_tokenizer_files(hf_dir),
-                                max_shard_bytes=max_shard_bytes, expected_names=list(hf_shapes(arch)))
+                                max_shard_bytes=max_shard_bytes, expected_names=list(hf_shapes(arch)), replace=True)
         else:
             for _ in items:  # the gathers and broadcasts are collective
                 pass

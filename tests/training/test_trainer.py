@@ -1,5 +1,6 @@
-"""The whole trainer on CPU: a PHF update at TP=2 equals the single-process one, resume is exact,
-and a failing rollout engine leaves a checkpoint behind."""
+"""The whole trainer on CPU: a PHF update at TP=2 equals the single-process one, resume is exact
+(a finished full fine-tuning run resumed to train longer exports its last step), and a failing
+rollout engine leaves a checkpoint behind."""
 
 import os
 import re
@@ -77,6 +78,30 @@ def test_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     for m in s:
         assert history[m["step"]]["loss"] == pytest.approx(m["loss"], rel=1e-12)
     assert wandb_config(wandb_run)["optimizer"]["lr"] == 1e-3
+
+
+def _hf_export(run_dir):
+    out = os.path.join(run_dir, "export", "hf")
+    return {k: v for f in sorted(os.listdir(out)) if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(out, f)).items()}
+
+
+def test_a_finished_full_fine_tuning_run_resumed_to_train_longer_exports_its_last_step(tiny_inputs, tmp_path):
+    """Without LoRA the export is a HF model; a rerun with more steps replaces the finished run's."""
+    hf, data = tiny_inputs
+    full = ("--no-lora.enabled", LR)
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    _ok(train(hf, data, straight, "--training.train_iters=2", *full))
+    _ok(train(hf, data, resumed, "--training.train_iters=1", *full))
+    first = _hf_export(resumed)
+    proc = train(hf, data, resumed, "--training.train_iters=2", *full)
+    _ok(proc)
+    assert "resuming from step 1 of 2" in proc.stdout
+    last, want = _hf_export(resumed), _hf_export(straight)
+    assert sorted(last) == sorted(want)
+    assert any(not torch.equal(first[k], want[k]) for k in want)  # step 2 moved the weights
+    for k, v in want.items():
+        torch.testing.assert_close(last[k], v, rtol=0, atol=0)
 
 
 def test_rollout_failure_saves_a_checkpoint_first(tiny_inputs, tmp_path):
