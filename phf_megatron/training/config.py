@@ -83,6 +83,9 @@ class TrainConfig:
                 raise fail("training.max_tokens_per_microbatch", "not yet with model.virtual_pipeline_model_parallel_"
                            "size: the interleaved schedule needs a multiple of the PP size of micro-batches on every "
                            "rank, which a token budget does not give")
+        if self.method != "phf" and self.ablation is not None:
+            raise fail("ablation", f"{self.ablation} is an ablation of PHF's loss; --method={self.method} has no "
+                       "hidden-flow or OPSD term to ablate (leave --ablation out, or use --method=phf)")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":

@@ -185,6 +185,7 @@ def test_an_epoch_counts_each_rollout_batch_num_iterations_times():
     (("--data.reason_first",), "--data.reason_first: is a PHF teacher option; --method=grpo has no teacher"),
     (("--rollout.lmbda=0.5",), "--rollout.lmbda: 0.5: --method=grpo trains on its rollouts only"),
     (("--rollout.async_steps=1",), "--rollout.async_steps: is not supported with --method=grpo"),
+    (("--ablation=opsd_only",), "--ablation: opsd_only is an ablation of PHF's loss; --method=grpo has no"),
     (("--checkpoint.save_interval=3",), "--checkpoint.save_interval: 3 is not a multiple of grpo.num_iterations = 2"),
     (("--training.train_iters=5",), "--training.train_iters: 5 is not a multiple of grpo.num_iterations = 2"),
     (("--rollout.sync_interval=2",), "--rollout.sync_interval: 2: --method=grpo pushes the weights"),
