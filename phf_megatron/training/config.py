@@ -114,6 +114,9 @@ class TrainConfig:
             raise fail("data.reason_first", "is a PHF teacher option; --method=sft has no teacher")
         if self.rollout.async_steps:
             raise fail("rollout.async_steps", "--method=sft has no rollouts to overlap; set --rollout.async_steps=0")
+        if self.rollout.lmbda != 1.0:
+            raise fail("rollout.lmbda", f"{self.rollout.lmbda}: --method=sft trains on the rows' solutions only (no "
+                       "rollouts to mix in); set --rollout.lmbda=1")
 
     def _check_grpo(self) -> None:
         """Settings GRPO cannot honour (each one line naming the setting)."""
