@@ -53,7 +53,9 @@ class RolloutConfig:
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size (official: 1)."""
     sync_interval: int = 1
-    """Push the student's weights to the engine every this many steps (official vllm_sync_frequency 1)."""
+    """Push the student's weights to the engine every this many steps (official vllm_sync_frequency 1).
+    Checkpoints (checkpoint.save_interval, a multiple of it) and a SIGTERM stop fall after a push, so a
+    resumed run's engine holds the weights the uninterrupted run's would."""
     verify_sync: bool = True
     """After a weight push, check the engine's weights against the trainer's."""
     timeout_s: float = 600.0

@@ -86,6 +86,10 @@ class TrainConfig:
         if self.method != "phf" and self.ablation is not None:
             raise fail("ablation", f"{self.ablation} is an ablation of PHF's loss; --method={self.method} has no "
                        "hidden-flow or OPSD term to ablate (leave --ablation out, or use --method=phf)")
+        interval, sync = self.checkpoint.save_interval, self.rollout.sync_interval
+        if self.method == "phf" and interval % sync:
+            raise fail("checkpoint.save_interval", f"{interval} is not a multiple of rollout.sync_interval = {sync}: a "
+                       "run resumed between weight pushes would sample from newer weights than the one it continues")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":

@@ -323,8 +323,9 @@ class Trainer:
                 metrics = None
                 if interval and self.step % interval == 0:
                     self.save()
-                if (stop is not None and self.step < cfg.training.train_iters
-                        and self.step % self.method.iterations == 0 and stop.agreed()):  # at a rollout batch's end
+                if (stop is not None and self.step < cfg.training.train_iters  # at a rollout batch's end, after a push
+                        and self.step % self.method.iterations == 0 and self.step % cfg.rollout.sync_interval == 0
+                        and stop.agreed()):
                     return self._stopped(stop.name)
         except KeyboardInterrupt:  # Ctrl-C: one line (commands.run_command) saying what is kept
             raise KeyboardInterrupt(f"during step {self.step + 1} of {cfg.training.train_iters}; {self._kept()}; "

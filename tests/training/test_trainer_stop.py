@@ -4,6 +4,8 @@
   step in flight finishes, a checkpoint is written there, one line says so, exit code 143 (128 + 15);
   the same command resumes from that step, with ``--checkpoint.load`` too (its own checkpoints first);
 * SIGTERM delivered to one rank only under torchrun: every rank agrees and saves;
+* SIGTERM with ``rollout.sync_interval`` = 2: the stop waits for the step after which the weights are
+  pushed, so the resumed run's engine holds the weights the uninterrupted run's would;
 * Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
 * ``--checkpoint.load`` naming a directory without a checkpoint: one line, before any model is built.
 """
@@ -140,3 +142,19 @@ def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path
     assert proc.returncode == 2 and lines == [
         f"error: --checkpoint.load: {load[where]} holds no checkpoint (no latest_checkpointed_iteration.txt): "
         + hint.format(run=run)], proc.stderr[-3000:]
+
+
+def test_sigterm_between_weight_pushes_stops_after_the_next_push(tiny_inputs, tmp_path):
+    """With rollout.sync_interval=2 the engine samples step 2k+2 with the weights of step 2k: a stop after
+    an odd step would resume with the engine holding newer weights than the run it continues. The run
+    stops after an even step, and its resumed steps are sampled one and zero pushes behind as before."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    proc, log = _start(hf, data, run, "--rollout.sync_interval=2")
+    proc.send_signal(signal.SIGTERM)  # (after step 2 is logged: step 3 is in flight)
+    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, open(log).read()[-4000:]
+    stopped = read_metrics(run)[-1]["step"]
+    assert stopped % 2 == 0, stopped
+    assert_ok(train(hf, data, run, "--checkpoint.save_interval=0", f"--training.train_iters={stopped + 2}",
+                    "--rollout.sync_interval=2"))
+    assert [m["rollout_staleness"] for m in read_metrics(run)] == [0, 1] * (stopped // 2 + 1)
