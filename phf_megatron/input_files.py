@@ -80,7 +80,9 @@ def check_hf_model_dir(path: str, weights: bool = False) -> None:
     if not isinstance(read_json(config), dict):
         raise InputFileError(config, "expected a JSON object")
     names = sorted(os.listdir(path))
-    if weights and not any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names):
+    # PyTorch .bin weights count too: vLLM and transformers load them (an older or TRL-saved model)
+    if weights and not any(n.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json"))
+                           for n in names):
         raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json (expected a HF "
                                 "model directory with its weights)")
     for name in names:

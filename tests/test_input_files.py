@@ -75,6 +75,8 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
     check_hf_model_dir(str(hf))
     with pytest.raises(FileNotFoundError, match=r"/hf: no model.safetensors or model.safetensors.index.json"):
         check_hf_model_dir(str(hf), weights=True)
+    torch.save({"w": torch.zeros(4)}, hf / "pytorch_model.bin")   # PyTorch weights: vLLM and transformers load them
+    check_hf_model_dir(str(hf), weights=True)
 
 
 @pytest.mark.parametrize("content, detail", [
