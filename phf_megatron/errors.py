@@ -1,10 +1,11 @@
 """The errors a user can fix: a setting, the command line, an input file.
 
 The command lines (``phf_megatron.commands.run_command``) print these as one line, ``error: ...``,
-and exit with code 2 (``RunStopped``: one line, code 1); every other exception keeps its traceback. All are ``ValueError``s, so
-library callers catch them as before. ``write_failure(err, path)`` tells a failed write the user
-can fix (a full disk, a read-only file system, no permission: ``OutputFileError``) from a bug,
-even when a library wrapped the ``OSError`` or kept only its text. Imports nothing heavy.
+and exit with code 2 (``RunStopped``: one line, code 1); every other exception keeps its traceback.
+The user errors are ``ValueError``s, so library callers catch them as before. ``write_failure(err,
+path)`` tells a failed write the user can fix (a full disk, a read-only file system, no permission:
+``OutputFileError``) from a bug, even when a library wrapped the ``OSError`` or kept only its text.
+Imports nothing heavy.
 """
 
 from __future__ import annotations

@@ -120,8 +120,7 @@ class Reaper:
 
     def kill_now(self) -> None:
         """SIGKILL the processes (with their descendants) now, as the watcher would, then stop it."""
-        if self._proc is not None:
-            kill_targets(self._targets)
+        kill_targets(self._targets)   # also where no watcher was started (a Reaper built off the main thread)
         self.close()
 
 

@@ -90,6 +90,9 @@ class TrainConfig:
         if self.method == "phf" and interval % sync:
             raise fail("checkpoint.save_interval", f"{interval} is not a multiple of rollout.sync_interval = {sync}: a "
                        "run resumed between weight pushes would sample from newer weights than the one it continues")
+        if self.method == "phf" and self.training.train_iters % sync:
+            raise fail("training.train_iters", f"{self.training.train_iters} is not a multiple of rollout.sync_interval "
+                       f"= {sync}: the run must end after a weight push (a run extended later resumes from its end)")
         if self.method == "sft":
             self._check_sft()
         if self.method == "grpo":

@@ -179,6 +179,8 @@ def test_cross_section_rules():
         load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
     with pytest.raises(ValueError, match=r"checkpoint.save_interval: 3 is not a multiple of rollout.sync_interval = 2"):
         load_config(argv=["--rollout.sync_interval=2", "--checkpoint.save_interval=3"])
+    with pytest.raises(ValueError, match=r"training.train_iters: 5 is not a multiple of rollout.sync_interval = 2"):
+        load_config(argv=["--rollout.sync_interval=2", "--checkpoint.save_interval=4", "--training.train_iters=5"])
     assert load_config(argv=["--rollout.sync_interval=2", "--checkpoint.save_interval=4"]).checkpoint.save_interval == 4
     assert load_config(argv=[]).training.packing is True  # the default: exact, and faster (BENCHMARKS.md)
     assert load_config(argv=["--method=grpo", "--rollout.n=2", "--rollout.top_k=0", "--rollout.top_p=1.0",
