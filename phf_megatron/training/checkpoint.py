@@ -109,6 +109,8 @@ def require_checkpoint(cfg: TrainConfig) -> None:
         hint = f"pass the directory above it, {os.path.dirname(os.path.normpath(load_dir))} (a run resumes from its latest)"
     elif read_latest(nested) is not None:
         hint = f"did you mean {nested}?"
+    elif os.path.isfile(load_dir):
+        hint = "it is a file: pass the checkpoints directory that holds it"
     elif not os.path.isdir(load_dir):
         hint = "it does not exist"
     else:

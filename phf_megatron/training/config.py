@@ -14,7 +14,7 @@ The sections live in ``config_sections.py``; YAML loading, overrides and dumping
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from phf_megatron.input_files import missing_dir
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
@@ -113,12 +113,21 @@ class TrainConfig:
             raise fail("training.global_batch_size", f"{self.training.global_batch_size} rollouts do not "
                        f"split into prompts of rollout.n = {self.rollout.n} completions")
 
+    def _check_no_teacher(self) -> None:
+        """SFT and GRPO have no teacher: a teacher setting would be silently ignored."""
+        if self.data.reason_first:
+            raise fail("data.reason_first", f"is a PHF teacher option; --method={self.method} has no teacher")
+        default = TeacherConfig()
+        for f in fields(TeacherConfig):
+            if getattr(self.teacher, f.name) != getattr(default, f.name):
+                raise fail(f"teacher.{f.name}", f"{getattr(self.teacher, f.name)}: --method={self.method} has no "
+                           "teacher; leave the teacher settings out")
+
     def _check_sft(self) -> None:
         """Settings that change what an SFT step would train on, and that SFT cannot honour."""
         if self.rollout.n != 1:
             raise fail("rollout.n", f"{self.rollout.n}: --method=sft trains each row's solution once; set --rollout.n=1")
-        if self.data.reason_first:
-            raise fail("data.reason_first", "is a PHF teacher option; --method=sft has no teacher")
+        self._check_no_teacher()
         if self.rollout.async_steps:
             raise fail("rollout.async_steps", "--method=sft has no rollouts to overlap; set --rollout.async_steps=0")
         if self.rollout.lmbda != 1.0:
@@ -131,8 +140,7 @@ class TrainConfig:
         if n < 2:
             raise fail("rollout.n", f"{n}: --method=grpo compares G >= 2 completions per prompt (TRL's "
                        "num_generations; paper 8); set e.g. --rollout.n=8")
-        if self.data.reason_first:
-            raise fail("data.reason_first", "is a PHF teacher option; --method=grpo has no teacher")
+        self._check_no_teacher()
         if self.rollout.lmbda != 1.0:
             raise fail("rollout.lmbda", f"{self.rollout.lmbda}: --method=grpo trains on its rollouts only; "
                        "set --rollout.lmbda=1")

@@ -183,6 +183,7 @@ def test_an_epoch_counts_each_rollout_batch_num_iterations_times():
     (("--rollout.n=1",), "--rollout.n: 1: --method=grpo compares G >= 2 completions per prompt"),
     (("--rollout.n=3",), "--training.global_batch_size: 4 rollouts do not split into prompts of rollout.n = 3"),
     (("--data.reason_first",), "--data.reason_first: is a PHF teacher option; --method=grpo has no teacher"),
+    (("--teacher.ema_start=after_first_step",), "--teacher.ema_start: after_first_step: --method=grpo has no teacher"),
     (("--rollout.lmbda=0.5",), "--rollout.lmbda: 0.5: --method=grpo trains on its rollouts only"),
     (("--rollout.async_steps=1",), "--rollout.async_steps: is not supported with --method=grpo"),
     (("--ablation=opsd_only",), "--ablation: opsd_only is an ablation of PHF's loss; --method=grpo has no"),

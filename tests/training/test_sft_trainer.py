@@ -120,6 +120,8 @@ def test_prompt_tokens_and_truncation(tiny_inputs, tmp_path):
 @pytest.mark.parametrize("flags,expected", [
     (("--rollout.n=2",), "error: --rollout.n: 2: --method=sft trains each row's solution once; set --rollout.n=1"),
     (("--data.reason_first",), "error: --data.reason_first: is a PHF teacher option; --method=sft has no teacher"),
+    (("--teacher.mode=fixed",), "error: --teacher.mode: fixed: --method=sft has no teacher; leave the teacher "
+                                "settings out"),
     (("--rollout.async_steps=1",), "error: --rollout.async_steps: --method=sft has no rollouts to overlap"),
     (("--rollout.lmbda=0.5",), "error: --rollout.lmbda: 0.5: --method=sft trains on the rows' solutions only"),
     (("--ablation=local_only",), "error: --ablation: local_only is an ablation of PHF's loss; --method=sft has no"),

@@ -129,6 +129,7 @@ def test_a_run_started_from_another_runs_checkpoint_resumes_its_own(tiny_inputs,
     ("missing", "it does not exist"),
     ("run", "did you mean {run}/checkpoints?"),
     ("iter", "pass the directory above it, {run}/checkpoints (a run resumes from its latest)"),
+    ("file", "it is a file: pass the checkpoints directory that holds it"),
 ])
 def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path, where, hint):
     hf, data = tiny_inputs
@@ -136,7 +137,8 @@ def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path
     os.makedirs(os.path.join(run, "checkpoints", "iter_0000002"))
     with open(os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt"), "w") as f:
         f.write("2")
-    load = {"missing": str(tmp_path / "nope"), "run": run, "iter": os.path.join(run, "checkpoints", "iter_0000002")}
+    load = {"missing": str(tmp_path / "nope"), "run": run, "iter": os.path.join(run, "checkpoints", "iter_0000002"),
+            "file": os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")}
     proc = train(hf, data, str(tmp_path / "new"), f"--checkpoint.load={load[where]}")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and lines == [
