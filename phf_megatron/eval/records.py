@@ -11,6 +11,7 @@ the first record of each key ``(benchmark, problem_id, sample_index)`` wins; lat
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import os
@@ -24,6 +25,12 @@ from .grading import GRADERS, grade, official_boxed_answer
 SHARD_GLOB = "samples.rank*.jsonl"
 
 
+@functools.cache
+def grader_version() -> str:
+    """The installed math-verify's version (records store the one that graded them)."""
+    return version("math-verify")
+
+
 def grade_record(record: dict, require_boxed: bool) -> dict:
     """``record`` with its answer (the official extraction; ``boxed``: one was found), both
     graders' verdicts, ``correct = {"official": ..., "extended": ...}``, and the math-verify
@@ -31,7 +38,7 @@ def grade_record(record: dict, require_boxed: bool) -> dict:
     pred = official_boxed_answer(record["output"])
     return {**record, "pred": pred, "boxed": pred is not None, "require_boxed": require_boxed,
             "correct": grade(record["output"], record["gold"], require_boxed=require_boxed),
-            "math_verify": version("math-verify")}
+            "math_verify": grader_version()}
 
 
 def needs_grading(record: dict, require_boxed: bool, gold: str | None = None) -> bool:
@@ -40,7 +47,7 @@ def needs_grading(record: dict, require_boxed: bool, gold: str | None = None) ->
     correct = record.get("correct")
     return (record.get("require_boxed") != require_boxed or not isinstance(correct, dict)
             or set(correct) != set(GRADERS) or (gold is not None and record.get("gold") != gold)
-            or record.get("math_verify") != version("math-verify"))
+            or record.get("math_verify") != grader_version())
 
 
 def sample_key(record: dict) -> tuple[str, str, int]:

@@ -117,14 +117,21 @@ def fixed_plan(num_samples: int, *, dp_size: int, micro_batch_size: int) -> Micr
 
 
 def check_step_split(num_samples: int, dp_size: int, micro_batch_size: int, max_tokens: int | None,
-                     pp_size: int = 1, vpp_size: int | None = None) -> None:
+                     pp_size: int = 1, vpp_size: int | None = None, lmbda: float = 1.0) -> None:
     """At start-up, before any rollout: a step's ``num_samples`` split over ``dp_size`` ranks (both modes), into
-    micro-batches of ``micro_batch_size`` (fixed count), a multiple of ``pp_size`` of them per rank under an
-    interleaved pipeline (``vpp_size`` > 1: Megatron's schedule refuses another count). One line naming the setting."""
+    micro-batches of ``micro_batch_size`` (fixed count; under a token budget too with ``lmbda`` < 1, whose draws
+    follow the fixed split's slots: ``policy_mix.on_policy_samples``), a multiple of ``pp_size`` of them per rank
+    under an interleaved pipeline (``vpp_size`` > 1: Megatron's schedule refuses another count). One line naming
+    the setting."""
     if num_samples % dp_size:
         raise fail("training.global_batch_size", f"{num_samples} samples do not split over {dp_size} "
                    "data-parallel ranks")
     if max_tokens is not None:
+        per_rank = num_samples // dp_size
+        if lmbda < 1.0 and per_rank % micro_batch_size:
+            raise fail("training.micro_batch_size", f"{micro_batch_size} does not divide the {per_rank} samples of a "
+                       f"data-parallel rank (global_batch_size / data-parallel size {dp_size}), the slots of "
+                       "rollout.lmbda's one draw per micro-batch")
         return
     count = len(fixed_plan(num_samples, dp_size=dp_size, micro_batch_size=micro_batch_size).ranks[0])
     if (vpp_size or 1) > 1 and count % pp_size:

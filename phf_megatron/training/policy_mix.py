@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 
-from ..config_errors import fail
 from ..data.prompts import encode_prompt
 
 
@@ -47,14 +46,11 @@ def on_policy_samples(lmbda: float, seed: int, step: int, num_samples: int, dp_s
 
     ``lmbda >= 1``: every sample, whatever the split (a token budget's micro-batches need not be of
     ``micro_batch_size``). Else the draws follow the fixed split's slots, under a token budget too (its
-    update then equals the fixed micro-batching's): ``micro_batch_size`` must divide a rank's samples."""
+    update then equals the fixed micro-batching's): ``micro_batch_size`` divides a rank's samples
+    (``microbatch_plan.check_step_split``, at start)."""
     if lmbda >= 1.0:
         return [True] * num_samples
     per_rank = num_samples // dp_size
-    if num_samples % dp_size or per_rank % micro_batch_size:
-        raise fail("training.micro_batch_size", f"{micro_batch_size} does not divide the {per_rank} samples of a "
-                   f"data-parallel rank (global_batch_size / data-parallel size {dp_size}), the slots of "
-                   "rollout.lmbda's one draw per micro-batch")
     slots = on_policy_slots(lmbda, seed, step, per_rank // micro_batch_size)
     return [slots[sample_slot(i, per_rank, micro_batch_size)] for i in range(num_samples)]
 

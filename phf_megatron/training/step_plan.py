@@ -56,8 +56,7 @@ class StepPlanner:
         self.dp_size = dp_size
         t, m = cfg.training, cfg.model   # the step's split, checked now: one line, before any rollout
         check_step_split(t.global_batch_size, dp_size, t.micro_batch_size, t.max_tokens_per_microbatch,
-                         m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size)
-        on_policy_samples(cfg.rollout.lmbda, t.seed, 0, t.global_batch_size, dp_size, t.micro_batch_size)
+                         m.pipeline_model_parallel_size, m.virtual_pipeline_model_parallel_size, cfg.rollout.lmbda)
         self.row_inputs = row_inputs or (lambda tok, r, pc: build_prompt_pair(tok, r.problem, r.solution, pc))
 
     def plan(self, step: int, sampler, steps_ahead: int = 0) -> StepPlan:
