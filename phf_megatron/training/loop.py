@@ -13,8 +13,10 @@ Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a re
 to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
 optimizer and LR schedule, the EMA teacher, the data position and every RNG (and, overlapped,
 the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is saved before the
-error propagates: at the last finished update (a failed sync comes after its step's update, which
-counts), so the resumed run repeats nothing and skips nothing.
+error propagates at a step the weights are pushed after (``Trainer.at_push``; a failed push too: the
+resumed run pushes at its start); between pushes the last checkpoint is kept (``checkpoint.save_interval``
+puts it at a push) and the resume redoes the steps after it: it equals the uninterrupted run (overlapped,
+but for a failed prefetch: ``rollout_async``).
 
 A step whose loss or gradient holds a NaN or inf on any rank changes nothing (``update``,
 ``nonfinite``): it is counted (``nonfinite_steps`` in the metrics, cumulative over the run, and on
@@ -283,12 +285,16 @@ class Trainer:
             metrics.update(layer_energy_metrics(energy))
         return metrics
 
+    def at_push(self) -> bool:
+        """Whether the weights are pushed after step ``self.step`` (every ``rollout.sync_interval`` steps, at a
+        rollout batch's end): only there does a checkpoint resume exactly (a resumed run pushes at its start)."""
+        return self.step % self.cfg.rollout.sync_interval == 0 and self.step % self.method.iterations == 0
+
     def sync(self, metrics: dict) -> None:
         """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
         t0 = time.perf_counter()
         wait = 0.0
-        # (self.step counts this step) the engines sample next at a rollout batch's first step
-        if self.step % self.cfg.rollout.sync_interval == 0 and self.step % self.method.iterations == 0:
+        if self.at_push():
             if self.prefetch is not None:  # the prefetch in flight read the version it samples with
                 self.prefetch.settle()
                 wait = time.perf_counter() - t0
@@ -323,9 +329,7 @@ class Trainer:
                 metrics = None
                 if interval and self.step % interval == 0:
                     self.save()
-                if (stop is not None and self.step < cfg.training.train_iters  # at a rollout batch's end, after a push
-                        and self.step % self.method.iterations == 0 and self.step % cfg.rollout.sync_interval == 0
-                        and stop.agreed()):
+                if stop is not None and self.step < cfg.training.train_iters and self.at_push() and stop.agreed():
                     return self._stopped(stop.name)
         except KeyboardInterrupt:  # Ctrl-C: one line (commands.run_command) saying what is kept
             raise KeyboardInterrupt(f"during step {self.step + 1} of {cfg.training.train_iters}; {self._kept()}; "
@@ -333,8 +337,12 @@ class Trainer:
         except RolloutFailure as err:
             if metrics is not None:
                 self._log(metrics)  # the step trained; its sync failed
-            self.save()  # nothing lost: the next run resumes from here
-            raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
+            if self.at_push():
+                self.save()  # nothing lost: the next run resumes from here
+                raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
+            raise RunStopped(f"{err}; not saved at step {self.step}, between weight pushes (rollout.sync_interval = "
+                             f"{cfg.rollout.sync_interval}); {self._kept(redone=True)}; "
+                             "rerun the same command to resume") from err
         finally:
             if stop is not None:
                 stop.close()
@@ -356,11 +364,13 @@ class Trainer:
                   f"rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
 
-    def _kept(self) -> str:
-        """What a stopped run keeps: its last checkpoint, named."""
+    def _kept(self, redone: bool = False) -> str:
+        """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
         done = list_checkpoints(self.cfg.save_dir)
-        return f"the last checkpoint is {os.path.join(self.cfg.save_dir, iter_dir_name(done[-1]))}" if done else \
-            "no checkpoint was saved"
+        if not done:
+            return "no checkpoint was saved"
+        last = f"the last checkpoint is {os.path.join(self.cfg.save_dir, iter_dir_name(done[-1]))}"
+        return f"{last}, the steps after it are redone" if redone else last
 
     def _save_last(self) -> None:
         """Save the step the run ends at, unless ``checkpoint.save_interval`` just did."""

@@ -19,7 +19,7 @@ probe sequence scored by the engine against the trainer's logprobs.
 
 A failure on a host (engine start, a hung or dead engine, a failed sync) reaches every rank in
 the next collective, so all ranks raise ``RolloutFailure`` together, naming the engine and its
-host rank, and the loop saves a checkpoint before exiting. These collectives run over gloo
+host rank, and the loop saves a checkpoint (at a weight push: ``Trainer.at_push``) before exiting. These collectives run over gloo
 groups of their own (:func:`control_group`) with a timeout long enough for an engine start and
 a generate call: the other ranks wait in them while the hosts work, and NCCL's watchdog would
 abort a collective that waits past its 10 minutes.

@@ -1,6 +1,6 @@
 """The trainer as a user runs it, on the tiny CPU preset: ``python -m phf_megatron.train`` (under
 torchrun for several ranks) on a toy math JSONL; its metrics; the warning lines of a job's log; the
-final student's logits (``train_recording_logits``)."""
+final student's logits (``train_recording_logits``); an engine failing at a chosen step (``train_failing_engine``)."""
 
 from __future__ import annotations
 
@@ -77,6 +77,38 @@ def train_recording_logits(hf_dir: str, data: str, run_dir: str, logits_path: st
     (the trainer's own model, as it is when the run ends)."""
     argv, _env = train_command(hf_dir, data, run_dir, *overrides)
     return run_python(["-c", _RECORD_LOGITS, logits_path, json.dumps(ids), *argv[3:]], timeout=timeout)
+
+
+#: ``python -c``: the trainer's command line (``sys.argv[3:]``), its engine failing (through the real error path:
+#: the host's exception, then ``RolloutFailure`` on every rank) when sampling the rollouts of step ``sys.argv[2]``
+#: (0-based, as the error names it) or when pushing weights version ``sys.argv[2]`` (``sys.argv[1]``: sample, sync).
+_FAILING_ENGINE = """
+import sys
+from phf_megatron.training import rollouts
+where, step = sys.argv[1], int(sys.argv[2])
+def fail(*args, **kwargs):
+    raise RuntimeError("injected engine fault")
+Driver, sample, sync, push = rollouts.RolloutDriver, rollouts.RolloutDriver.sample, rollouts.RolloutDriver.sync, rollouts.sync_weights
+def failing_sample(self, requests):
+    return fail() if requests.step == step else sample(self, requests)
+def failing_sync(self, version):
+    rollouts.sync_weights = fail if version == step else push
+    return sync(self, version)
+if where == "sample":
+    Driver.sample = failing_sample
+else:
+    Driver.sync = failing_sync
+from phf_megatron.train import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def train_failing_engine(hf_dir: str, data: str, run_dir: str, where: str, step: int, *overrides: str,
+                         timeout: int = 600) -> subprocess.CompletedProcess:
+    """``train`` in one process whose engine fails at ``step``: sampling its rollouts (``where`` = "sample") or
+    pushing the weights of that many steps (``where`` = "sync")."""
+    argv, _env = train_command(hf_dir, data, run_dir, *overrides)
+    return run_python(["-c", _FAILING_ENGINE, where, str(step), *argv[3:]], timeout=timeout)
 
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:

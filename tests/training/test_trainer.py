@@ -1,6 +1,6 @@
 """The whole trainer on CPU: a PHF update at TP=2 equals the single-process one, resume is exact
 (a finished full fine-tuning run resumed to train longer exports its last step), and a failing
-rollout engine leaves a checkpoint behind."""
+rollout engine leaves a checkpoint behind (at the last weight push: the resume is exact)."""
 
 import os
 import re
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..helpers.tiny_run import assert_ok as _ok
-from ..helpers.tiny_run import read_metrics, train
+from ..helpers.tiny_run import read_metrics, train, train_failing_engine
 from .wandb_files import wandb_config, wandb_history, wandb_runs
 
 LR = "--lr=1e-3"  # large enough that one step visibly moves the adapters
@@ -118,6 +118,51 @@ def test_rollout_failure_saves_a_checkpoint_first(tiny_inputs, tmp_path):
     assert "Traceback" not in proc.stderr
     assert line.startswith("error: rollout engine 0 (host rank 0): sampling failed at step 0 (GenerationTimeoutError)")
     assert line.endswith(f"; the last checkpoint is {run}/checkpoints/iter_0000000; rerun the same command to resume")
+
+
+PUSH_EVERY_2 = ("--training.train_iters=4", "--checkpoint.save_interval=2", "--rollout.sync_interval=2", LR)
+
+
+@pytest.fixture(scope="module")
+def push_every_2(tiny_inputs, tmp_path_factory):
+    """The run directory of an uninterrupted run of ``PUSH_EVERY_2``."""
+    hf, data = tiny_inputs
+    run = str(tmp_path_factory.mktemp("straight"))
+    _ok(train(hf, data, run, *PUSH_EVERY_2))
+    return run
+
+
+@pytest.mark.parametrize("where, step, line", [
+    # sampling step 3's rollouts (3 steps done): between the pushes after steps 2 and 4, not saved
+    ("sample", 3, "sampling failed at step 3 (RuntimeError): injected engine fault; not saved at step 3, between "
+                  "weight pushes (rollout.sync_interval = 2); the last checkpoint is {ckpt}, the steps after it are "
+                  "redone; rerun the same command to resume"),
+    # the push after step 2 failed: saved there (the resumed run pushes at its start)
+    ("sync", 2, "weight sync to version 2 failed (RuntimeError): injected engine fault; the last checkpoint is "
+                "{ckpt}; rerun the same command to resume"),
+])
+def test_an_engine_failure_between_weight_pushes_resumes_from_the_last_push(tiny_inputs, tmp_path, push_every_2,
+                                                                            where, step, line):
+    """With rollout.sync_interval = 2 the engine samples steps 3 and 4 with the weights of step 2: the failed run
+    keeps iter 2 (a checkpoint at step 3 would resume with the engine holding step 3's weights), and the rerun
+    ends bit for bit as the uninterrupted run."""
+    hf, data = tiny_inputs
+    straight, run = push_every_2, str(tmp_path / "failed")
+    proc = train_failing_engine(hf, data, run, where, step, *PUSH_EVERY_2)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error:")] == [
+        "error: rollout engine 0 (host rank 0): " + line.format(ckpt=os.path.join(run, "checkpoints", "iter_0000002"))]
+    resumed = train(hf, data, run, *PUSH_EVERY_2)
+    _ok(resumed)
+    assert "resuming from step 2 of 4" in resumed.stdout
+    s, r = read_metrics(straight), read_metrics(run)
+    assert [m["step"] for m in r] == [1, 2, 3, 4]
+    for a, b in zip(s, r):
+        for key in ("rollout_digest", "rollout_staleness", "loss", "grad_norm"):
+            assert b[key] == a[key], (a["step"], key)
+    for k, v in _adapters(straight).items():
+        assert torch.equal(_adapters(run)[k], v), k
 
 
 @pytest.mark.vllm
