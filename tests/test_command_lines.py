@@ -1,0 +1,244 @@
+"""Each real command line (phf-train, the converters, phf-eval, the installed scripts): its --help lists every
+setting with its docstring, without importing torch, and its setting errors are one line with exit code 2.
+The machinery they share (phf_megatron/cli.py, commands.py): test_cli.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import typing
+
+import pytest
+import yaml
+
+from phf_megatron.cli import Settings
+from tests.helpers import REPO, python_env, run_python
+
+TOOLS = os.path.join(REPO, "tools")
+
+
+def _leaf_fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from (f"{f.name}.{g}" for g in _leaf_fields(hints[f.name]))
+        else:
+            yield f.name
+
+
+def test_trainer_help_lists_every_setting_without_importing_torch():
+    from phf_megatron.training.config import TrainConfig
+
+    proc = run_python(["-c", "import sys; from phf_megatron.train import main; rc = main(['--help']); "
+                       "heavy = [m for m in ('torch', 'megatron', 'vllm', 'transformers') if m in sys.modules]; "
+                       "print('HEAVY', heavy); sys.exit(rc)"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+    lines = proc.stdout.splitlines()
+    for key in _leaf_fields(TrainConfig):
+        assert any(line.startswith(f"  --{key}=<") for line in lines), key
+    for heading in ("model: The policy model", "objective: What one PHF update optimizes", "logging: "):
+        assert any(line.startswith(heading) for line in lines), heading
+    assert "  --optimizer.lr=<float>  (default: 5e-06)" in lines
+    assert "      Peak learning rate (paper: 5e-6)." in lines
+    assert "--print-config" in proc.stdout and "--config FILE" in proc.stdout
+    assert "a field no other section has may go alone (--hf_dir for --model.hf_dir)" in " ".join(proc.stdout.split())
+    from phf_megatron.training.config_io import SETTINGS
+
+    assert SETTINGS.resolve("hf_dir") == "model.hf_dir"   # what the help says holds
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--optimizer.lr=abc"], "error: --optimizer.lr: expected float, got 'abc'"),
+    (["--lrr", "1e-5"], "error: --lrr: unknown setting; did you mean lora.r, lr?"),
+    (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
+    (["--checkpoint.exit_signal=SIGKILL"],
+     "error: --checkpoint.exit_signal: 'SIGKILL' is not one of ('SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2')"),
+    (["--config", "configs/nope.yaml"], "error: config file 'configs/nope.yaml' does not exist"),
+    (["--config", "configs/tiny_cpu.yaml", "--lr=1e-4", "--config=my.yaml"],
+     "error: --config: given twice (configs/tiny_cpu.yaml, then my.yaml): one preset per run; override its settings "
+     "with --section.field=value"),
+    ([], "error: --model.hf_dir: is required: the HF Qwen3 checkpoint directory"),
+    (["--model.hf_dir=/nonexistent/hf"], "error: --model.hf_dir: /nonexistent/hf does not exist"),
+    (["--model.hf_dir=README.md"], "error: --model.hf_dir: README.md is not a directory"),
+    (["--model.hf_dir=configs", "--model.pretrained_checkpoint=/nonexistent/mcore"],
+     "error: --model.pretrained_checkpoint: /nonexistent/mcore does not exist"),
+    (["--model.hf_dir=configs", "--run_dir=README.md"], "error: --run_dir: README.md is not a directory"),
+    (["--config", "configs"], "error: config file 'configs' is not a file"),
+    (["--optimizer.lr=nan"], "error: --optimizer.lr: expected a finite number, got nan"),
+    (["--data.shuffle_seed=-1"], "error: --data.shuffle_seed: must be >= 0, got -1"),   # was a traceback, late
+])
+def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
+    proc = run_python(["-m", "phf_megatron.train", *argv])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [line] and proc.stdout == ""
+
+
+def test_print_config_prints_the_resolved_yaml(tmp_path):
+    from phf_megatron.training.config_io import load_config, to_dict
+
+    proc = run_python(["-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", "--lr", "1e-5",
+                 "--no-lora.enabled", "--teacher.mode=dynamic", "--print-config"])
+    assert proc.returncode == 0, proc.stderr
+    expected = load_config("configs/phf_qwen3_8b.yaml", ["--lr=1e-5", "--lora.enabled=false", "--teacher.mode=dynamic"])
+    assert yaml.safe_load(proc.stdout) == to_dict(expected)
+
+
+def test_setting_error_under_torchrun_is_printed_once_by_rank0():
+    proc = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "phf_megatron.train",
+                 "--rollout.n=3"], timeout=300, OMP_NUM_THREADS="1")
+    out = proc.stdout + proc.stderr
+    line = "error: --training.global_batch_size: 32 rollouts do not split into prompts of rollout.n = 3 completions"
+    assert proc.returncode != 0 and out.count(line) == 1, out[-4000:]
+    assert "[rank0]" not in out and "[rank1]" not in out and "config_io.py" not in out  # no traceback of ours
+
+
+def test_eval_cli_flags_come_from_eval_config():
+    from phf_megatron.eval.config import EvalConfig
+
+    proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), "--help"])
+    assert proc.returncode == 0, proc.stderr
+    for f in dataclasses.fields(EvalConfig):   # whatever fields EvalConfig has
+        assert f"  --{f.name}=<" in proc.stdout, f.name
+    for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
+                       (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
+                       (["--model", "m", "--out_dir", "README.md"], "error: --out_dir: README.md is not a directory"),
+                       (["--out_dir=o", "--temprature=1"], "error: --temprature: unknown setting; did you mean temperature?")]:
+        proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])
+        assert (proc.returncode, proc.stderr.splitlines()) == (2, [line])
+
+
+@pytest.mark.parametrize("tool, fields", [("hf_to_mcore.py", ("hf_dir", "out_dir", "tp", "pp", "dtype")),
+                                          ("mcore_to_hf.py", ("mcore_dir", "out_dir", "tokenizer_dir", "hf_config",
+                                                              "dtype", "max_shard_size_gb", "tp", "pp"))])
+def test_converter_help_and_errors(tmp_path, tool, fields):
+    path = os.path.join(TOOLS, "convert", tool)
+    proc = run_python([path, "--help"])
+    assert proc.returncode == 0 and all(f"  --{f}=<" in proc.stdout for f in fields), proc.stdout + proc.stderr
+    assert "Transformer Engine" not in proc.stderr and proc.stderr == ""
+    proc = run_python([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, ["error: --dtype: 'bf8' is not one of ('bf16', 'fp16', "
+                                                              "'fp32')"])
+
+
+@pytest.mark.parametrize("tool, argv, line", [
+    ("hf_to_mcore.py", ["--hf_dir", "/nonexistent/hf"], "error: --hf_dir: /nonexistent/hf does not exist"),
+    ("hf_to_mcore.py", ["--hf_dir", "{tmp}"], "error: --hf_dir: no config.json in {tmp}"),
+    ("mcore_to_hf.py", ["--mcore_dir", "/nonexistent/mcore"], "error: --mcore_dir: /nonexistent/mcore does not exist"),
+    ("mcore_to_hf.py", ["--mcore_dir", "{tmp}"], "error: --mcore_dir: no phf_megatron.json in {tmp} (not written by "
+                                                "hf_to_mcore; pass --hf_config to export it)"),
+])
+def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
+    """The converters' library says which argument is wrong (``hf_dir: ...``); the command names its flag."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = run_python([os.path.join(TOOLS, "convert", tool), *argv, "--out_dir", str(tmp_path / "o")],
+                      CUDA_VISIBLE_DEVICES="")
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line.format(tmp=tmp_path)]), proc.stderr[-3000:]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag, line", [
+    ("--dtype=bf8", "error: --dtype: 'bf8' is not one of float32, bfloat16, float16"),
+    ("--temperature=-1", "error: --temperature: must be >= 0 (0 = greedy), got -1.0"),
+    ("--engine_kwargs={gpu_memory_utilization: 2}",
+     "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),
+    ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
+])
+def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, capsys, flag, line):
+    """Values the sampler or the engine would refuse only once the model is loaded are refused
+    while the command line is parsed, naming the flag, and nothing is written."""
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    assert main(["--model", "m", "--out_dir", str(tmp_path / "o"), flag]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- the installed commands
+
+
+def _console_scripts() -> dict[str, str]:
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["scripts"]
+
+
+def test_every_console_script_is_a_command_that_answers_help(capsys):
+    """``[project.scripts]``: each target imports, is callable and answers ``--help`` (in this
+    process: the scripts pip generates call exactly this function)."""
+    import importlib
+
+    scripts = _console_scripts()
+    assert set(scripts) == {"phf-train", "phf-hf-to-mcore", "phf-mcore-to-hf", "phf-eval", "phf-plot-run",
+                            "phf-paper-table"}
+    for name, target in scripts.items():
+        module, _, function = target.partition(":")
+        main = getattr(importlib.import_module(module), function)
+        assert callable(main) and main(["--help"]) == 0, name
+        assert "settings (--" in capsys.readouterr().out, name
+
+
+@pytest.mark.skipif(shutil.which("phf-eval") is None, reason="phf-eval is not installed here (pip install -e . puts "
+                                                               "it on PATH, as CI does)")
+def test_the_installed_eval_command_answers_help():
+    proc = subprocess.run(["phf-eval", "--help"], capture_output=True, text=True, timeout=120, env=python_env())
+    assert proc.returncode == 0 and "  --out_dir=<str>  (required)" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("config", ["TrainConfig", "EvalConfig", "HfToMcore", "McoreToHf", "PlotRun", "PaperTable"])
+def test_every_setting_of_every_command_has_its_docstring(config):
+    """``--help`` documents every flag from the docstring under its field."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.tools.hf_to_mcore import HfToMcore
+    from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.paper_table import PaperTable
+    from phf_megatron.tools.plot_run import PlotRun
+    from phf_megatron.training.config import TrainConfig
+
+    cls = locals()[config]
+    assert [s.key for s in Settings(cls).settings.values() if not s.doc] == []
+
+
+# ----------------------------------------------------------------------------- what the docs say
+
+
+def test_the_base_model_settings_say_what_the_trainer_does_with_them():
+    """--model.hf_dir is read for the config, tokenizer, engines and export; --model.pretrained_checkpoint
+    only replaces where the base weights come from (nothing is converted into the run)."""
+    from phf_megatron.training.config import TrainConfig
+
+    docs = {s.key: s.doc for s in Settings(TrainConfig).settings.values()}
+    assert "Required to run" in docs["model.hf_dir"] and "rollout engines' starting weights" in docs["model.hf_dir"]
+    assert "base weights under any TP/PP" in docs["model.pretrained_checkpoint"]
+    assert "nothing is converted" in docs["model.pretrained_checkpoint"] and "<run_dir>/base" not in docs[
+        "model.pretrained_checkpoint"]
+
+
+def test_the_readme_after_training_commands_use_real_flags():
+    """README.md's "After training" commands: every flag of each tool command is one of its settings."""
+    import re
+
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.tools.mcore_to_hf import McoreToHf
+    from phf_megatron.tools.paper_table import PaperTable
+    from phf_megatron.tools.plot_run import PlotRun
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    section = readme.split("## After training", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    tools = {"tools/convert/mcore_to_hf.py": McoreToHf, "tools/eval_avg_at_k.py": EvalConfig,
+             "tools/plot_run.py": PlotRun}
+    checked = 0
+    for line in block.splitlines():
+        tool = next((t for t in tools if f"python {t}" in line), None)
+        if tool is None:
+            continue
+        settings = Settings(tools[tool])
+        for flag in re.findall(r"\s--([a-z_-]+)", line.split("#")[0]):
+            settings.resolve(flag.removeprefix("no-"))
+            checked += 1
+        assert os.path.isfile(os.path.join(REPO, tool))
+    assert checked >= 15
