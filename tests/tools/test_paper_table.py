@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from phf_megatron.tools import paper_table
-from phf_megatron.tools.paper_recipes import (ABLATION_ROWS, BENCHMARKS, ROWS, TABLE1_ROWS, TOY_ROWS, PaperNumbers,
-                                               method_flags)
+from phf_megatron.tools import paper_rows, paper_table
+from phf_megatron.tools.paper_recipes import (ABLATION_ROWS, BENCHMARKS, PAPER_COMMON, ROWS, TABLE1_ROWS, TOY_ROWS,
+                                               PaperNumbers, method_flags)
 
 from ..helpers import REPO, python_env
 
@@ -142,7 +142,7 @@ def test_every_toy_rows_command_line_is_a_valid_training_config(tmp_path, capsys
     out = str(tmp_path / "toy")
     args = paper_table.parse_args(["--toy", "--out", out])
     assert args.rows == TOY_ROWS and "selected_layers" not in TOY_ROWS
-    hf = paper_table.toy_paths(args)["hf"]
+    hf = paper_rows.toy_paths(args)["hf"]
     os.makedirs(os.path.dirname(hf))
     _fake_model(tmp_path / "toy" / "toy", layers=2, name="hf")
     toy = ToyModelConfig()
@@ -163,7 +163,7 @@ def test_the_examples_train_the_recipes_rows(script, row):
     text = open(os.path.join(REPO, "examples", script)).read()
     exec_line = text[text.index("exec bash"):]
     example = set(re.findall(r"--[\w.]+=\S+", exec_line.split('"$@"')[0]))
-    assert example <= set(method_flags(row, 28)) | set(paper_table.PAPER_COMMON), example
+    assert example <= set(method_flags(row, 28)) | set(PAPER_COMMON), example
 
 
 @pytest.mark.parametrize("argv,line", [

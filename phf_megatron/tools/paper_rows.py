@@ -1,0 +1,108 @@
+"""Each row of the paper's table as commands: the shared inputs (toy model, HF -> Megatron-Core conversion),
+the row's trainer and eval command lines, and whether a rerun skips it (``tools/paper_table.py`` runs them).
+
+``plan_row(args, name)`` builds a row from ``paper_table.parse_args``'s config: the trainer as the examples
+launch it (the scale's preset plus the row's flags from ``paper_recipes``; ``torchrun`` when ngpu > 1) into
+<out>/<row>/, and the eval of its PEFT adapter at the step into <out>/<row>/eval_step<step>/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+from .paper_recipes import PAPER_COMMON, SCALE_LAYERS, method_flags, toy_method_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OFFICIAL_DATA = "siyanzhao/Openthoughts_math_30k_opsd"
+
+
+@dataclass
+class Row:
+    name: str
+    run_dir: str
+    train: list[str] | None        # None: Base (the model itself)
+    adapter: str | None
+    eval: list[str]
+    eval_result: str               # present once the eval has finished
+
+
+def _python(*module_args: str) -> list[str]:
+    return [sys.executable, "-m", *module_args]
+
+
+def _train_launcher(ngpu: int) -> list[str]:
+    if ngpu > 1:  # examples/launch_phf.sh's torchrun --standalone --nproc-per-node NGPU
+        return _python("torch.distributed.run", "--standalone", f"--nproc-per-node={ngpu}", "-m", "phf_megatron.train")
+    return _python("phf_megatron.train")
+
+
+def toy_paths(args) -> dict[str, str]:
+    toy = os.path.join(args.out, "toy")
+    return {"toy": toy, "hf": os.path.join(toy, "hf"), "mcore": os.path.join(toy, "mcore"),
+            "train": os.path.join(toy, "train.jsonl")}
+
+
+def prepare_steps(args) -> list[tuple[str, list[str], str]]:
+    """``(what, argv, done_path)``: the inputs every row shares, made once (as examples/launch_phf.sh
+    and examples/train_phf_tiny.sh do); the conversion only when a row trains."""
+    steps, trains = [], any(r != "base" for r in args.rows)
+    if args.toy:
+        p = toy_paths(args)
+        steps.append(("toy model + data", _python("phf_megatron.toy", "prepare", "--out", p["toy"], "--seed",
+                                                  str(args.seed), "--warmup-steps", str(args.warmup_steps)),
+                      os.path.join(p["hf"], "model.safetensors")))
+        hf, mcore, dtype = p["hf"], p["mcore"], "fp32"
+    else:
+        hf, mcore, dtype = args.hf_model, os.path.join(args.out, "mcore_base"), "bf16"
+    if trains:
+        steps.append(("convert HF -> Megatron-Core", _python("phf_megatron.tools.hf_to_mcore", "--hf_dir", hf,
+                                                             "--out_dir", mcore, "--dtype", dtype), mcore))
+    return steps
+
+
+def plan_row(args, name: str) -> Row:
+    run_dir = os.path.join(args.out, name)
+    eval_dir = os.path.join(run_dir, f"eval_step{args.step}")
+    adapter = None if name == "base" else os.path.join(run_dir, "export", "peft_adapter")
+    if args.toy:
+        p = toy_paths(args)
+        train = None if name == "base" else [
+            *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", "toy_cpu.yaml"),
+            f"--run_dir={run_dir}", f"--model.hf_dir={p['hf']}", f"--model.pretrained_checkpoint={p['mcore']}",
+            f"--data.path={args.data or p['train']}", f"--training.seed={1234 + args.seed}",
+            f"--training.train_iters={args.step}", *toy_method_flags(name), *args.overrides]
+        result = os.path.join(eval_dir, "toy_eval.json")
+        ev = _python("phf_megatron.toy", "evaluate", "--hf-dir", p["hf"], "--seed", str(args.seed),
+                     *(["--adapter", adapter] if adapter else []), "--json", result, *shlex.split(args.eval_args))
+        return Row(name, run_dir, train, adapter, ev, result)
+    train = None if name == "base" else [
+        *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", f"phf_qwen3_{args.scale}.yaml"),
+        f"--run_dir={run_dir}", f"--model.hf_dir={args.hf_model}",
+        f"--model.pretrained_checkpoint={os.path.join(args.out, 'mcore_base')}", f"--data.path={args.data or OFFICIAL_DATA}",
+        *PAPER_COMMON, f"--training.train_iters={args.step}", *method_flags(name, SCALE_LAYERS[args.scale]),
+        *args.overrides]
+    ev = _python("phf_megatron.tools.eval_avg_at_k", "--model", args.hf_model, *(["--adapter", adapter] if adapter else []),
+                 "--out_dir", eval_dir, "--n", str(args.k), *shlex.split(args.eval_args))
+    return Row(name, run_dir, train, adapter, ev, os.path.join(eval_dir, "summary.json"))
+
+
+def training_finished(row: Row, step: int) -> bool:
+    """As the trainer decides (training/export.py ``finished_step``): the latest checkpoint has
+    reached ``step`` and the export is written."""
+    if row.train is None:
+        return True
+    latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
+    if not (os.path.isfile(latest) and os.path.isdir(row.adapter or "")):
+        return False
+    text = open(latest).read().strip()
+    return text.isdigit() and int(text) >= step
+
+
+def eval_finished(row: Row, k: int, toy: bool) -> bool:
+    if not os.path.isfile(row.eval_result):
+        return False
+    return toy or json.load(open(row.eval_result)).get("k") == k
