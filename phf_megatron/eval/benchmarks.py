@@ -6,15 +6,18 @@ Where a name's problems come from (``data_dir``):
   ``sets/README.md``): no network, no extra package;
 * a directory: ``<data_dir>/<name>.jsonl``, which must exist;
 * ``hub``: the Hugging Face dataset the official OPSD evaluation uses (needs ``datasets`` and the
-  Hub, or its cache with ``HF_HUB_OFFLINE=1``).
+  Hub, or its cache with ``HF_HUB_OFFLINE=1``), at ``revision`` (None: the Hub's main, which moves).
 
 Rows need ``problem`` and ``answer`` (``question`` / ``gold`` are accepted aliases); ``id`` is
 optional. Every problem with a file is reported as ``path:line``. A missing directory or file is
 one line at once (``check_benchmarks``, before anything heavy is imported or the Hub is tried).
+``load_benchmark_source`` also says where the problems came from (the file and its sha256, or the
+Hub dataset, its revision and ``datasets``' fingerprint): summary.json's ``data_sources``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -38,6 +41,8 @@ _PROBLEM_KEYS = ("problem", "question")
 _ANSWER_KEYS = ("answer", "gold")
 #: Seconds to wait for the Hub's host before saying it cannot be reached (never a retry loop).
 HUB_PROBE_TIMEOUT = 1.5
+#: What a Hub set's recorded revision says when none was pinned (``--data_revision`` left out).
+UNPINNED = "main, unpinned"
 
 
 @dataclass(frozen=True)
@@ -48,18 +53,29 @@ class Problem:
     answer: str
 
 
-def load_benchmark(spec: str, data_dir: str | None = None) -> tuple[str, list[Problem]]:
-    """Resolve ``spec`` (a known name or a ``.jsonl`` path) to (benchmark name, problems).
+def load_benchmark(spec: str, data_dir: str | None = None, revision: str | None = None) -> tuple[str, list[Problem]]:
+    """Resolve ``spec`` (a known name or a ``.jsonl`` path) to (benchmark name, problems); ``revision``:
+    the Hub's (with ``data_dir="hub"``).
 
     Raises:
         ConfigError: an unknown name, a missing data directory or file in it, the Hub unreachable.
         InputFileError: a ``.jsonl`` path that does not exist, a bad row (naming ``file:line``), an empty file.
     """
+    return load_benchmark_source(spec, data_dir, revision)[:2]
+
+
+def load_benchmark_source(spec: str, data_dir: str | None = None,
+                          revision: str | None = None) -> tuple[str, list[Problem], dict]:
+    """``load_benchmark`` and where the problems came from: ``{"file", "sha256"}``, or ``{"hub", "split",
+    "revision", "fingerprint"}`` (revision ``UNPINNED`` when none was given; fingerprint: ``datasets``'
+    own of the loaded split, None where it has none)."""
     path = benchmark_file(spec, data_dir)
     name = os.path.splitext(os.path.basename(spec))[0] if _is_path(spec) else spec
     if path is None:
-        return name, _load_hf_dataset(name)
-    return name, read_problems_jsonl(path, name)
+        return (name, *_load_hf_dataset(name, revision))
+    with open(path, "rb") as f:
+        source = {"file": os.path.abspath(path), "sha256": hashlib.sha256(f.read()).hexdigest()}
+    return name, read_problems_jsonl(path, name), source
 
 
 def check_benchmarks(benchmarks: tuple[str, ...], data_dir: str | None) -> None:
@@ -137,9 +153,9 @@ def _field(row: dict, keys: tuple[str, ...]):
     return None
 
 
-def _load_hf_dataset(name: str) -> list[Problem]:
+def _load_hf_dataset(name: str, revision: str | None) -> tuple[list[Problem], dict]:
     repo, split, id_col = KNOWN_BENCHMARKS[name]
-    where = f"benchmark {name!r} from the Hub ({repo})"
+    where = f"benchmark {name!r} from the Hub ({repo}{'' if revision is None else '@' + revision})"
     try:
         import datasets
     except ImportError:
@@ -148,7 +164,7 @@ def _load_hf_dataset(name: str) -> list[Problem]:
     if not _hub_offline():
         _probe_hub(where)
     try:
-        rows = datasets.load_dataset(repo, split=split)
+        rows = datasets.load_dataset(repo, split=split, revision=revision)
     except Exception as exc:
         detail = str(exc).splitlines()[0] if str(exc) else ""
         raise ConfigError("data_dir", f"{where} could not be loaded ({type(exc).__name__}: {detail}); leave "
@@ -159,7 +175,9 @@ def _load_hf_dataset(name: str) -> list[Problem]:
         if answer is None or not str(answer).strip():
             raise InputFileError(f"{repo}[{i}]", "row has no answer")
         out.append(Problem(name, str(row.get(id_col, i)), row["problem"], str(answer).strip()))
-    return out
+    source = {"hub": repo, "split": split, "revision": revision or UNPINNED,
+              "fingerprint": getattr(rows, "_fingerprint", None)}   # a Dataset's; no public name for it
+    return out, source
 
 
 def _hub_offline() -> bool:

@@ -37,6 +37,9 @@ class EvalConfig:
     """where the names' problems come from: None = the copies shipped with the package
     (phf_megatron/eval/sets/, offline); a directory holding <name>.jsonl; or hub = the HF datasets
     official OPSD evaluates on (needs `datasets` and network, or the cache with HF_HUB_OFFLINE=1)."""
+    data_revision: str | None = None
+    """with data_dir=hub: the Hub revision (commit SHA, tag or branch) of every set; None = main, which
+    moves (summary.json then says "main, unpinned"). Pin a commit SHA for published numbers."""
     n: int = 12
     """samples per problem (k of Average@k)."""
     temperature: float = 1.0
@@ -82,10 +85,13 @@ class EvalConfig:
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
 
     def __post_init__(self) -> None:
-        from .benchmarks import check_benchmarks
+        from .benchmarks import HUB, check_benchmarks
 
         self.benchmarks = tuple(self.benchmarks)
         check_benchmarks(self.benchmarks, self.data_dir)     # a missing file: one line at once, before torch
+        if self.data_revision is not None and self.data_dir != HUB:
+            raise ValueError(f"data_revision: {self.data_revision!r}: a Hub revision (commit SHA, tag or branch), "
+                             f"only with --data_dir {HUB} (the shipped sets and data directories have none)")
         from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
 
         if not self.benchmarks:
@@ -145,7 +151,7 @@ class EvalConfig:
     def generation_fingerprint(self, model_dir: str, backend: str, model_limit: int | None = None) -> dict:
         """What fixes the samples: a rerun into the same out_dir must match it to resume (the
         top-p and context length as the engine gets them)."""
-        keys = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype")
+        keys = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "data_revision")
         fp = {k: getattr(self, k) for k in keys}
         fp.update(top_p=self.sampling_top_p, max_model_len=self.engine_max_model_len(model_limit),
                   model_dir=model_dir, backend=backend, adapter=self.adapter,

@@ -3,14 +3,15 @@
 The table has one Average@k column per grader: ``Avg@k (official) %``, official OPSD's grader (the
 paper's numbers), and ``Avg@k (extended) %``, ours; every score in it is a percentage (0-100).
 pass@k, the plot and ``suite_average_at_k`` follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
-official environment pins 0.8.0).
+official environment pins 0.8.0) and, per benchmark, the data it came from (``data_sources``: the file
+and its sha256, or the Hub dataset at its revision, "main, unpinned" unless ``--data_revision``).
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from ..output_files import write_json
@@ -40,6 +41,7 @@ class Summary:
     seconds: float
     summary_path: str
     plot_path: str | None
+    data_sources: dict[str, dict] = field(default_factory=dict)
 
     def table(self) -> str:
         ks = sorted({k for s in self.scores for k in s.pass_at_k})
@@ -54,12 +56,16 @@ class Summary:
         fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
         note = (f"official: OPSD eval/evaluate_math.py (the paper's numbers); extended: ours. pass@k by the "
                 f"{self.grader} grader; math-verify {self.math_verify_version} (official: {OFFICIAL_MATH_VERIFY})")
-        return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows), note])
+        hub = sorted({f"{s['hub']}@{s['revision']}" for s in self.data_sources.values() if "hub" in s})
+        data = [f"data from the Hugging Face Hub: {', '.join(hub)}"] if hub else []   # summary.json: every set's source
+        return "\n".join([fmt(head), "-" * len(fmt(head)), *map(fmt, rows), note, *data])
 
 
 def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: dict, *, duplicates: int,
-              generated: int, seconds: float, model_dir: str, backend: str) -> Summary:
-    """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot)."""
+              generated: int, seconds: float, model_dir: str, backend: str,
+              data_sources: dict[str, dict] | None = None) -> Summary:
+    """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot);
+    ``data_sources``: ``runner.load_problems``' record of where each benchmark came from."""
     by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     answers = {(p.benchmark, p.id): p.answer for ps in problems.values() for p in ps}
     for (bench, pid, idx), rec in records.items():
@@ -79,12 +85,12 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
     plot_path = plot_scores(scores, config.n, os.path.join(config.out_dir, PLOT)) if config.plot else None
     summary = Summary(scores, suite_average(scores), {g: suite_average(scores, g) for g in GRADERS}, config.grader,
                       version("math-verify"), config.n, sum(s.problems for s in scores) * config.n,
-                      generated, duplicates, seconds, summary_path, plot_path)
+                      generated, duplicates, seconds, summary_path, plot_path, data_sources or {})
     write_json(summary_path, {
         "k": config.n, "grader": config.grader, "suite_average_at_k": summary.suite_average_at_k,
         "suite_average_at_k_by_grader": summary.suite_average_by_grader,
         "math_verify_version": summary.math_verify_version, "official_math_verify_version": OFFICIAL_MATH_VERIFY,
-        "benchmarks": {s.benchmark: s.to_json() for s in scores},
+        "benchmarks": {s.benchmark: s.to_json() for s in scores}, "data_sources": summary.data_sources,
         "samples": summary.samples, "generated_this_run": generated, "duplicates_ignored": duplicates,
         "seconds_this_run": seconds, "model_dir": model_dir, "backend": backend, "config": config.to_json(),
     }, indent=1)

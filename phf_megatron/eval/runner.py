@@ -24,7 +24,7 @@ from phf_megatron.tokenizer import load_qwen3_tokenizer
 from ..errors import ConfigError, InputFileError
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
-from .benchmarks import Problem, load_benchmark
+from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
 from .models import model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
@@ -41,15 +41,18 @@ class WorkItem:
     sample_index: int
 
 
-def load_problems(config: EvalConfig) -> dict[str, list[Problem]]:
-    """All benchmarks, validated before any model is loaded."""
+def load_problems(config: EvalConfig) -> tuple[dict[str, list[Problem]], dict[str, dict]]:
+    """All benchmarks, validated before any model is loaded, and where each came from (summary.json's
+    ``data_sources``)."""
     out: dict[str, list[Problem]] = {}
+    sources: dict[str, dict] = {}
     for spec in config.benchmarks:
-        name, problems = load_benchmark(spec, config.data_dir)
+        name, problems, source = load_benchmark_source(spec, config.data_dir, config.data_revision)
         if name in out:
             raise ConfigError("benchmarks", f"{name!r} given twice")
+        sources[name] = source
         out[name] = problems[:config.limit] if config.limit else problems
-    return out
+    return out, sources
 
 
 def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[WorkItem]:
@@ -203,7 +206,7 @@ def _check_qwen3(model_dir: str) -> None:
 
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
-    problems = load_problems(config)
+    problems, sources = load_problems(config)
     os.makedirs(config.out_dir, exist_ok=True)
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
@@ -226,4 +229,4 @@ def run_eval(config: EvalConfig) -> Summary:
     if not config.keep_model and (config.adapter or config.megatron_checkpoint):   # model_dir: the run's own
         remove(model_dir)                                # --no-keep_model: the merged / converted copy goes
     return summarize(config, problems, records, duplicates=duplicates, generated=len(items),
-                     seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend)
+                     seconds=time.perf_counter() - t0, model_dir=model_dir, backend=backend, data_sources=sources)

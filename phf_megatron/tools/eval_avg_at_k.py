@@ -4,6 +4,7 @@
     # graded by the official OPSD grader and ours: columns Avg@12 (official) and Avg@12 (extended);
     # the problems are the copies shipped with the package (phf_megatron/eval/sets/, offline); --data_dir DIR
     # reads DIR/aime24.jsonl ... instead, --data_dir hub the HF datasets official OPSD evaluates on
+    # (at their main branch; --data_revision SHA pins them, as published numbers should)
     python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --out_dir runs/eval_q17b
 
     # base + PEFT adapter; a training run's checkpoint (LoRA merged); any JSONL with problem/answer fields

@@ -1,18 +1,25 @@
 """Benchmark loading: the sets shipped with the package, a data directory, the Hub; clear errors
-naming file and line on bad input, and a missing directory or file as one line at once (the CLI too)."""
+naming file and line on bad input, and a missing directory or file as one line at once (the CLI too);
+the summary names the data each number came from (a file's sha256, the Hub's revision)."""
 
+import dataclasses
 import fnmatch
 import json
 import os
 import shutil
 import socket
+import sys
 import time
 import tomllib
+import types
 
 import pytest
 
 from phf_megatron.errors import ConfigError, InputFileError
+from phf_megatron.eval import EvalConfig
 from phf_megatron.eval.benchmarks import KNOWN_BENCHMARKS, PACKAGED_SETS, load_benchmark, read_problems_jsonl
+from phf_megatron.eval.report import summarize
+from phf_megatron.eval.runner import _check_fingerprint, load_problems
 from tests.helpers import REPO, run_python
 
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
@@ -137,3 +144,91 @@ def test_cli_without_data_dir_evaluates_the_packaged_suite_offline(tmp_path, tin
     with open(out / "summary.json", encoding="utf-8") as f:
         summary = json.load(f)
     assert {b: s["problems"] for b, s in summary["benchmarks"].items()} == {b: 2 for b in KNOWN_BENCHMARKS}
+
+
+# ----------------------------------------------------------------------------- which data a number came from
+
+
+class _FakeHubSplit(list):
+    """What ``datasets.load_dataset`` returns, as far as the loader reads it: rows and a fingerprint."""
+
+    def __init__(self, rows, fingerprint):
+        super().__init__(rows)
+        self._fingerprint = fingerprint
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """``datasets`` replaced at its boundary (no network): ``load_dataset``'s calls are recorded and each
+    set has two problems whose fingerprint names the repository and revision asked for."""
+    calls = []
+
+    def load_dataset(repo, split, revision=None):
+        calls.append((repo, split, revision))
+        id_col = next(col for r, _, col in KNOWN_BENCHMARKS.values() if r == repo)
+        rows = [{id_col: f"{repo}-{i}", "problem": f"problem {i}?", "answer": str(i)} for i in (1, 2)]
+        return _FakeHubSplit(rows, f"fp:{repo}@{revision}")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")            # no probe of the Hub's host
+    return calls
+
+
+def _summary_of(config, problems, sources):
+    records = {(b, p.id, 0): {"benchmark": b, "problem_id": p.id, "sample_index": 0, "gold": p.answer,
+                              "output": f"\\boxed{{{p.answer}}}", "finish_reason": "stop"}
+               for b, ps in problems.items() for p in ps}
+    return summarize(config, problems, records, duplicates=0, generated=0, seconds=0.0, model_dir="m",
+                     backend="hf", data_sources=sources)
+
+
+@pytest.mark.parametrize("revision", ["0123abcd", None])
+def test_the_hub_revision_reaches_load_dataset_and_the_summary(tmp_path, fake_hub, revision):
+    """--data_revision is what ``datasets.load_dataset`` gets; summary.json and the printed table say
+    which revision (or "main, unpinned") and fingerprint each set came from."""
+    config = EvalConfig(out_dir=str(tmp_path), model="m", benchmarks=("aime24", "hmmt25"), data_dir="hub",
+                        data_revision=revision, n=1)
+    problems, sources = load_problems(config)
+    assert fake_hub == [("HuggingFaceH4/aime_2024", "train", revision), ("MathArena/hmmt_feb_2025", "train", revision)]
+    pinned = revision or "main, unpinned"
+    assert sources["aime24"] == {"hub": "HuggingFaceH4/aime_2024", "split": "train", "revision": pinned,
+                                 "fingerprint": f"fp:HuggingFaceH4/aime_2024@{revision}"}
+    summary = _summary_of(config, problems, sources)
+    with open(summary.summary_path) as f:
+        assert json.load(f)["data_sources"] == sources
+    assert summary.table().splitlines()[-1] == ("data from the Hugging Face Hub: HuggingFaceH4/aime_2024@"
+                                                f"{pinned}, MathArena/hmmt_feb_2025@{pinned}")
+
+
+def test_the_shipped_sets_are_recorded_by_their_sha256(tmp_path):
+    """No revision for a file: its path and sha256 (the first 16 hex as sets/README.md lists them)."""
+    config = EvalConfig(out_dir=str(tmp_path), model="m", n=1, limit=1)
+    problems, sources = load_problems(config)
+    readme = open(os.path.join(PACKAGED_SETS, "README.md"), encoding="utf-8").read()
+    for name, source in sources.items():
+        assert source["file"] == os.path.join(PACKAGED_SETS, f"{name}.jsonl")
+        assert f"| `{name}.jsonl` | 30 | `{source['sha256'][:16]}` |" in readme, name
+    with open(_summary_of(config, problems, sources).summary_path) as f:
+        assert json.load(f)["data_sources"] == sources
+
+
+def test_a_run_directory_refuses_samples_of_another_hub_revision(tmp_path):
+    """Same problem ids, perhaps other problems: a resume under another revision is refused; a run
+    directory written before --data_revision existed (no such key) resumes unpinned."""
+    unpinned = EvalConfig(out_dir=str(tmp_path), model="m").generation_fingerprint("/models/m", "hf")
+    (tmp_path / "run_config.json").write_text(json.dumps({k: v for k, v in unpinned.items() if k != "data_revision"}))
+    _check_fingerprint(str(tmp_path), unpinned)
+    config = EvalConfig(out_dir=str(tmp_path), model="m", data_dir="hub", data_revision="aaaa")
+    _check_fingerprint(str(tmp_path), config.generation_fingerprint("/models/m", "hf"), has_samples=False)
+    other = dataclasses.replace(config, data_revision="bbbb")
+    with pytest.raises(InputFileError, match=r"'data_revision': \('aaaa', 'bbbb'\)"):
+        _check_fingerprint(str(tmp_path), other.generation_fingerprint("/models/m", "hf"))
+
+
+def test_a_revision_without_the_hub_is_one_line(tmp_path, capsys):
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    assert main(["--model", "m", "--out_dir", str(tmp_path / "o"), "--data_revision", "0123abcd"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --data_revision: '0123abcd': a Hub revision (commit SHA, tag or branch), only with --data_dir hub "
+        "(the shipped sets and data directories have none)"]
