@@ -246,7 +246,10 @@ class TrainingConfig:
     """With --training.packing: group a step's samples into micro-batches by their token counts instead of
     micro_batch_size sequences each: spread over the data-parallel ranks by cost (LPT), then first-fit
     decreasing into micro-batches of at most this many packed tokens (``training.microbatch_plan``); a
-    long sample gets a micro-batch of its own, one over the budget alone is an error naming it. The loss
+    long sample gets a micro-batch of its own. A data row whose longest sequence (its longer prompt +
+    rollout.max_tokens; with data.reason_first + data.reason_first_max_tokens; sft: prompt + solution within
+    sft.max_length), padded as the layout pads, is over the budget alone stops the run at load, one line
+    naming it and the smallest budget every row fits (``StepPlanner.check_budget``). The loss
     is normalized over the step's token count, so the update equals the fixed micro-batching's (up to
     float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=phf, sft and
     grpo (phf: student and teacher sequences each within the budget; one rollout engine group; grpo: not

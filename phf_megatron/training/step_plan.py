@@ -14,14 +14,16 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..config_errors import fail
 from ..data import PromptConfig, PromptPair, build_prompt_pair
-from ..data.prompts import encode_prompt, render_student_prompt, render_teacher_prompt
+from ..data.prompts import (encode_prompt, generation_prompt, render_student_prompt, render_teacher_prompt,
+                            teacher_continuation)
 from ..data.reason_first import analysis_prompt_ids, analysis_prompt_text, reason_first_teacher_ids
 from .batches import local_samples
 from .config import TrainConfig
-from .microbatch_plan import check_step_split
+from .microbatch_plan import BUDGET_KEY, check_step_split, microbatch_tokens
 from .policy_mix import on_policy_samples, solution_completion
 from .rollouts import StepRequests, StepSamples
 
@@ -83,21 +85,74 @@ class StepPlanner:
             return analysis_prompt_text(self.tokenizer, row.problem, row.solution)
         return render_teacher_prompt(self.tokenizer, row.problem, row.solution, self.prompt_config)
 
-    def check_rows(self, text_of=None) -> None:
+    def check_rows(self, text_of=None, sequence=None, limits: str | None = None) -> None:
         """Every row fits ``data.max_prompt_length``: a row the run could never train on is named
         (file and line) when the data is loaded, not when its step comes. A byte-level BPE token
         covers at least one UTF-8 byte, so only rows whose text has more bytes than the limit are
-        tokenized. ``text_of(row)``: the prompt measured (default: the longer of PHF's pair)."""
+        tokenized. ``text_of(row)``: the prompt measured (default: the longer of PHF's pair). Then,
+        under a token budget, every row's longest sequence fits it (``check_budget(sequence, limits)``)."""
         limit = self.cfg.data.max_prompt_length
         too_long = []
         for row in self.dataset.rows:
             text = (text_of or self._checked_text)(row)
-            if len(text.encode("utf-8")) > limit and len(encode_prompt(self.tokenizer, text)) > limit:
+            if _utf8_bytes(text) > limit and len(encode_prompt(self.tokenizer, text)) > limit:
                 too_long.append(row.origin)
         if too_long:
-            shown = ", ".join(too_long[:5]) + (f" and {len(too_long) - 5} more" if len(too_long) > 5 else "")
             raise fail("data.max_prompt_length", f"{len(too_long)} row(s) have a prompt over {limit} tokens, which "
-                       f"the run could never train on: {shown}; raise it, or remove the rows")
+                       f"the run could never train on: {_shown(too_long)}; raise it, or remove the rows")
+        if self.cfg.training.max_tokens_per_microbatch is not None:
+            self.check_budget(sequence, limits)
+
+    def longest_sequence(self, row, count) -> tuple[int, int]:
+        """PHF's longest sequence from ``row`` as ``(prompt, completion)`` tokens, ``count(text)`` counting a
+        text's tokens: the longer prompt of the pair (the teacher's) + ``rollout.max_tokens``. With
+        ``data.reason_first`` the teacher prompt is made at the step, from the sampled analysis: it is bounded
+        by the analysis prompt + ``data.reason_first_max_tokens`` + the continuation (``reason_first_teacher_ids``)."""
+        cfg, tok, pc = self.cfg, self.tokenizer, self.prompt_config
+        if cfg.data.reason_first:
+            teacher = (count(analysis_prompt_text(tok, row.problem, row.solution)) + cfg.data.reason_first_max_tokens
+                       + sum(count(text) for text in self._continuation))
+        else:
+            teacher = count(render_teacher_prompt(tok, row.problem, row.solution, pc))
+        return max(count(render_student_prompt(tok, row.problem, pc)), teacher), cfg.rollout.max_tokens
+
+    @cached_property
+    def _continuation(self) -> list[str]:
+        """What ``reason_first_teacher_ids`` appends after the analysis, as texts."""
+        pc = self.prompt_config
+        return [teacher_continuation(pc.teacher_prompt)] + (
+            [generation_prompt(self.tokenizer, pc.student_enable_thinking)] if pc.align_generation_prompt else [])
+
+    def check_budget(self, sequence=None, limits: str | None = None) -> None:
+        """Every row's longest sequence, padded as a packed micro-batch pads it, fits
+        ``training.max_tokens_per_microbatch``: a row over it alone would stop the run only when its step
+        came (``token_budget_plan``, hours in, and again at every resume), so it is named at load, with the
+        smallest budget every row fits. ``sequence(row, count)``: ``(prompt, completion)`` tokens of the
+        longest sequence the method makes from ``row`` (default: PHF's, ``longest_sequence``); ``limits``:
+        the settings that bound it (default ``rollout.max_tokens``). Counted first in UTF-8 bytes (at least
+        the tokens), so only rows whose byte bound is over the budget are tokenized."""
+        cfg, budget = self.cfg, self.cfg.training.max_tokens_per_microbatch
+        if sequence is None:
+            sequence = self.longest_sequence
+            limits = "rollout.max_tokens" + (", data.reason_first_max_tokens" if cfg.data.reason_first else "")
+        pad = cfg.model.tensor_model_parallel_size if cfg.model.sequence_parallel else 1
+        over = []
+        for row in self.dataset.rows:
+            if microbatch_tokens([sum(sequence(row, _utf8_bytes))], "packed", pad) <= budget:
+                continue
+            prompt, completion = sequence(row, lambda text: len(encode_prompt(self.tokenizer, text)))
+            need = microbatch_tokens([prompt + completion], "packed", pad)
+            if need > budget:
+                over.append((need, row.origin, prompt, completion))
+        if over:
+            need, origin, prompt, completion = max(over, key=lambda o: o[0])
+            padded = f", padded to a multiple of {pad}" if need != prompt + completion else ""
+            others = [o[1] for o in over if o[1] != origin]
+            raise fail(BUDGET_KEY, f"{len(over)} row(s) make a sequence over the budget of {budget} tokens alone, "
+                       f"which would stop the run when its step came: {origin} makes {prompt} prompt + {completion} "
+                       f"completion tokens ({limits}{padded}) = {need}{'; also ' + _shown(others) if others else ''}; "
+                       f"the smallest budget every row fits is {need}: raise it to that, lower {limits}, or remove "
+                       "the row(s)")
 
     def _check_lengths(self, step: int, rows, prompts) -> None:
         too_long = [i for i, q in enumerate(prompts) if len(q) > self.cfg.data.max_prompt_length]
@@ -123,6 +178,16 @@ class StepPlanner:
                 completions[i] = samples.completions[i] if req.on_policy[i] else solution_completion(
                     self.tokenizer, plan.rows[r].solution, self.cfg.rollout.max_tokens)
         return pairs, completions
+
+
+def _utf8_bytes(text: str) -> int:
+    """An upper bound of ``text``'s tokens: a byte-level BPE token covers at least one byte."""
+    return len(text.encode("utf-8"))
+
+
+def _shown(origins: list[str]) -> str:
+    """Up to five row origins, and how many more."""
+    return ", ".join(origins[:5]) + (f" and {len(origins) - 5} more" if len(origins) > 5 else "")
 
 
 def local_rollout_record(completions: list, dp_rank: int, dp_size: int) -> dict[int, tuple[int, str]]:

@@ -205,13 +205,19 @@ def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path
 
 
 def test_a_sample_over_the_token_budget_is_one_line_naming_its_row(tiny_inputs, tmp_path):
+    """Every toy row's ``prompt ; solution + EOS`` is over a budget of 30 alone: one line at load (before any
+    step) naming the longest and the smallest budget, and sft.max_length as the setting to lower."""
     hf, data = tiny_inputs
     proc = train(hf, data, str(tmp_path / "over"), *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0",
                  "--training.packing", "--training.max_tokens_per_microbatch=30")
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"error: --training\.max_tokens_per_microbatch: sample \d+ \(\S+\.jsonl:\d+\) alone needs "
-                        r"\d+ student tokens, over the budget of 30; raise the budget .*", last), last
+    assert re.fullmatch(r"error: --training\.max_tokens_per_microbatch: 16 row\(s\) make a sequence over the budget "
+                        r"of 30 tokens alone, which would stop the run when its step came: \S+\.jsonl:\d+ makes \d+ "
+                        r"prompt \+ \d+ completion tokens \(sft\.max_length\) = (\d+); also .* and 10 more; the "
+                        r"smallest budget every row fits is \1: raise it to that, lower sft\.max_length, or remove "
+                        r"the row\(s\)", last), last
+    assert not os.path.exists(os.path.join(tmp_path, "over", "metrics.jsonl"))
 
 
 def test_packed_attention_names_each_backend():

@@ -9,8 +9,8 @@
 * a full disk (a real 200 KiB tmpfs: config and metrics fit, the first checkpoint does not) says
   "No space left on device" and that there is no earlier checkpoint, and leaves no temp directory;
 * a read-only run directory is named;
-* a data row whose prompt can never fit ``data.max_prompt_length`` is named (file and line) before
-  any step; a model that is not a Qwen3 is named by its config.json's own model_type.
+* a data row whose prompt can never fit ``data.max_prompt_length``, or whose longest sequence can never
+  fit ``training.max_tokens_per_microbatch``, is named (file and line) before any step; a model that is not a Qwen3 is named by its config.json's own model_type.
 """
 
 from __future__ import annotations
@@ -108,18 +108,48 @@ def test_a_non_qwen3_model_is_named_by_its_own_model_type(tiny_inputs, tmp_path)
     assert err.value.line == "--model.hf_dir: model_type 'mistral' is not 'qwen3'"
 
 
-def test_a_row_over_the_prompt_limit_is_named_at_load(tiny_inputs, tmp_path):
-    """Row 3 of the data can never fit ``data.max_prompt_length``: the run stops before any step
-    (it was found when step 2 was planned, two trained steps later), naming the file and line."""
+def _long_third_row(tiny_inputs, tmp_path, repeat: int = 200) -> tuple[str, dict]:
+    """The toy data with row 3's solution made long (``repeat`` more sentences): ``(path, row 3)``."""
     data = str(tmp_path / "long.jsonl")
     with open(tiny_inputs[1]) as f:
         rows = f.read().splitlines()
     row = json.loads(rows[2])
-    rows[2] = json.dumps({**row, "solution": row["solution"] + " 1 + 1 = 2." * 200})
+    row = {**row, "solution": row["solution"] + " 1 + 1 = 2." * repeat}
+    rows[2] = json.dumps(row)
     with open(data, "w") as f:
         f.write("\n".join(rows) + "\n")
+    return data, row
+
+
+def test_a_row_over_the_prompt_limit_is_named_at_load(tiny_inputs, tmp_path):
+    """Row 3 of the data can never fit ``data.max_prompt_length``: the run stops before any step
+    (it was found when step 2 was planned, two trained steps later), naming the file and line."""
+    data, _ = _long_third_row(tiny_inputs, tmp_path)
     run = str(tmp_path / "run")
     line = _one_error_line(train(tiny_inputs[0], data, run, *TWO_STEPS, "--data.max_prompt_length=400"))
     assert line == (f"error: --data.max_prompt_length: 1 row(s) have a prompt over 400 tokens, which the run could "
                     f"never train on: {data}:3; raise it, or remove the rows")
     assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
+
+
+def test_a_row_over_the_token_budget_is_named_at_load(tiny_inputs, tmp_path):
+    """Row 3's teacher prompt + rollout.max_tokens is over ``training.max_tokens_per_microbatch`` alone: the run
+    stops before any step (it stopped when step 2 came), naming the row and the smallest budget that fits every
+    row (row 3's teacher prompt, tokenized here, + rollout.max_tokens); at that budget the run trains."""
+    from phf_megatron.data import build_prompt_pair
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+    data, row = _long_third_row(tiny_inputs, tmp_path, repeat=30)  # a prompt within data.max_prompt_length
+    prompt = len(build_prompt_pair(load_qwen3_tokenizer(tiny_inputs[0]), row["problem"], row["solution"]).teacher_ids)
+    need = prompt + 12
+    run = str(tmp_path / "run")
+    line = _one_error_line(train(tiny_inputs[0], data, run, *TWO_STEPS, "--training.packing",
+                                 "--rollout.max_tokens=12", "--training.max_tokens_per_microbatch=300"))
+    assert line == (f"error: --training.max_tokens_per_microbatch: 1 row(s) make a sequence over the budget of 300 "
+                    f"tokens alone, which would stop the run when its step came: {data}:3 makes {prompt} prompt + 12 "
+                    f"completion tokens (rollout.max_tokens) = {need}; the smallest budget every row fits is {need}: "
+                    "raise it to that, lower rollout.max_tokens, or remove the row(s)")
+    assert not os.path.exists(os.path.join(run, "metrics.jsonl"))
+    assert_ok(train(tiny_inputs[0], data, str(tmp_path / "fits"), "--training.train_iters=1",
+                    "--checkpoint.save_interval=0", "--training.packing", "--rollout.max_tokens=12",
+                    f"--training.max_tokens_per_microbatch={need}"))

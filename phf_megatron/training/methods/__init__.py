@@ -5,7 +5,8 @@ A method supplies what differs between PHF and its baselines; the loop, the upda
 
 * ``rollout_driver(...)``: the rollout engines (PHF), or a driver without engines (SFT);
 * ``row_inputs(tokenizer, row, prompt_config)``: a row's ``PromptPair`` (SFT: the student prompt twice);
-  ``check_rows(planner)``: the rows whose prompt can never fit, named at load;
+  ``check_rows(planner)``: the rows whose prompt (or, under a token budget, longest sequence) can never fit,
+  named at load (``StepPlanner.check_rows``);
 * ``training_samples(planner, plan, samples, group)``: ``(pairs, completions)`` of the step's samples;
 * ``microbatches(batch, micro_batch_size, samples)``: the rank's padded batch cut into the method's
   micro-batches (padded or packed: ``batches.Packing``); ``samples[r]``: the step's index of row ``r``;

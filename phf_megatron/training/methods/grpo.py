@@ -32,7 +32,7 @@ from ...parallel.grpo_step import GrpoStep
 from ..batches import Packing, grpo_microbatches
 from ..rollouts import RolloutDriver
 from ..update import ScoringPass
-from .sft import SftMethod
+from .sft import SftMethod, student_prompt
 
 #: metrics: the round's mean reward, the share of rewards equal to 1, the mean within-group reward
 #: std, the share of groups whose G rewards are all equal (advantage 0), completions without an EOS
@@ -105,8 +105,11 @@ class GrpoMethod:
 
     @staticmethod
     def check_rows(planner) -> None:
-        """Rows whose student prompt exceeds ``data.max_prompt_length``, and rows without a gold answer."""
-        SftMethod.check_rows(planner)
+        """Rows whose student prompt exceeds ``data.max_prompt_length`` (under a token budget: whose student
+        prompt + ``rollout.max_tokens`` exceeds it alone), and rows without a gold answer."""
+        planner.check_rows(lambda row: student_prompt(planner, row),
+                           lambda row, count: (count(student_prompt(planner, row)), planner.cfg.rollout.max_tokens),
+                           "rollout.max_tokens")
         check_gold_answers(planner.dataset.rows)
 
     def training_samples(self, planner, plan, samples, group):

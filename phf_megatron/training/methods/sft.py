@@ -29,6 +29,11 @@ def truncate_sequence(prompt: list[int], completion: list[int], max_length: int)
     return prompt[:max_length], completion[: max(max_length - len(prompt), 0)], True
 
 
+def student_prompt(planner, row) -> str:
+    """The student's prompt of ``row``, as text."""
+    return render_student_prompt(planner.tokenizer, row.problem, planner.prompt_config)
+
+
 class _OneGroup:
     """Every rank sees every prompt of the step (there is no engine to split them over)."""
 
@@ -93,8 +98,14 @@ class SftMethod:
 
     @staticmethod
     def check_rows(planner) -> None:
-        """Rows whose student prompt exceeds ``data.max_prompt_length``, named at load."""
-        planner.check_rows(lambda row: render_student_prompt(planner.tokenizer, row.problem, planner.prompt_config))
+        """Rows whose student prompt exceeds ``data.max_prompt_length``, and under a token budget rows whose
+        ``chat(problem) ; solution + EOS``, cut at ``sft.max_length``, exceeds it alone, named at load."""
+        max_length = planner.cfg.sft.max_length
+
+        def sequence(row, count):
+            prompt = min(count(student_prompt(planner, row)), max_length)
+            return prompt, min(count(row.solution) + 1, max_length - prompt)
+        planner.check_rows(lambda row: student_prompt(planner, row), sequence, "sft.max_length")
 
     def training_samples(self, planner, plan, samples, group):
         """Each row's ``chat(problem) ; solution + EOS``, cut at ``sft.max_length`` (``rollout.n`` is 1)."""
