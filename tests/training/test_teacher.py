@@ -1,9 +1,14 @@
-"""The privileged teacher's weight sources: EMA formula, exact restore, fixed and dynamic modes."""
+"""The privileged teacher's weight sources: EMA formula, exact restore, fixed and dynamic modes; the EMA
+of a bf16 run (fp32 shadow, rho = 0.999) through the whole trainer."""
+
+import os
 
 import pytest
 import torch
 
 from phf_megatron.training.teacher import PrivilegedTeacher
+
+from ..helpers.tiny_run import assert_ok, train
 
 
 def _model():
@@ -145,3 +150,31 @@ def test_ema_start_survives_a_checkpoint_at_every_point():
     old = {k: v for k, v in PrivilegedTeacher([m], mode="ema", lora=False).state_dict().items()
            if k not in ("ema_start", "started")}  # a checkpoint written before the option
     PrivilegedTeacher([m], mode="ema", lora=False).load_state_dict(old)
+
+
+def _teacher_and_adapters(run_dir, step):
+    saved = torch.load(os.path.join(run_dir, "checkpoints", f"iter_{step:07d}", "model_parallel_tp00_pp000.pt"),
+                       weights_only=True)
+    return saved["teacher"], saved["adapters"]
+
+
+def test_the_ema_teacher_of_a_bf16_run_moves_by_one_minus_rho_of_the_student(tiny_inputs, tmp_path):
+    """Two bf16 PHF steps at the paper's rho = 0.999: the teacher's copy is fp32 and follows Eq. (EMA) on the
+    student's bf16 adapters to fp32 rounding. A bf16 copy would not: 0.999 * x rounds back to x in bf16 (a
+    0.1% step is below its 2^-9 spacing), and each step's (1 - rho) share would be rounded to 8 bits."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    assert_ok(train(hf, data, run, "--model.dtype=bfloat16", "--training.train_iters=2", "--checkpoint.save_interval=1",
+                    "--training.global_batch_size=2", "--rollout.max_tokens=8", "--lr=1e-3"))
+    (teacher1, student1), (teacher2, student2) = (_teacher_and_adapters(run, step) for step in (1, 2))
+    rho = teacher2["decay"]
+    assert rho == 0.999 and len(teacher2["shadow"]) == len(student2)  # the shadow is in adapter order
+    for (name, s1), s2, t1, t2 in zip(student1.items(), student2.values(), teacher1["shadow"], teacher2["shadow"]):
+        assert s2.dtype == torch.bfloat16 and t2.dtype == torch.float32, name
+        if name.endswith("lora_B"):  # B starts at 0: after step 1 the teacher holds (1 - rho) of the student's B
+            assert s1.abs().max() > 0, name
+            torch.testing.assert_close(t1, (1 - rho) * s1.float(), rtol=1e-6, atol=0)
+        step = (1 - rho) * (s2.double() - t1.double())  # the teacher's move at step 2, in float64
+        torch.testing.assert_close(t2.double(), t1.double() + step, rtol=2.5e-7, atol=1e-12)  # one fp32 rounding
+        visible = step.abs() > t1.abs() * 2.0 ** -22  # above the shadow's own fp32 spacing (2 ulp)
+        assert visible.any() and (t2 != t1)[visible].all(), name  # A too: its gradient is nonzero once B is
