@@ -4,7 +4,8 @@ Triton's interpreter executes the kernels of ``phf_megatron.parallel.jsd_triton`
 tensors (it must be switched on before Triton is imported, hence a separate process). Checked
 against the reference ``objectives.opsd_token_divergence`` in float64: every beta branch and clip mode,
 per-token values and the gradient of a weighted sum, single rank and the vocabulary split over
-two gloo ranks (the all-reduced log-normalizers and sums), and in float32 the clip statistics
+two gloo ranks (the all-reduced log-normalizers and sums; bf16 logits: the values and the gradient
+apart, ``grad_*``), and in float32 the clip statistics
 (divergence before the clip, entries cut: ``stats_*``, the counts exact). Writes ``{case: max
 relative error}``.
 """
@@ -65,7 +66,10 @@ def single_rank(dtype=torch.float32) -> dict:
                                         backend="triton", return_clip_stats=True)
         (grad,) = torch.autograd.grad((out * w).sum(), logits)
         name = f"{str(dtype).split('.')[-1]}_beta{beta}_{mode}{'_clip' if clip else ''}"
-        errors[name] = max(_rel(out, ref), _rel(grad, ref_grad))
+        if dtype == torch.float32:
+            errors[name] = max(_rel(out, ref), _rel(grad, ref_grad))
+        else:  # the values are float32 math on the bf16 inputs; only the bf16 gradient rounds to 8 bits
+            errors[name], errors[f"grad_{name}"] = _rel(out, ref), _rel(grad, ref_grad)
         errors[f"unscored_rows_{name}"] = float(grad[~mask].abs().max())
         if dtype == torch.float32:
             errors[f"stats_{name}"] = _stats_error(stats, zs, zt, mask, beta, clip, mode)

@@ -3,9 +3,10 @@
 * With Triton (installed, or on CPU machines the one ``scripts/setup_env.sh`` puts in
   ``<venv>/triton-interp``, off the venv's import path: ``requirements/triton-interp.txt``), its
   interpreter runs the kernels on CPU tensors in a subprocess (``jsd_triton_check``), every beta
-  branch and clip mode, float32 (1e-5 relative against float64) and bf16 logits (1e-2: the
-  inputs' and the gradient's own rounding), single rank and vocabulary-split over TP=2 gloo ranks,
-  and the clip statistics in float32 (``stats_*``: 1e-5, so the counts of entries cut are exact).
+  branch and clip mode, float32 (1e-5 relative against float64) and bf16 logits (values 1e-5 against
+  float64 on the same bf16 logits: float32 math; the gradient 1e-2, its own rounding to bf16), single
+  rank and vocabulary-split over TP=2 gloo ranks, and the clip statistics in float32 (``stats_*``:
+  1e-5, so the counts of entries cut are exact).
 * On a GPU: the kernels against the chunked eager backend at the real vocabulary size.
 """
 
@@ -42,9 +43,9 @@ def test_interpreted_kernels_equal_the_reference(tmp_path):
                       PYTHONPATH=path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     errors = json.loads(out.read_text())
-    assert len(errors) == 72
-    for name, err in errors.items():
-        limit = 0.0 if name.startswith("unscored") else 1e-2 if name.startswith("bfloat16") else 1e-5
+    assert len(errors) == 84
+    for name, err in errors.items():  # bf16 values are float32 math too (1e-5); their gradient rounds to bf16
+        limit = 0.0 if name.startswith("unscored") else 1e-2 if name.startswith("grad_bfloat16") else 1e-5
         assert err <= limit, (name, err)
 
 
