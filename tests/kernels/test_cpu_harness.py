@@ -99,14 +99,17 @@ CASES = [
     ("direction", 2, None, 2, 7, 40, [7, 5], [], 1),
     ("geometry", 3, [0, 2], 2, 12, 100, [12, 3], [], 2),
 ]
-MODES = [("fp32", torch.float32, 1e-5), ("3xtf32", torch.float32, 1e-5), ("bf16", torch.bfloat16, 1e-2),
-         ("3xbf16", torch.bfloat16, 1e-2), ("auto", torch.float16, 1e-2)]
+#: (precision, dtype, tolerance of the terms, of the gradient). The terms of half-precision inputs are
+#: float32 math on their values except in the "bf16" mode (transitions rounded to bf16); every
+#: half-precision gradient is rounded to its dtype (2^-9 relative for bf16).
+MODES = [("fp32", torch.float32, 1e-5, 1e-5), ("3xtf32", torch.float32, 1e-5, 1e-5), ("bf16", torch.bfloat16, 1e-2, 1e-2),
+         ("3xbf16", torch.bfloat16, 1e-4, 1e-2), ("auto", torch.float16, 1e-4, 1e-2)]
 
 
-@pytest.mark.parametrize("mode", MODES, ids=[f"{p}-{str(d).split('.')[-1]}" for p, d, _ in MODES])
+@pytest.mark.parametrize("mode", MODES, ids=[f"{p}-{str(d).split('.')[-1]}" for p, d, _, _ in MODES])
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-L{c[1]}-m{c[4]}-H{c[5]}" for c in CASES])
 def test_kernel_sources_run_on_cpu_equal_float64_reference(harness, case, mode, tmp_path):
-    precision, dtype, tol = mode
+    precision, dtype, tol, grad_tol = mode
     variant, L, layers, B, m, H, lengths, repeats, n_chunks = case
     s = torch.randn(L, B, m, H) + 2.0 * torch.randn(L, B, 1, H)
     t = torch.randn(L, B, m, H) + 2.0 * torch.randn(L, B, 1, H)
@@ -133,4 +136,4 @@ def test_kernel_sources_run_on_cpu_equal_float64_reference(harness, case, mode, 
         assert torch.isfinite(v).all(), f"{k}: unwritten (NaN) entries"
         assert _rel(v, ref[k]) <= tol, f"{k}: rel {_rel(v, ref[k]):.2e}"
     assert torch.isfinite(grad).all(), "gradient: unwritten (NaN) entries"
-    assert _rel(grad, ref_grad) <= tol, f"gradient: rel {_rel(grad, ref_grad):.2e}"
+    assert _rel(grad, ref_grad) <= grad_tol, f"gradient: rel {_rel(grad, ref_grad):.2e}"
