@@ -6,9 +6,12 @@ Each stage therefore appends ``R`` extra "statistics" rows to the activation it 
 back to back over the ``b_act`` columns (right-padded: one sample per column; packed: every sample
 of the micro-batch in the one column, so ``R`` grows with the sample count). Sample b's record is
 
-* element 0: a *carrier*, ``share - share.detach()`` in the pipeline dtype: value 0, gradient
-  path to the cumulative share of the stages so far. The last stage adds it to the exact value
-  below, so ``dL/dshare`` reaches every stage's share through Megatron's own backward p2p;
+* a *carrier*: ``C`` elements of value 0 in the pipeline dtype (``C = 3`` for bf16/fp16, 1 for
+  float32), the gradient path to the cumulative share of the stages so far. The receiving stage
+  adds it to the exact value below, so ``dL/dshare`` reaches every stage's share through
+  Megatron's own backward p2p: split into ``C`` parts (``hi = g.to(dtype)``, then the remainders),
+  whose sum the sending stage reads back as the float32 gradient (one bf16 element would round
+  ``dL/dshare = alpha N_tok / N_flow`` to 8 bits, up to 2^-8 relative, for every stage but the last);
 * then the exact float32 bits of ``values[b] = [share, layer values..., pair values...]`` (the
   running per-sample flow share and the per-layer values for the layer-energy logs), bit-cast
   into the pipeline dtype (two bf16/fp16 elements per float32) so that no precision is lost.
@@ -29,9 +32,43 @@ def _per_value(dtype: torch.dtype) -> int:
     return 2 if torch.finfo(dtype).bits == 16 else 1
 
 
+def _carrier(dtype: torch.dtype) -> int:
+    """Pipeline-dtype elements of the carrier: enough parts to hold a float32 gradient (3 x 8 bits for bf16)."""
+    return 3 if torch.finfo(dtype).bits == 16 else 1
+
+
 def _record(num_values: int, dtype: torch.dtype) -> int:
     """Pipeline-dtype elements of one sample's record: the carrier and ``num_values`` float32 values."""
-    return 1 + _per_value(dtype) * num_values
+    return _carrier(dtype) + _per_value(dtype) * num_values
+
+
+class _SendCarrier(torch.autograd.Function):
+    """``[B] -> [B, C]`` zeros in the pipeline dtype; backward: the float32 sum of the C gradient parts."""
+
+    @staticmethod
+    def forward(ctx, share, dtype):
+        return torch.zeros(share.shape[0], _carrier(dtype), dtype=dtype, device=share.device)
+
+    @staticmethod
+    def backward(ctx, grad_parts):
+        return grad_parts.float().sum(-1), None
+
+
+class _ReceiveCarrier(torch.autograd.Function):
+    """``[B, C] -> [B]`` float32 zeros; backward: the float32 gradient split into C parts of the carrier's dtype."""
+
+    @staticmethod
+    def forward(ctx, carrier):
+        ctx.dtype = carrier.dtype
+        return torch.zeros(carrier.shape[0], dtype=torch.float32, device=carrier.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rest, parts = grad.float(), []
+        for _ in range(_carrier(ctx.dtype)):
+            parts.append(rest.to(ctx.dtype))
+            rest = rest - parts[-1].float()
+        return torch.stack(parts, dim=-1)
 
 
 def stats_rows(num_values: int, hidden_size: int, dtype: torch.dtype, samples: int = 1, columns: int = 1) -> int:
@@ -72,7 +109,7 @@ def pack_stats(share: torch.Tensor, values: torch.Tensor, hidden_size: int, dtyp
     rows = need if rows is None else rows
     if rows < need:
         raise ValueError(f"rows: {rows} stats rows cannot hold {b} records of {k} values (need {need})")
-    carrier = (share - share.detach()).to(dtype)[:, None]  # value 0, gradient 1 w.r.t. share
+    carrier = _SendCarrier.apply(share, dtype)  # value 0, gradient 1 w.r.t. share (float32, in C parts)
     records = torch.cat([carrier, _encode(values, dtype)], dim=1).reshape(-1)  # [B * record]
     pad = torch.zeros(rows * columns * hidden_size - records.numel(), dtype=dtype, device=values.device)
     return torch.cat([records, pad]).view(columns, rows, hidden_size).transpose(0, 1).contiguous()
@@ -85,8 +122,9 @@ def unpack_stats(stats: torch.Tensor, num_values: int, samples: int | None = Non
     samples = columns if samples is None else samples
     width = _record(num_values, stats.dtype)
     records = stats.transpose(0, 1).reshape(-1)[: samples * width].view(samples, width)
-    values = _decode(records[:, 1:].detach(), num_values)
-    share = values[:, 0] + records[:, 0].float()
+    carrier = _carrier(stats.dtype)
+    values = _decode(records[:, carrier:].detach(), num_values)
+    share = values[:, 0] + _ReceiveCarrier.apply(records[:, :carrier])
     return share, values
 
 
