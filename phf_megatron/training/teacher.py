@@ -5,7 +5,13 @@ it uses is a swap of the trainable tensors around its forward pass:
 
 * ``ema``: an fp32 EMA of the trainable tensors, ``theta_bar_k = rho theta_bar_{k-1} + (1-rho) theta_k``.
   With LoRA only the adapters are averaged: the frozen base is shared, so the teacher costs no
-  second copy of the model. Where it starts (``teacher.ema_start``):
+  second copy of the model. In a bf16 run the teacher's forward uses the fp32 average rounded to
+  bf16: LoRA's B (from 0) carries it to bf16's relative precision, but a weight that starts on the
+  bf16 grid (LoRA's A; every weight under full fine-tuning) keeps its initial value until the
+  average has moved half a bf16 spacing (~2^-9 |w|): ~150 steps for |w| = 0.02 at lr 5e-6 even
+  if Adam moves it the same way every step. With LoRA the lag enters the teacher only as
+  B (A_bar - A_0), second order; under full fine-tuning in bf16 the teacher lags the EMA.
+  Where it starts (``teacher.ema_start``):
 
   - ``initial`` (the PHF paper): ``theta_bar_0 = theta_0``, the student's initial values;
   - ``after_first_step`` (the official OPSD code, commit ``7448751``, ``opsd_trainer.py``): the
