@@ -339,6 +339,9 @@ class Trainer:
                 self._log(metrics)  # the step trained; its sync failed
             if self.at_push():
                 self.save()  # nothing lost: the next run resumes from here
+            if stop is not None and stop.agreed():  # Slurm signals every process of the job step: the engines too
+                return self._stopped(stop.name, engines=str(err))
+            if self.at_push():
                 raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
             raise RunStopped(f"{err}; not saved at step {self.step}, between weight pushes (rollout.sync_interval = "
                              f"{cfg.rollout.sync_interval}); {self._kept(redone=True)}; "
@@ -354,14 +357,17 @@ class Trainer:
                   f"outputs:\n{outputs_message(cfg, self.step)}", flush=True)
         return 0
 
-    def _stopped(self, name: str) -> int:
-        """The run stops on ``name`` after its current step, saved there; returns 128 + the signal's number."""
-        self._save_last()
+    def _stopped(self, name: str, engines: str | None = None) -> int:
+        """The run stops on ``name`` after its current step, saved there; returns 128 + the signal's number.
+        ``engines``: the engines' failure after the signal (saved already, at a push; else the last push kept)."""
+        if engines is None:
+            self._save_last()
         self.metrics.end_progress()
         if self.ctx.is_rank0:
+            kept = (f"saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}" if engines is None else
+                    f"the rollout engines stopped on it too ({engines}); {self._kept(redone=not self.at_push())}")
             print(f"phf_megatron.train: {name} received: stopped after step {self.step} of "
-                  f"{self.cfg.training.train_iters}, saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}; "
-                  f"rerun the same command to resume", flush=True)
+                  f"{self.cfg.training.train_iters}, {kept}; rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
 
     def _kept(self, redone: bool = False) -> str:

@@ -81,12 +81,15 @@ def train_recording_logits(hf_dir: str, data: str, run_dir: str, logits_path: st
 
 #: ``python -c``: the trainer's command line (``sys.argv[3:]``), its engine failing (through the real error path:
 #: the host's exception, then ``RolloutFailure`` on every rank) when sampling the rollouts of step ``sys.argv[2]``
-#: (0-based, as the error names it) or when pushing weights version ``sys.argv[2]`` (``sys.argv[1]``: sample, sync).
+#: (0-based, as the error names it) or when pushing weights version ``sys.argv[2]`` (``sys.argv[1]``: sample, sync;
+#: ``sample+SIGTERM``: the process gets the signal as its engine fails, as Slurm signals the trainer and engine together).
 _FAILING_ENGINE = """
-import sys
+import os, signal, sys
 from phf_megatron.training import rollouts
-where, step = sys.argv[1], int(sys.argv[2])
+(where, _, sig), step = sys.argv[1].partition("+"), int(sys.argv[2])
 def fail(*args, **kwargs):
+    if sig:
+        os.kill(os.getpid(), getattr(signal, sig))
     raise RuntimeError("injected engine fault")
 Driver, sample, sync, push = rollouts.RolloutDriver, rollouts.RolloutDriver.sample, rollouts.RolloutDriver.sync, rollouts.sync_weights
 def failing_sample(self, requests):
@@ -106,7 +109,7 @@ sys.exit(main(sys.argv[3:]))
 def train_failing_engine(hf_dir: str, data: str, run_dir: str, where: str, step: int, *overrides: str,
                          timeout: int = 600) -> subprocess.CompletedProcess:
     """``train`` in one process whose engine fails at ``step``: sampling its rollouts (``where`` = "sample") or
-    pushing the weights of that many steps (``where`` = "sync")."""
+    pushing the weights of that many steps (``where`` = "sync"); ``"sample+SIGTERM"``: the signal comes with it."""
     argv, _env = train_command(hf_dir, data, run_dir, *overrides)
     return run_python(["-c", _FAILING_ENGINE, where, str(step), *argv[3:]], timeout=timeout)
 

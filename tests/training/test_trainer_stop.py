@@ -4,6 +4,7 @@
   step in flight finishes, a checkpoint is written there, one line says so, exit code 143 (128 + 15);
   the same command resumes from that step, with ``--checkpoint.load`` too (its own checkpoints first);
 * SIGTERM delivered to one rank only under torchrun: every rank agrees and saves;
+* SIGTERM that stops the engine too (Slurm signals every process of the job): still the signal's stop;
 * SIGTERM with ``rollout.sync_interval`` = 2: the stop waits for the step after which the weights are
   pushed, so the resumed run's engine holds the weights the uninterrupted run's would;
 * Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
@@ -20,7 +21,7 @@ import time
 
 import pytest
 
-from ..helpers.tiny_run import assert_ok, read_metrics, train, train_command
+from ..helpers.tiny_run import assert_ok, read_metrics, train, train_command, train_failing_engine
 
 LONG = ("--training.train_iters=200", "--checkpoint.save_interval=0")
 
@@ -93,6 +94,28 @@ def test_sigterm_to_one_rank_stops_and_saves_every_rank(tiny_inputs, tmp_path):
     files = os.listdir(match.group(2))
     assert "rank_tp00_pp000_dp000.pt" in files and "rank_tp00_pp000_dp001.pt" in files, files
     assert read_metrics(run)[-1]["step"] == int(match.group(1))
+
+
+@pytest.mark.parametrize("where", ["sample", "sync"])
+def test_sigterm_that_also_stops_the_engine_is_still_a_signal_stop(tiny_inputs, tmp_path, where):
+    """Slurm signals every process of the job step, the engine's too (vLLM's engine core and the watcher
+    that stops it exit on SIGTERM): the engine's failure in the step in flight is then the signal's
+    stop, saved at the last push, exit code 143 (it was an engine error with exit code 1)."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    proc = train_failing_engine(hf, data, run, f"{where}+SIGTERM", 2, "--training.train_iters=4",
+                                "--checkpoint.save_interval=0")
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    saved = os.path.join(run, "checkpoints", "iter_0000002")
+    failed = "sampling failed at step 2" if where == "sample" else "weight sync to version 2 failed"
+    line = (f"phf_megatron.train: SIGTERM received: stopped after step 2 of 4, the rollout engines stopped on it too "
+            f"(rollout engine 0 (host rank 0): {failed} (RuntimeError): injected engine fault); the last checkpoint "
+            f"is {saved}; rerun the same command to resume")
+    assert line in proc.stdout.splitlines() and "error:" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+    resumed = train(hf, data, run, "--training.train_iters=3", "--checkpoint.save_interval=0")
+    assert_ok(resumed)
+    assert "resuming from step 2 of 3" in resumed.stdout and [m["step"] for m in read_metrics(run)] == [1, 2, 3]
 
 
 def test_ctrl_c_is_one_line_naming_the_last_checkpoint(tiny_inputs, tmp_path):
