@@ -14,10 +14,14 @@ from ..helpers import REPO
 
 SBATCH = os.path.join(REPO, "examples", "slurm", "train_phf_multinode.sbatch")
 
-#: ``srun [--opt=value ...] CMD ...``: CMD once per node of the job, as Slurm's one task per node.
+#: ``srun [--opt=value ...] CMD ...``: CMD once per node of the job, as Slurm's one task per node; it says how
+#: many cores each task gets: Slurm >= 22.05's srun does not inherit sbatch's --cpus-per-task (default 1).
 FAKE_SRUN = """#!/usr/bin/env bash
-while [ "${1#--}" != "$1" ]; do shift; done
-for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do SLURM_NODEID=$i SLURM_PROCID=$i "$@" || exit $?; done
+cpus=${SRUN_CPUS_PER_TASK:-1}
+while [ "${1#--}" != "$1" ]; do case $1 in --cpus-per-task=*) cpus=${1#*=};; esac; shift; done
+for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do
+  echo "srun task $i: $cpus cores"; SLURM_NODEID=$i SLURM_PROCID=$i "$@" || exit $?
+done
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 [ "$1 $2 $3" = "show hostnames gpu[017-018]" ] || { echo "unexpected: scontrol $*" >&2; exit 1; }
@@ -46,7 +50,7 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
            "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": run, "SLURM_SUBMIT_DIR": REPO,
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
-           "SLURM_GPUS_ON_NODE": "4"}
+           "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "64"}
     proc = subprocess.run(["bash", SBATCH, "--rollout.num_engines=auto"], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -62,6 +66,9 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
                         f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}", "--data.path=train.jsonl",
                         "--rollout.num_engines=auto"]
     assert len(launches) == 2
+    # each node's task keeps the job's cores (#SBATCH --cpus-per-task=64), not srun's default of one
+    assert [line for line in proc.stdout.splitlines() if line.startswith("srun task")] == [
+        "srun task 0: 64 cores", "srun task 1: 64 cores"]
 
 
 def test_outside_a_slurm_job_it_says_so(tmp_path):
