@@ -49,7 +49,7 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     run = str(tmp_path / "runs" / "phf8b")
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
            "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": run, "SLURM_SUBMIT_DIR": REPO,
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
+           "SLURM_JOB_ID": "14242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
            "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "64"}
     proc = subprocess.run(["bash", SBATCH, "--rollout.num_engines=auto"], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
@@ -61,7 +61,7 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     mcore = os.path.join(run, "mcore_base")
     for rank, argv in enumerate(launches):
         assert argv == ["torchrun", "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", str(rank),
-                        "--master-addr", "gpu017", "--master-port", str(20000 + 4242),
+                        "--master-addr", "gpu017", "--master-port", str(20000 + 4242),  # job 14242: below the ephemeral ports
                         "-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", f"--run_dir={run}",
                         f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}", "--data.path=train.jsonl",
                         "--rollout.num_engines=auto"]
