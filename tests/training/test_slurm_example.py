@@ -75,3 +75,32 @@ def test_outside_a_slurm_job_it_says_so(tmp_path):
     env = {"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": REPO, "HF_MODEL": str(tmp_path)}
     proc = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "not inside a Slurm job" in proc.stderr
+
+
+@pytest.mark.parametrize("knows_the_timeout", [True, False])
+def test_a_torchrun_that_ignores_the_shutdown_timeout_is_named_before_the_launch(tmp_path, knows_the_timeout):
+    """TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the sbatch's 240 s to finish a step and save after SIGTERM) only
+    works with a torchrun that has --shutdown-timeout; an older one kills the workers after 30 s, silently."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    option = "  --shutdown-timeout SHUTDOWN_TIMEOUT" if knows_the_timeout else "  --max-restarts MAX_RESTARTS"
+    (bin_dir / "torchrun").write_text(f"""#!/usr/bin/env bash
+if [ "$1" = --help ]; then printf 'usage: torchrun\\n{option}\\n'; exit 0; fi
+echo "launched: $*"
+""")
+    (bin_dir / "torchrun").chmod(0o755)
+    hf, mcore = tmp_path / "Qwen3-8B", tmp_path / "mcore_base"
+    hf.mkdir()
+    mcore.mkdir()   # converted already: the launcher goes straight to torchrun
+    (hf / "config.json").write_text("{}")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "HF_MODEL": str(hf),
+           "MCORE_DIR": str(mcore), "CONFIG": "configs/phf_qwen3_8b.yaml", "RUN_DIR": str(tmp_path / "run"),
+           "NGPU": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "240"}
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("launched: --nproc-per-node 1 --standalone -m "), proc
+    if knows_the_timeout:
+        assert proc.stderr == ""
+    else:
+        assert proc.stderr.startswith("warning: this torchrun has no --shutdown-timeout: it ignores "
+                                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240") and proc.stderr.count("\n") == 1
