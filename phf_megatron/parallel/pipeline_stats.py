@@ -90,8 +90,8 @@ def _encode(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _decode(payload: torch.Tensor, num_values: int) -> torch.Tensor:
-    if _per_value(payload.dtype) == 2:
-        return payload[:, : 2 * num_values].contiguous().view(torch.float32)
+    if _per_value(payload.dtype) == 2:  # a copy: one record in place may start at an odd 16-bit offset
+        return payload[:, : 2 * num_values].clone(memory_format=torch.contiguous_format).view(torch.float32)
     return payload[:, :num_values].float()
 
 

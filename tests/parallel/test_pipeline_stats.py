@@ -17,6 +17,19 @@ def test_values_round_trip_bit_exactly(dtype):
     assert torch.equal(got_values, values) and torch.equal(got_share.detach(), values[:, 0])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_one_sample_in_one_column_unpacks_from_the_received_activation(dtype):
+    """micro_batch_size 1 (or a packed micro-batch of one sample): the record is one contiguous run inside the
+    received activation, its float32 values at an odd 16-bit offset; they still decode bit-exactly (viewing them
+    in place as float32 was a RuntimeError on every stage after the first in bf16/fp16)."""
+    values = torch.randn(1, 5)
+    stats = pack_stats(values[:, 0].clone(), values, hidden_size=16, dtype=dtype, columns=1)
+    received = torch.cat([torch.randn(5, 1, 16, dtype=dtype), stats])
+    _, rows = split_received(received, 5, stats.shape[0])
+    got_share, got_values = unpack_stats(rows, 5, samples=1)
+    assert torch.equal(got_values, values) and torch.equal(got_share, values[:, 0])
+
+
 def _share_grad_through_the_pipeline(dtype, weights):
     """dL/dshare on the sending stage for ``L = sum_b weights[b] * share_b`` on the receiving one."""
     values = torch.randn(len(weights), 3)
