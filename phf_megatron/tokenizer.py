@@ -97,3 +97,13 @@ def chat_prompt_ids(tok: PreTrainedTokenizerBase, user_message: str, *, enable_t
     """Token ids of :func:`chat_prompt_text` (no BOS: Qwen3 has none)."""
     return tok(chat_prompt_text(tok, user_message, enable_thinking=enable_thinking),
                add_special_tokens=False)["input_ids"]
+
+
+def eos_token_ids(tokenizer) -> tuple[int, ...]:
+    """Tokens that end a Qwen3 assistant turn (``<|im_end|>``, ``<|endoftext|>``) plus the tokenizer's EOS."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))

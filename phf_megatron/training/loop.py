@@ -37,7 +37,7 @@ import torch
 from ..data import PromptConfig, load_math_dataset
 from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
-from ..tokenizer import load_qwen3_tokenizer
+from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import RunStopped, UserError
 from .batches import build_microbatches
@@ -61,16 +61,6 @@ from .schedule import load_scheduler_state
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats
 from .stop_signal import StopSignal
 from .update import run_update
-
-
-def _eos_token_ids(tokenizer) -> tuple[int, ...]:
-    """Tokens that end a Qwen3 assistant turn (``<|im_end|>``, ``<|endoftext|>``) plus the tokenizer's EOS."""
-    ids = {tokenizer.eos_token_id}
-    for token in ("<|im_end|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return tuple(sorted(i for i in ids if i is not None))
 
 
 def _wandb_run(cfg: TrainConfig) -> WandbRun | None:
@@ -141,7 +131,7 @@ class Trainer:
         """Of them, how many in a row up to the current step."""
         self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
-        self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, _eos_token_ids(self.tokenizer))
+        self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, eos_token_ids(self.tokenizer))
         self.prefetch = None
         try:
             self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None

@@ -85,8 +85,7 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
     from phf_megatron.rollout import SamplingParams
     from phf_megatron.rollout.hf_engine import HFEngine
     from phf_megatron.rollout.seeds import sample_seed
-    from phf_megatron.tokenizer import load_qwen3_tokenizer
-    from phf_megatron.training.loop import _eos_token_ids
+    from phf_megatron.tokenizer import eos_token_ids, load_qwen3_tokenizer
     from phf_megatron.training.step_plan import local_rollout_record, rollout_stats
     from transformers import AutoModelForCausalLM
 
@@ -99,7 +98,7 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
     prompts = [encode_prompt(tok, render_student_prompt(tok, rows[i].problem, PromptConfig()))
                for i in EpochSampler(len(rows), seed=42, shuffle=True).take(2)]  # 4 completions / G = 2 prompts
     engine = HFEngine(hf, dtype="float32", device="cpu")
-    params = [SamplingParams(temperature=1.1, top_p=0.95, top_k=20, max_tokens=12, stop_token_ids=_eos_token_ids(tok),
+    params = [SamplingParams(temperature=1.1, top_p=0.95, top_k=20, max_tokens=12, stop_token_ids=eos_token_ids(tok),
                              seed=sample_seed(1234, 0, i // 2, i % 2)) for i in range(4)]
     completions = [list(c.token_ids) for (c,) in engine.generate([prompts[i // 2] for i in range(4)], params)]
     engine.close()
