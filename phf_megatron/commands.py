@@ -52,8 +52,9 @@ def run_command(main: Callable[[], int | None]) -> int:
     """Run a command's body: a user error (``UserError``, a missing or already existing file, an
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
     permission, a dependency that is not installed) prints one line and returns exit code 2; a
-    ``RunStopped`` (an engine failed; the run saved at its last push) one line and 1; Ctrl-C one line and
-    ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
+    ``RunStopped`` (an engine failed; saved at that step if the weights are pushed after it, else the last
+    checkpoint kept) one line and 1; Ctrl-C one line and ``INTERRUPTED_EXIT``; any other exception keeps
+    its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:

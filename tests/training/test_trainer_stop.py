@@ -100,7 +100,8 @@ def test_sigterm_to_one_rank_stops_and_saves_every_rank(tiny_inputs, tmp_path):
 def test_sigterm_that_also_stops_the_engine_is_still_a_signal_stop(tiny_inputs, tmp_path, where):
     """Slurm signals every process of the job step, the engine's too (vLLM's engine core and the watcher
     that stops it exit on SIGTERM): the engine's failure in the step in flight is then the signal's
-    stop, saved at the last push, exit code 143 (it was an engine error with exit code 1)."""
+    stop, saved as an engine failure saves (here at step 2, a push), exit code 143 (it was an engine error with
+    exit code 1)."""
     hf, data = tiny_inputs
     run = str(tmp_path / "run")
     proc = train_failing_engine(hf, data, run, f"{where}+SIGTERM", 2, "--training.train_iters=4",
