@@ -38,7 +38,8 @@ CMD=("${LAUNCH[@]}" -m phf_megatron.train --config "$CONFIG" --run_dir="$RUN_DIR
 if [ -n "${DRY_RUN:-}" ]; then run "${CMD[@]}"; exit 0; fi
 # torchrun SIGKILLs its workers 30 s after passing a SIGTERM on unless it knows --shutdown-timeout
 # (pytorch#172596, 2026-03): an older one ignores TORCH_ELASTIC_SHUTDOWN_TIMEOUT, and a step plus its save may not fit
-if [ -n "${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-}" ] && ! torchrun --help 2>/dev/null | grep -q -- --shutdown-timeout; then
+# (the help read whole, not piped into grep -q: under pipefail a help cut short by grep's exit read as "no")
+if [ -n "${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-}" ] && [[ $(torchrun --help 2>/dev/null || true) != *--shutdown-timeout* ]]; then
   echo "warning: this torchrun has no --shutdown-timeout: it ignores TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT and kills the workers 30 s after a SIGTERM, which may cut the last step and its save short (a newer torch has it)" >&2
 fi
 exec "${CMD[@]}"

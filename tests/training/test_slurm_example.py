@@ -80,12 +80,15 @@ def test_outside_a_slurm_job_it_says_so(tmp_path):
 @pytest.mark.parametrize("knows_the_timeout", [True, False])
 def test_a_torchrun_that_ignores_the_shutdown_timeout_is_named_before_the_launch(tmp_path, knows_the_timeout):
     """TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the sbatch's 240 s to finish a step and save after SIGTERM) only
-    works with a torchrun that has --shutdown-timeout; an older one kills the workers after 30 s, silently."""
+    works with a torchrun that has --shutdown-timeout; an older one kills the workers after 30 s, silently.
+    The option comes early in a long help (torchrun's usage line), as a pipe into ``grep -q`` would see it
+    before the help is all written: no warning then either (under pipefail the cut help was one)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     option = "  --shutdown-timeout SHUTDOWN_TIMEOUT" if knows_the_timeout else "  --max-restarts MAX_RESTARTS"
     (bin_dir / "torchrun").write_text(f"""#!/usr/bin/env bash
-if [ "$1" = --help ]; then printf 'usage: torchrun\\n{option}\\n'; exit 0; fi
+if [ "$1" = --help ]; then printf 'usage: torchrun\\n{option}\\n'; for i in {{1..4000}}; do
+  echo "  --option-$i VALUE   help text of option $i, long enough to fill a pipe"; done; exit 0; fi
 echo "launched: $*"
 """)
     (bin_dir / "torchrun").chmod(0o755)
