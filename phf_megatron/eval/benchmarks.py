@@ -42,7 +42,7 @@ _ANSWER_KEYS = ("answer", "gold")
 #: Seconds to wait for the Hub's host before saying it cannot be reached (never a retry loop).
 HUB_PROBE_TIMEOUT = 1.5
 #: What a Hub set's recorded revision says when none was pinned (``--data_revision`` left out).
-UNPINNED = "main, unpinned"
+UNPINNED = "main (unpinned)"
 
 
 @dataclass(frozen=True)

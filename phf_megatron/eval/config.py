@@ -39,7 +39,7 @@ class EvalConfig:
     official OPSD evaluates on (needs `datasets` and network, or the cache with HF_HUB_OFFLINE=1)."""
     data_revision: str | None = None
     """with data_dir=hub: the Hub revision (commit SHA, tag or branch) of every set; None = main, which
-    moves (summary.json then says "main, unpinned"). Pin a commit SHA for published numbers."""
+    moves (summary.json then says "main (unpinned)"). Pin a commit SHA for published numbers."""
     n: int = 12
     """samples per problem (k of Average@k)."""
     temperature: float = 1.0

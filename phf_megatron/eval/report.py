@@ -4,7 +4,7 @@ The table has one Average@k column per grader: ``Avg@k (official) %``, official 
 paper's numbers), and ``Avg@k (extended) %``, ours; every score in it is a percentage (0-100).
 pass@k, the plot and ``suite_average_at_k`` follow ``EvalConfig.grader``. summary.json names the math-verify version that graded (the
 official environment pins 0.8.0) and, per benchmark, the data it came from (``data_sources``: the file
-and its sha256, or the Hub dataset at its revision, "main, unpinned" unless ``--data_revision``).
+and its sha256, or the Hub dataset at its revision, "main (unpinned)" unless ``--data_revision``).
 """
 
 from __future__ import annotations

@@ -185,12 +185,12 @@ def _summary_of(config, problems, sources):
 @pytest.mark.parametrize("revision", ["0123abcd", None])
 def test_the_hub_revision_reaches_load_dataset_and_the_summary(tmp_path, fake_hub, revision):
     """--data_revision is what ``datasets.load_dataset`` gets; summary.json and the printed table say
-    which revision (or "main, unpinned") and fingerprint each set came from."""
+    which revision (or "main (unpinned)") and fingerprint each set came from."""
     config = EvalConfig(out_dir=str(tmp_path), model="m", benchmarks=("aime24", "hmmt25"), data_dir="hub",
                         data_revision=revision, n=1)
     problems, sources = load_problems(config)
     assert fake_hub == [("HuggingFaceH4/aime_2024", "train", revision), ("MathArena/hmmt_feb_2025", "train", revision)]
-    pinned = revision or "main, unpinned"
+    pinned = revision or "main (unpinned)"
     assert sources["aime24"] == {"hub": "HuggingFaceH4/aime_2024", "split": "train", "revision": pinned,
                                  "fingerprint": f"fp:HuggingFaceH4/aime_2024@{revision}"}
     summary = _summary_of(config, problems, sources)
