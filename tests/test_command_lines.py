@@ -242,3 +242,28 @@ def test_the_readme_after_training_commands_use_real_flags():
             checked += 1
         assert os.path.isfile(os.path.join(REPO, tool))
     assert checked >= 15
+
+
+def test_every_test_the_docs_name_exists():
+    """The docs prove their guarantees by naming tests (``tests/x.py::test_y``, then ``::test_z`` in the same
+    file): each named test is defined in the file named before it, so a renamed or moved test cannot leave a
+    guarantee pointing at nothing."""
+    import glob
+    import re
+
+    docs = [os.path.join(REPO, "README.md"), *sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))),
+            os.path.join(REPO, "benchmarks", "gpu", "README.md")]
+    named, missing = 0, []
+    for doc in docs:
+        with open(doc, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                path = None
+                for file, test in re.findall(r"(tests/[\w/]+\.py)?::(test_\w+)", line):
+                    path = file or path
+                    if path is None:
+                        continue
+                    named += 1
+                    source = os.path.join(REPO, path)
+                    if not os.path.isfile(source) or not re.search(rf"^(async )?def {test}\(", open(source).read(), re.M):
+                        missing.append(f"{os.path.relpath(doc, REPO)}:{number}: {path}::{test}")
+    assert named > 30 and not missing, missing
