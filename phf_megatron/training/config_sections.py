@@ -330,7 +330,8 @@ class LoggingConfig:
     vLLM's INFO and WARNING log. Off: one line says which implementations run; progress bars stay."""
     wandb: bool = False
     """Also log to Weights & Biases (pip install wandb): the scalars TensorBoard gets, same names and
-    steps, and the resolved config. One W&B run per launch (a resumed run starts a new one)."""
+    steps, and the resolved config. A resume continues the same W&B run (its id in
+    <run_dir>/wandb_run_id.txt) from the killed run's last step on."""
     wandb_project: str = "phf-megatron"
     """W&B project (Megatron's --wandb-project)."""
     wandb_exp_name: str | None = None

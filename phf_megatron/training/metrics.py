@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -36,6 +37,7 @@ from ..parallel import loss as _loss
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_TOKENS_FILE = "loss_tokens.jsonl"
+WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run's id, so that a resume continues the same run
 
 #: Record keys the trainer writes and ``tools/plot_run.py`` reads (the step's own, as ``parallel.loss``
 #: names them, and the trainer's).
@@ -137,17 +139,35 @@ class WandbRun:
     config: dict | None = None
 
 
-def _open_wandb(run: WandbRun):
+def _open_wandb(run: WandbRun, id_path: str, resuming: bool):
+    """The W&B run: a fresh run gets a new id, kept in ``id_path``; a resume continues the run of the
+    id kept there (``resume="allow"``) instead of opening a second run."""
     try:
         import wandb
     except ImportError as err:
         raise fail("logging.wandb", "the wandb package is not installed (pip install wandb), or set it to "
                    "false") from err
     os.makedirs(run.save_dir, exist_ok=True)
+    run_id = None
+    if resuming and os.path.isfile(id_path):
+        with open(id_path, encoding="utf-8") as f:
+            run_id = f.read().strip() or None
+    if run_id is None:
+        run_id = secrets.token_hex(8)  # W&B's own ids are 8 letters and digits
+        with open(id_path, "w", encoding="utf-8") as f:
+            f.write(run_id + "\n")
     # console off: W&B does not wrap this process's stdout/stderr (the progress bar stays ours).
     settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
     return wandb.init(project=run.project, name=run.name, entity=run.entity, dir=run.save_dir,
-                      mode="offline" if run.offline else "online", config=run.config, settings=settings)
+                      mode="offline" if run.offline else "online", config=run.config, settings=settings,
+                      id=run_id, resume="allow")
+
+
+def _last_step(path: str) -> int:
+    """The last step of a metrics file (0 if none)."""
+    if not os.path.isfile(path):
+        return 0
+    return max((int(r.get("step", 0)) for r in read_jsonl(path)), default=0)
 
 
 class MetricsLogger:
@@ -175,6 +195,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
+        # W&B keeps the killed run's steps start_step+1..k and drops a step below its last one: the
+        # resumed run logs from k+1 (k: the last step of the killed run's metrics.jsonl, or W&B's own).
+        self._wandb_from = _last_step(self.path) + 1 if start_step > 0 and wandb is not None else 0
         if jsonl:
             truncate_jsonl(self.path, start_step)
             self._file = open(self.path, "a")
@@ -183,7 +206,9 @@ class MetricsLogger:
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
                                          purge_step=start_step + 1 if start_step > 0 else None)
         if wandb is not None:
-            self._wandb = _open_wandb(wandb)
+            self._wandb = _open_wandb(wandb, os.path.join(run_dir, WANDB_ID_FILE), resuming=start_step > 0)
+            if start_step > 0:
+                self._wandb_from = max(self._wandb_from, int(self._wandb.step))
         if progress_bar:
             from tqdm.auto import tqdm
 
@@ -214,7 +239,7 @@ class MetricsLogger:
             for key, value in scalars(record).items():
                 self._tb.add_scalar(key, value, step)
             self._tb.flush()
-        if self._wandb is not None:
+        if self._wandb is not None and step >= self._wandb_from:
             self._wandb.log(scalars(record), step=int(step))
         self.progress(step, loss=record.get("loss"), step_time=record.get("step_time"))
 

@@ -136,3 +136,59 @@ def test_wandb_missing_package_names_the_setting(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     with pytest.raises(ConfigError, match=r"logging.wandb: the wandb package is not installed"):
         MetricsLogger(str(tmp_path), total_steps=1, progress_bar=False, wandb=WandbRun("p", "n", offline=True))
+
+
+class _FakeWandb:
+    """The wandb module at its boundary: records ``init``'s arguments and the logged steps."""
+
+    def __init__(self, next_step=0):
+        self.inits, self.logged, self.next_step = [], [], next_step
+        self.Settings = lambda **kw: kw
+
+    def init(self, **kwargs):
+        import types
+
+        self.inits.append(kwargs)
+        return types.SimpleNamespace(step=self.next_step, finish=lambda: None,
+                                     log=lambda data, step: self.logged.append(step))
+
+
+@pytest.mark.parametrize("next_step, jsonl", [(0, True), (6, False)], ids=["offline", "online-no-jsonl"])
+def test_wandb_resume_continues_the_same_run_without_going_back(tmp_path, monkeypatch, next_step, jsonl):
+    """Killed at step 5 after a checkpoint at 2: the resume opens the same W&B run (its id kept in the
+    run directory, resume="allow"; was a second run) and logs from step 6 (W&B drops a step below its
+    last: 3..5 keep the killed run's values, which the exact resume repeats). A fresh run gets a new id."""
+    import sys
+
+    from phf_megatron.training.metrics import WANDB_ID_FILE, WandbRun
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    run = WandbRun(project="p", name="n", offline=True, save_dir=str(tmp_path / "wb"))
+    _log_steps(tmp_path, range(1, 6), wandb=run, jsonl=jsonl)
+    fake.next_step = next_step  # online, a resumed W&B run says its next step; offline, metrics.jsonl does
+    _log_steps(tmp_path, range(3, 8), start_step=2, wandb=run, jsonl=jsonl)
+    _log_steps(tmp_path, [1], wandb=run, jsonl=jsonl)
+    ids = [i["id"] for i in fake.inits]
+    assert ids[0] == ids[1] != ids[2] and len(set(ids[0])) > 1 and [i["resume"] for i in fake.inits] == ["allow"] * 3
+    assert fake.logged == [1, 2, 3, 4, 5, 6, 7, 1]
+    assert (tmp_path / WANDB_ID_FILE).read_text() == ids[2] + "\n"
+
+
+def test_wandb_offline_resume_writes_the_same_run_id(tmp_path, monkeypatch):
+    """The real package, offline: both parts of a resumed run carry one run id (``wandb sync`` puts them in
+    one run), and the resumed part's history starts after the killed run's last step."""
+    import time
+
+    from phf_megatron.training.metrics import WandbRun
+
+    from .wandb_files import wandb_history, wandb_run_id, wandb_runs
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    run = WandbRun(project="phf-test", name="resumed", offline=True, save_dir=str(tmp_path / "wb"))
+    _log_steps(tmp_path, range(1, 5), wandb=run)
+    time.sleep(1.1)  # W&B names an offline run's directory by the second it started
+    _log_steps(tmp_path, range(3, 7), start_step=2, wandb=run)
+    first, second = wandb_runs(str(tmp_path / "wb"))
+    assert wandb_run_id(first) == wandb_run_id(second)
+    assert sorted(wandb_history(first)) == [1, 2, 3, 4] and sorted(wandb_history(second)) == [5, 6]

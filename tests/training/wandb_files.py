@@ -73,3 +73,8 @@ def wandb_config(path: str) -> dict:
             config.update({item.key: json.loads(item.value_json) for item in items})
     config.pop("_wandb", None)
     return config
+
+
+def wandb_run_id(path: str) -> str:
+    """The id of the run a ``run-*.wandb`` file holds."""
+    return next(r.run.run_id for r in _records(path) if r.WhichOneof("record_type") == "run")
