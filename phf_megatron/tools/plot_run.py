@@ -260,24 +260,27 @@ def layer_ticks(num_layers: int, most: int = 15) -> list[int]:
 
 def layer_energy_figure(records: list[dict], title: str):
     """The heatmap of per-layer energy shares (a matplotlib Figure), or None when no record has them."""
-    rows = [(r["step"], r[M.FLOW_ENERGY]) for r in records if isinstance(r.get(M.FLOW_ENERGY), list)]
+    rows = sorted((r["step"], r[M.FLOW_ENERGY]) for r in records if isinstance(r.get(M.FLOW_ENERGY), list))
     if not rows:
         return None
     num_layers = max(len(e) for _, e in rows)
     steps = np.asarray([s for s, _ in rows])
-    grid = np.full((num_layers, len(rows)), np.nan)
-    for j, (_, energy) in enumerate(rows):
+    # one column per `stride` steps from the first to the last: a step without energy (skipped for a
+    # non-finite loss, or a last step off the logging interval) is a blank column, not a shifted one
+    stride = int(np.gcd.reduce(np.diff(steps))) if steps.size > 1 else 1
+    grid = np.full((num_layers, (steps[-1] - steps[0]) // stride + 1), np.nan)
+    for step, energy in rows:
         e = np.asarray([np.nan if v is None else v for v in energy], dtype=float)
         total = np.nansum(e)
         if total > 0:
-            grid[: e.size, j] = e / total
+            grid[: e.size, (step - steps[0]) // stride] = e / total
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * len(rows) + 4)), 0.18 * num_layers + 2.2),
+    fig, ax = plt.subplots(figsize=(max(6.0, min(14.0, 0.12 * grid.shape[1] + 4)), 0.18 * num_layers + 2.2),
                            constrained_layout=True)
     image = ax.imshow(grid, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest",
-                      extent=(steps[0] - 0.5, steps[-1] + 0.5, -0.5, num_layers - 0.5))
+                      extent=(steps[0] - stride / 2, steps[-1] + stride / 2, -0.5, num_layers - 0.5))
     ax.set_yticks(layer_ticks(num_layers))  # layers are integers: no tick between two rows
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")

@@ -175,3 +175,33 @@ def test_an_empty_panel_says_why(tmp_path, config, reasons):
     assert set(texts) == set(reasons)
     for title, reason in reasons.items():
         assert texts[title].startswith(reason), (title, texts[title])
+
+
+@pytest.mark.parametrize("steps", [[1, 2, 3, 8, 9, 10], [5, 10, 15, 20, 22]], ids=["skipped-steps", "last-off-interval"])
+def test_each_heatmap_column_is_at_its_step(tmp_path, steps):
+    """Steps without energy (4-7 skipped for a non-finite loss; a last step off logging.log_interval=5)
+    once shifted the columns after them: step 8's energy was drawn at step 9. Each step's one-hot energy
+    is read back at its own step, and a step without energy is blank."""
+    import types
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import torch
+
+    plot_run = _import_tool()
+    layers = 4
+    records = [{"step": s, **layer_energy_metrics(torch.eye(layers, dtype=torch.float64)[s % layers])} for s in steps]
+    fig = plot_run.layer_energy_figure(records, "run")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    [artist] = ax.images or ax.collections
+
+    def shown(step, layer):
+        x, y = ax.transData.transform((step, layer))
+        return artist.get_cursor_data(types.SimpleNamespace(x=x, y=y, xdata=step, ydata=layer, inaxes=ax))
+
+    for s in steps:
+        assert [float(shown(s, layer)) for layer in range(layers)] == [float(layer == s % layers) for layer in range(layers)], s
+    gap = next(s for s in range(steps[0], steps[-1]) if s not in steps)
+    assert all(np.ma.is_masked(shown(gap, layer)) or np.isnan(float(shown(gap, layer))) for layer in range(layers))
+    plt.close(fig)
