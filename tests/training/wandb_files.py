@@ -47,10 +47,17 @@ def wandb_runs(save_dir: str, timeout: float = 60.0) -> list[str]:
     paths = sorted(glob.glob(os.path.join(save_dir, "wandb", "offline-run-*", "run-*.wandb")))
     deadline = time.monotonic() + timeout
     for path in paths:
-        while not any(r.WhichOneof("record_type") == "exit" for r in _records(path)):
-            assert time.monotonic() < deadline, f"{path}: W&B did not finish writing within {timeout} s"
-            time.sleep(0.2)
+        wandb_complete(path, deadline - time.monotonic())
     return paths
+
+
+def wandb_complete(path: str, timeout: float = 60.0) -> str:
+    """``path`` once W&B's writer has closed it (its ``exit`` record is there; bounded wait)."""
+    deadline = time.monotonic() + timeout
+    while not any(r.WhichOneof("record_type") == "exit" for r in _records(path)):
+        assert time.monotonic() < deadline, f"{path}: W&B did not finish writing within {timeout} s"
+        time.sleep(0.2)
+    return path
 
 
 def wandb_history(path: str) -> dict[int, dict[str, float]]:
