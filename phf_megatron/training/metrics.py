@@ -6,7 +6,8 @@ flushed as it is written. Steps count optimizer updates from 1. Values may be nu
 (NaN and infinities are written as null, which strict JSON readers accept) or lists of numbers
 (e.g. the per-layer flow energy). On resume from step ``s`` the file keeps only lines with
 ``step <= s`` (and drops a half-written last line), so the file always describes one run;
-TensorBoard gets ``purge_step = s + 1`` for the same effect. TensorBoard and W&B get the same
+TensorBoard gets ``purge_step = s + 1`` for the same effect (also at ``s = 0``: a run killed before
+its first checkpoint starts again). TensorBoard and W&B get the same
 scalars (``scalars``): every number, and each element of a list as ``key/NN`` (``flow_energy/03``).
 
     with MetricsLogger(run_dir, total_steps=100, start_step=resumed_step, tensorboard=True) as m:
@@ -202,9 +203,9 @@ class MetricsLogger:
             truncate_jsonl(self.path, start_step)
             self._file = open(self.path, "a")
         truncate_jsonl(self.loss_tokens_path, start_step)
-        if tensorboard:
+        if tensorboard:  # purged from step 1 too: a run killed before its first checkpoint starts again
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
-                                         purge_step=start_step + 1 if start_step > 0 else None)
+                                         purge_step=start_step + 1)
         if wandb is not None:
             self._wandb = _open_wandb(wandb, os.path.join(run_dir, WANDB_ID_FILE), resuming=start_step > 0)
             if start_step > 0:

@@ -68,6 +68,23 @@ def test_tensorboard_events_and_purge_on_resume(tmp_path):
     assert sorted(loss) == [1, 2, 3, 4] and loss[4] == pytest.approx(0.25)
 
 
+def test_tensorboard_rerun_from_step_0_replaces_the_killed_runs_points(tmp_path):
+    """Killed before its first checkpoint, a run starts again from step 0: metrics.jsonl starts afresh,
+    and so does TensorBoard (was: no purge_step, steps 1-4 shown twice, the killed run's and the new)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb_dir = tmp_path / "tb"
+    _log_steps(tmp_path, range(1, 5), tensorboard=True, tensorboard_dir=str(tb_dir))
+    with MetricsLogger(str(tmp_path), total_steps=10, progress_bar=False, tensorboard=True,
+                       tensorboard_dir=str(tb_dir)) as m:
+        for step in (1, 2):
+            m.log(step, {"loss": 10.0 * step})
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 10.0), (2, 20.0)]
+    assert [r["step"] for r in read_jsonl(str(tmp_path / METRICS_FILE))] == [1, 2]
+
+
 def test_only_rank_zero_writes(tmp_path):
     m = MetricsLogger(str(tmp_path / "r1"), total_steps=3, enabled=False, tensorboard=True)
     m.log(1, {"loss": 1.0})
