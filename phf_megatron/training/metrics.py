@@ -140,9 +140,9 @@ class WandbRun:
     config: dict | None = None
 
 
-def _open_wandb(run: WandbRun, id_path: str, resuming: bool):
-    """The W&B run: a fresh run gets a new id, kept in ``id_path``; a resume continues the run of the
-    id kept there (``resume="allow"``) instead of opening a second run."""
+def _open_wandb(run: WandbRun, id_path: str, continuing: bool):
+    """The W&B run: a fresh run gets a new id, kept in ``id_path``; ``continuing`` (a resume) continues
+    the run of the id kept there (``resume="allow"``) instead of opening a second run."""
     try:
         import wandb
     except ImportError as err:
@@ -150,7 +150,7 @@ def _open_wandb(run: WandbRun, id_path: str, resuming: bool):
                    "false") from err
     os.makedirs(run.save_dir, exist_ok=True)
     run_id = None
-    if resuming and os.path.isfile(id_path):
+    if continuing:
         with open(id_path, encoding="utf-8") as f:
             run_id = f.read().strip() or None
     if run_id is None:
@@ -196,9 +196,11 @@ class MetricsLogger:
         if not self.enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
-        # W&B keeps the killed run's steps start_step+1..k and drops a step below its last one: the
-        # resumed run logs from k+1 (k: the last step of the killed run's metrics.jsonl, or W&B's own).
-        self._wandb_from = _last_step(self.path) + 1 if start_step > 0 and wandb is not None else 0
+        # A resume continues the killed run's W&B run, which keeps its steps start_step+1..k and drops a
+        # step below its last one: log from k+1 (k: the last step of the killed run's metrics.jsonl, or W&B's).
+        wandb_id = os.path.join(run_dir, WANDB_ID_FILE)
+        continuing = wandb is not None and start_step > 0 and os.path.isfile(wandb_id)
+        self._wandb_from = _last_step(self.path) + 1 if continuing else 0
         if jsonl:
             truncate_jsonl(self.path, start_step)
             self._file = open(self.path, "a")
@@ -207,8 +209,8 @@ class MetricsLogger:
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
                                          purge_step=start_step + 1)
         if wandb is not None:
-            self._wandb = _open_wandb(wandb, os.path.join(run_dir, WANDB_ID_FILE), resuming=start_step > 0)
-            if start_step > 0:
+            self._wandb = _open_wandb(wandb, wandb_id, continuing)
+            if continuing:
                 self._wandb_from = max(self._wandb_from, int(self._wandb.step))
         if progress_bar:
             from tqdm.auto import tqdm

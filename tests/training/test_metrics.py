@@ -192,6 +192,20 @@ def test_wandb_resume_continues_the_same_run_without_going_back(tmp_path, monkey
     assert (tmp_path / WANDB_ID_FILE).read_text() == ids[2] + "\n"
 
 
+def test_wandb_first_used_on_a_resume_gets_every_step_it_logs(tmp_path, monkeypatch):
+    """A run killed without W&B and resumed with it: a new W&B run, every step from the resume on."""
+    import sys
+
+    from phf_megatron.training.metrics import WandbRun
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    _log_steps(tmp_path, range(1, 6))
+    _log_steps(tmp_path, range(3, 8), start_step=2, wandb=WandbRun(project="p", name="n", offline=True,
+                                                                   save_dir=str(tmp_path / "wb")))
+    assert fake.logged == [3, 4, 5, 6, 7]
+
+
 def test_wandb_offline_resume_writes_the_same_run_id(tmp_path, monkeypatch):
     """The real package, offline: both parts of a resumed run carry one run id (``wandb sync`` puts them in
     one run), and the resumed part's history starts after the killed run's last step."""
