@@ -75,10 +75,12 @@ def load_run(run_dir: str) -> list[dict]:
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
-    """Steps and float values of ``key`` where it was logged (None -> NaN)."""
-    pairs = [(r["step"], np.nan if r[key] is None else float(r[key])) for r in records if key in r]
-    if not pairs:
+    """Steps and float values of ``key`` where it was logged (None -> NaN), and NaN at the skipped steps
+    that left it out (the layer-energy keys): the line breaks there instead of bridging the gap."""
+    if not any(key in r for r in records):
         return np.empty(0), np.empty(0)
+    pairs = [(r["step"], np.nan if r.get(key) is None else float(r[key]))
+             for r in records if key in r or r.get("update_skipped")]
     steps, values = zip(*pairs)
     return np.asarray(steps), np.asarray(values, dtype=float)
 

@@ -205,3 +205,17 @@ def test_each_heatmap_column_is_at_its_step(tmp_path, steps):
     gap = next(s for s in range(steps[0], steps[-1]) if s not in steps)
     assert all(np.ma.is_masked(shown(gap, layer)) or np.isnan(float(shown(gap, layer))) for layer in range(layers))
     plt.close(fig)
+
+
+def test_a_skipped_step_breaks_the_line_of_a_key_it_left_out():
+    """A step skipped for a non-finite loss writes no layer-energy keys: the curve has a NaN there (a gap),
+    it does not join steps 1 and 3 as if step 2 had been logged; a key no step wrote stays empty."""
+    plot_run = _import_tool()
+    records = [{"step": 1, "loss": 0.5, "flow_energy_max_share": 0.25},
+               {"step": 2, "loss": None, "update_skipped": True},
+               {"step": 3, "loss": 0.4, "flow_energy_max_share": 0.5, "update_skipped": False}]
+    steps, values = plot_run.series(records, "flow_energy_max_share")
+    assert steps.tolist() == [1, 2, 3] and values[0] == 0.25 and math.isnan(values[1]) and values[2] == 0.5
+    steps, values = plot_run.series(records, "loss")
+    assert steps.tolist() == [1, 2, 3] and math.isnan(values[1])
+    assert plot_run.series(records, "on_policy_fraction")[0].size == 0
