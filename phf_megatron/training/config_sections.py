@@ -249,7 +249,7 @@ class TrainingConfig:
     long sample gets a micro-batch of its own. A data row whose longest sequence (its longer prompt +
     rollout.max_tokens; with data.reason_first + data.reason_first_max_tokens; sft: prompt + solution within
     sft.max_length), padded as the layout pads, is over the budget alone stops the run at load, one line
-    naming it and the smallest budget every row fits (``StepPlanner.check_budget``). The loss
+    naming it and the smallest budget every row fits (``StepPlanner.check_rows``). The loss
     is normalized over the step's token count, so the update equals the fixed micro-batching's (up to
     float rounding). None: micro_batch_size sequences per micro-batch. Supported with --method=phf, sft and
     grpo (phf: student and teacher sequences each within the budget; one rollout engine group; grpo: not

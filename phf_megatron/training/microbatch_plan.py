@@ -23,7 +23,7 @@ computes the same plan and reads its own part. Two modes:
   student's and the teacher's tokens stay within the budget, or open a new one. A sample too
   long to share gets a micro-batch of its own; a sample over the budget alone is a one-line
   config error naming it and ``training.max_tokens_per_microbatch`` (a second guard: the trainer
-  names the data rows that could make one at load, ``StepPlanner.check_budget``).
+  names the data rows that could make one at load, ``StepPlanner.check_rows``).
 
 Token accounting of a micro-batch, per side (:func:`microbatch_tokens`), with ``m`` the
 multiple the layout rounds to (the TP size under sequence parallelism, else 1):

@@ -78,72 +78,44 @@ class StepPlanner:
         self._check_lengths(step, rows, [q.teacher_ids for q in pairs])
         return StepPlan(step, indices, rows, pairs, StepRequests(step, [q.student_ids for q in pairs], on_policy))
 
-    def _checked_text(self, row) -> str:
-        """The prompt ``_check_lengths`` measures for ``row``, as text (the analysis prompt with
-        ``data.reason_first``, else the teacher's: the longer of the pair)."""
-        if self.cfg.data.reason_first:
-            return analysis_prompt_text(self.tokenizer, row.problem, row.solution)
-        return render_teacher_prompt(self.tokenizer, row.problem, row.solution, self.prompt_config)
-
-    def check_rows(self, text_of=None, sequence=None, limits: str | None = None) -> None:
+    def check_rows(self, texts=None, sequence=None, limits: str | None = None) -> None:
         """Every row fits ``data.max_prompt_length``: a row the run could never train on is named
-        (file and line) when the data is loaded, not when its step comes. A byte-level BPE token
-        covers at least one UTF-8 byte, so only rows whose text has more bytes than the limit are
-        tokenized. ``text_of(row)``: the prompt measured (default: the longer of PHF's pair). Then,
-        under a token budget, every row's longest sequence fits it (``check_budget(sequence, limits)``)."""
-        limit = self.cfg.data.max_prompt_length
-        too_long = []
-        for row in self.dataset.rows:
-            text = (text_of or self._checked_text)(row)
-            if _utf8_bytes(text) > limit and len(encode_prompt(self.tokenizer, text)) > limit:
-                too_long.append(row.origin)
-        if too_long:
-            raise fail("data.max_prompt_length", f"{len(too_long)} row(s) have a prompt over {limit} tokens, which "
-                       f"the run could never train on: {_shown(too_long)}; raise it, or remove the rows")
-        if self.cfg.training.max_tokens_per_microbatch is not None:
-            self.check_budget(sequence, limits)
+        (file and line) when the data is loaded, not when its step comes. Under a token budget, every row's
+        longest sequence, padded as a packed micro-batch pads it, fits ``training.max_tokens_per_microbatch``:
+        a row over it alone would stop the run only when its step came (``token_budget_plan``, hours in, and
+        again at every resume), so it is named at load, with the smallest budget every row fits.
 
-    def longest_sequence(self, row, count) -> tuple[int, int]:
-        """PHF's longest sequence from ``row`` as ``(prompt, completion)`` tokens, ``count(text)`` counting a
-        text's tokens: the longer prompt of the pair (the teacher's) + ``rollout.max_tokens``. With
-        ``data.reason_first`` the teacher prompt is made at the step, from the sampled analysis: it is bounded
-        by the analysis prompt + ``data.reason_first_max_tokens`` + the continuation (``reason_first_teacher_ids``)."""
-        cfg, tok, pc = self.cfg, self.tokenizer, self.prompt_config
-        if cfg.data.reason_first:
-            teacher = (count(analysis_prompt_text(tok, row.problem, row.solution)) + cfg.data.reason_first_max_tokens
-                       + sum(count(text) for text in self._continuation))
-        else:
-            teacher = count(render_teacher_prompt(tok, row.problem, row.solution, pc))
-        return max(count(render_student_prompt(tok, row.problem, pc)), teacher), cfg.rollout.max_tokens
-
-    @cached_property
-    def _continuation(self) -> list[str]:
-        """What ``reason_first_teacher_ids`` appends after the analysis, as texts."""
-        pc = self.prompt_config
-        return [teacher_continuation(pc.teacher_prompt)] + (
-            [generation_prompt(self.tokenizer, pc.student_enable_thinking)] if pc.align_generation_prompt else [])
-
-    def check_budget(self, sequence=None, limits: str | None = None) -> None:
-        """Every row's longest sequence, padded as a packed micro-batch pads it, fits
-        ``training.max_tokens_per_microbatch``: a row over it alone would stop the run only when its step
-        came (``token_budget_plan``, hours in, and again at every resume), so it is named at load, with the
-        smallest budget every row fits. ``sequence(row, count)``: ``(prompt, completion)`` tokens of the
-        longest sequence the method makes from ``row`` (default: PHF's, ``longest_sequence``); ``limits``:
-        the settings that bound it (default ``rollout.max_tokens``). Counted first in UTF-8 bytes (at least
-        the tokens), so only rows whose byte bound is over the budget are tokenized."""
-        cfg, budget = self.cfg, self.cfg.training.max_tokens_per_microbatch
-        if sequence is None:
-            sequence = self.longest_sequence
+        ``texts(row)``: the row's texts, rendered once: first the prompt measured against the length limit,
+        then the others the sequence counts (needed only under a budget; default: PHF's, ``row_texts``).
+        ``sequence(texts, count)``: ``(prompt, completion)`` tokens of the longest sequence the method makes
+        from the row, ``count(text)`` counting a text's tokens (default: PHF's, ``longest_sequence``);
+        ``limits``: the settings that bound it. A byte-level BPE token covers at least one UTF-8 byte, so
+        texts are counted in bytes first and tokenized (each at most once) only when that bound is over."""
+        cfg = self.cfg
+        limit, budget = cfg.data.max_prompt_length, cfg.training.max_tokens_per_microbatch
+        shared = ()  # texts every row counts
+        if texts is None:
+            texts, sequence, shared = self.row_texts, self.longest_sequence, self._continuation
             limits = "rollout.max_tokens" + (", data.reason_first_max_tokens" if cfg.data.reason_first else "")
+        tokens = _Tokens(self.tokenizer, shared)
         pad = cfg.model.tensor_model_parallel_size if cfg.model.sequence_parallel else 1
-        over = []
+        too_long, over = [], []
         for row in self.dataset.rows:
-            if microbatch_tokens([sum(sequence(row, _utf8_bytes))], "packed", pad) <= budget:
+            tokens.next_row()
+            rendered = texts(row)
+            if _utf8_bytes(rendered[0]) > limit and tokens(rendered[0]) > limit:
+                too_long.append(row.origin)
+            if budget is None or too_long:  # a prompt over the limit is the error reported: no budget to check
                 continue
-            prompt, completion = sequence(row, lambda text: len(encode_prompt(self.tokenizer, text)))
+            if microbatch_tokens([sum(sequence(rendered, _utf8_bytes))], "packed", pad) <= budget:
+                continue
+            prompt, completion = sequence(rendered, tokens)
             need = microbatch_tokens([prompt + completion], "packed", pad)
             if need > budget:
                 over.append((need, row.origin, prompt, completion))
+        if too_long:
+            raise fail("data.max_prompt_length", f"{len(too_long)} row(s) have a prompt over {limit} tokens, which "
+                       f"the run could never train on: {_shown(too_long)}; raise it, or remove the rows")
         if over:
             need, origin, prompt, completion = max(over, key=lambda o: o[0])
             padded = f", padded to a multiple of {pad}" if need != prompt + completion else ""
@@ -153,6 +125,39 @@ class StepPlanner:
                        f"completion tokens ({limits}{padded}) = {need}{'; also ' + _shown(others) if others else ''}; "
                        f"the smallest budget every row fits is {need}: raise it to that, lower {limits}, or remove "
                        "the row(s)")
+
+    def row_texts(self, row) -> tuple[str, ...]:
+        """PHF's texts of ``row`` for ``check_rows``: the longer prompt of the pair (the teacher's; with
+        ``data.reason_first`` the analysis prompt the teacher's is made from), then, under a token budget,
+        the student's prompt."""
+        cfg, tok, pc = self.cfg, self.tokenizer, self.prompt_config
+        if cfg.data.reason_first:
+            measured = analysis_prompt_text(tok, row.problem, row.solution)
+        else:
+            measured = render_teacher_prompt(tok, row.problem, row.solution, pc)
+        if cfg.training.max_tokens_per_microbatch is None:
+            return (measured,)
+        return measured, render_student_prompt(tok, row.problem, pc)
+
+    def longest_sequence(self, texts, count) -> tuple[int, int]:
+        """PHF's longest sequence from a row's ``row_texts`` as ``(prompt, completion)`` tokens: the longer
+        prompt of the pair (the teacher's) + ``rollout.max_tokens``. With ``data.reason_first`` the teacher
+        prompt is made at the step, from the sampled analysis: it is bounded by the analysis prompt +
+        ``data.reason_first_max_tokens`` + the continuation (``reason_first_teacher_ids``)."""
+        measured, student = texts
+        teacher = count(measured)
+        if self.cfg.data.reason_first:
+            teacher += self.cfg.data.reason_first_max_tokens + sum(count(text) for text in self._continuation)
+        return max(count(student), teacher), self.cfg.rollout.max_tokens
+
+    @cached_property
+    def _continuation(self) -> list[str]:
+        """What ``reason_first_teacher_ids`` appends after the analysis, as texts (none without it)."""
+        pc = self.prompt_config
+        if not self.cfg.data.reason_first:
+            return []
+        return [teacher_continuation(pc.teacher_prompt)] + (
+            [generation_prompt(self.tokenizer, pc.student_enable_thinking)] if pc.align_generation_prompt else [])
 
     def _check_lengths(self, step: int, rows, prompts) -> None:
         too_long = [i for i, q in enumerate(prompts) if len(q) > self.cfg.data.max_prompt_length]
@@ -178,6 +183,22 @@ class StepPlanner:
                 completions[i] = samples.completions[i] if req.on_policy[i] else solution_completion(
                     self.tokenizer, plan.rows[r].solution, self.cfg.rollout.max_tokens)
         return pairs, completions
+
+
+class _Tokens:
+    """``tokens(text)``: ``text``'s tokens (``encode_prompt``), each text tokenized at most once: a row's
+    texts until ``next_row()``, and the texts every row counts (``shared``) for the whole check."""
+
+    def __init__(self, tokenizer, shared=()):
+        self.tokenizer, self.shared, self.counts = tokenizer, set(shared), {}
+
+    def next_row(self) -> None:
+        self.counts = {text: n for text, n in self.counts.items() if text in self.shared}
+
+    def __call__(self, text: str) -> int:
+        if text not in self.counts:
+            self.counts[text] = len(encode_prompt(self.tokenizer, text))
+        return self.counts[text]
 
 
 def _utf8_bytes(text: str) -> int:

@@ -1,5 +1,6 @@
 """The step plan's pure parts: reading ahead leaves the sampler alone; the rollout digest ignores the layout; a
-row whose longest sequence is over the token budget alone is named at load, with the smallest budget that fits."""
+row whose longest sequence is over the token budget alone is named at load, with the smallest budget that fits;
+each text is tokenized once at load."""
 
 import re
 from types import SimpleNamespace
@@ -7,13 +8,15 @@ from types import SimpleNamespace
 import pytest
 
 from phf_megatron.data import PromptConfig
-from phf_megatron.data.prompts import render_teacher_prompt
-from phf_megatron.data.reason_first import analysis_prompt_ids, reason_first_teacher_ids
+from phf_megatron.data.prompts import (encode_prompt, generation_prompt, render_student_prompt, render_teacher_prompt,
+                                       teacher_continuation)
+from phf_megatron.data.reason_first import analysis_prompt_ids, analysis_prompt_text, reason_first_teacher_ids
 from phf_megatron.data.rows import MathRow
 from phf_megatron.data.sampler import EpochSampler
 from phf_megatron.data.toy import toy_row
 from phf_megatron.errors import ConfigError
 from phf_megatron.tokenizer import load_qwen3_tokenizer
+from phf_megatron.training import step_plan
 from phf_megatron.training.config_io import load_config
 from phf_megatron.training.methods.grpo import GrpoMethod
 from phf_megatron.training.methods.phf import PhfMethod
@@ -148,3 +151,30 @@ def test_rows_under_the_budget_in_bytes_are_not_tokenized(tok):
     planner.cfg.training.max_tokens_per_microbatch = len(render_teacher_prompt(tok, LONG.problem, LONG.solution))
     method.check_rows(planner)
     assert len(counted) == 2 and LONG.solution in counted[0]  # the long row's two prompts only
+
+
+@pytest.mark.parametrize("reason_first", [False, True])
+def test_each_text_is_tokenized_once_at_load(tok, reason_first, monkeypatch):
+    """The length check and the budget check share a row's texts: a prompt over data.max_prompt_length in bytes
+    (not in tokens) is tokenized once, not again for the budget; with data.reason_first the continuation every
+    teacher prompt ends in is tokenized once for all rows. The texts tokenized are exactly every row's two
+    prompts (and that continuation), and the result is the same error as the step-time lengths give."""
+    method, planner = _planner(tok, *(("--data.reason_first",) if reason_first else ()))
+    rows, counted = planner.dataset.rows, []
+
+    def counting(tokenizer, text):
+        counted.append(text)
+        return encode_prompt(tokenizer, text)
+    monkeypatch.setattr(step_plan, "encode_prompt", counting)
+    measured = [analysis_prompt_text(tok, r.problem, r.solution) if reason_first else
+                render_teacher_prompt(tok, r.problem, r.solution) for r in rows]
+    students = [render_student_prompt(tok, r.problem) for r in rows]
+    planner.cfg.data.max_prompt_length = max(len(encode_prompt(tok, t)) for t in measured)
+    assert max(len(t.encode()) for t in measured) > planner.cfg.data.max_prompt_length  # the long one tokenized
+    planner.cfg.training.max_tokens_per_microbatch = 1  # every row over: every prompt tokenized for it too
+    with pytest.raises(ConfigError) as err:
+        method.check_rows(planner)
+    continuation = [teacher_continuation(), generation_prompt(tok, False)] if reason_first else []
+    assert sorted(counted) == sorted(measured + students + continuation)
+    assert f"{len(rows)} row(s) make a sequence over" in err.value.line
+    assert f"the smallest budget every row fits is {_longest(tok, planner, method)}:" in err.value.line

@@ -107,9 +107,8 @@ class GrpoMethod:
     def check_rows(planner) -> None:
         """Rows whose student prompt exceeds ``data.max_prompt_length`` (under a token budget: whose student
         prompt + ``rollout.max_tokens`` exceeds it alone), and rows without a gold answer."""
-        planner.check_rows(lambda row: student_prompt(planner, row),
-                           lambda row, count: (count(student_prompt(planner, row)), planner.cfg.rollout.max_tokens),
-                           "rollout.max_tokens")
+        planner.check_rows(lambda row: (student_prompt(planner, row),),
+                           lambda texts, count: (count(texts[0]), planner.cfg.rollout.max_tokens), "rollout.max_tokens")
         check_gold_answers(planner.dataset.rows)
 
     def training_samples(self, planner, plan, samples, group):

@@ -102,10 +102,11 @@ class SftMethod:
         ``chat(problem) ; solution + EOS``, cut at ``sft.max_length``, exceeds it alone, named at load."""
         max_length = planner.cfg.sft.max_length
 
-        def sequence(row, count):
-            prompt = min(count(student_prompt(planner, row)), max_length)
-            return prompt, min(count(row.solution) + 1, max_length - prompt)
-        planner.check_rows(lambda row: student_prompt(planner, row), sequence, "sft.max_length")
+        def sequence(texts, count):
+            student, solution = texts
+            prompt = min(count(student), max_length)
+            return prompt, min(count(solution) + 1, max_length - prompt)
+        planner.check_rows(lambda row: (student_prompt(planner, row), row.solution), sequence, "sft.max_length")
 
     def training_samples(self, planner, plan, samples, group):
         """Each row's ``chat(problem) ; solution + EOS``, cut at ``sft.max_length`` (``rollout.n`` is 1)."""
