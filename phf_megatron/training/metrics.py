@@ -149,6 +149,9 @@ def _open_wandb(run: WandbRun, id_path: str, continuing: bool):
         raise fail("logging.wandb", "the wandb package is not installed (pip install wandb), or set it to "
                    "false") from err
     os.makedirs(run.save_dir, exist_ok=True)
+    # A parent's W&B service (wandb sets WANDB_SERVICE in a process that used it: a notebook, a test session)
+    # still holds a killed run's id, so the resume's init fails "run ID ... is in use": start our own.
+    os.environ.pop("WANDB_SERVICE", None)
     run_id = None
     if continuing:
         with open(id_path, encoding="utf-8") as f:

@@ -34,6 +34,7 @@ def test_a_killed_and_resumed_run_shows_each_step_once_in_every_sink(tiny_inputs
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # offline: nothing may reach the network
+    _use_wandb_here(tmp_path)
     hf, data = tiny_inputs
     run = str(tmp_path / "run")
     argv, _ = train_command(hf, data, run, "--training.train_iters=4", "--checkpoint.save_interval=2",
@@ -59,3 +60,15 @@ def test_a_killed_and_resumed_run_shows_each_step_once_in_every_sink(tiny_inputs
     resumed = wandb_history(resumed_path)
     assert sorted(resumed) == [4]
     assert resumed[4] == pytest.approx(scalars(records[3]), rel=1e-12)
+
+
+def _use_wandb_here(tmp_path) -> None:
+    """A W&B run in this process, as a notebook or an earlier test makes one: wandb leaves its service
+    running and names it in WANDB_SERVICE, which the trainer processes inherit. The killed trainer's run id
+    stays registered in that service (the trainer must start its own, or the resume fails: 'in use')."""
+    import wandb
+
+    wandb.teardown()  # a fresh service, named in WANDB_SERVICE (an earlier test's may be running unnamed)
+    wandb.init(project="phf-test", dir=str(tmp_path), mode="offline",
+               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True)).finish()
+    assert os.environ.get("WANDB_SERVICE")
