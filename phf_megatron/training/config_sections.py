@@ -47,7 +47,9 @@ class ModelConfig:
     pipeline_model_parallel_size: int = 1
     """Megatron PP degree; must divide the number of layers (28 or 36)."""
     virtual_pipeline_model_parallel_size: int | None = None
-    """Interleaved-schedule model chunks per pipeline rank; None: no interleaving."""
+    """Interleaved-schedule model chunks per pipeline rank; None: no interleaving. On CPU (gloo) the schedule
+    sends and receives one message at a time (Megatron's batch_p2p_comm=False: gloo's batched p2p paired its
+    messages wrongly at PP = 2 with more micro-batches than stages)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (needs TP > 1; as in Megatron it is turned off at TP = 1)."""
     recompute_granularity: str | None = "full"

@@ -93,11 +93,19 @@ def check_settings_fit_model(cfg: TrainConfig, hf_config) -> None:
                    f"({hf_config.vocab_size})")
 
 
+def _on_gloo() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_backend() == "gloo"
+
+
 def _config_overrides(cfg: TrainConfig) -> dict:
     m = cfg.model
     out = dict(calculate_per_token_loss=True)
     if m.virtual_pipeline_model_parallel_size:
         out["virtual_pipeline_model_parallel_size"] = m.virtual_pipeline_model_parallel_size
+        if _on_gloo():  # its batched p2p pairs the interleaved schedule's messages wrongly (next rank == previous)
+            out["batch_p2p_comm"] = False
     if m.recompute_granularity:
         out.update(recompute_granularity=m.recompute_granularity)
         if m.recompute_granularity == "full":
