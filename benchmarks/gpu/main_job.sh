@@ -57,6 +57,8 @@ WORK=${WORK:-/tmp/phf_main_job}
 LOG="$OUT/main_job.log"
 STATUS="$OUT/stages.tsv"
 mkdir -p "$WORK"
+# a stage that fails must report nothing, not the numbers an earlier run left in WORK (copied to OUT below)
+rm -f "$WORK"/breakdown_*.json "$WORK"/reference/opsd_reference_step.json "$WORK"/user_launcher.json
 : >"$STATUS"
 stage() {  # stage NAME SECONDS CMD...: run with a limit, log, record the exit code
   local name=$1 limit=$2; shift 2
