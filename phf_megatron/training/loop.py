@@ -327,11 +327,12 @@ class Trainer:
         except RolloutFailure as err:
             if metrics is not None:
                 self._log(metrics)  # the step trained; its sync failed
-            if self.at_push():
+            pushed = self.at_push()
+            if pushed:
                 self.save()  # nothing lost: the next run resumes from here
             if stop is not None and stop.agreed():  # Slurm signals every process of the job step: the engines too
                 return self._stopped(stop.name, engines=str(err))
-            if self.at_push():
+            if pushed:
                 raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
             raise RunStopped(f"{err}; not saved at step {self.step}, between weight pushes (rollout.sync_interval = "
                              f"{cfg.rollout.sync_interval}); {self._kept(redone=True)}; "

@@ -157,7 +157,7 @@ def _open_wandb(run: WandbRun, id_path: str, continuing: bool):
         with open(id_path, encoding="utf-8") as f:
             run_id = f.read().strip() or None
     if run_id is None:
-        run_id = secrets.token_hex(8)  # W&B's own ids are 8 letters and digits
+        run_id = secrets.token_hex(8)  # 16 hex digits: W&B accepts any id of letters and digits
         with open(id_path, "w", encoding="utf-8") as f:
             f.write(run_id + "\n")
     # console off: W&B does not wrap this process's stdout/stderr (the progress bar stays ours).

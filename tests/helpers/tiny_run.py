@@ -122,3 +122,12 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
 def read_metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def assert_same_steps(straight_dir: str, run_dir: str, keys: tuple[str, ...], steps: int) -> None:
+    """The run's metrics.jsonl logged steps 1..steps, each with ``keys`` bit-equal to the straight run's."""
+    s, r = read_metrics(straight_dir), read_metrics(run_dir)
+    assert [m["step"] for m in r] == list(range(1, steps + 1))
+    for a, b in zip(s, r):
+        for key in keys:
+            assert b[key] == a[key], (a["step"], key)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..helpers import run_python
-from ..helpers.tiny_run import assert_ok, read_metrics, train
+from ..helpers.tiny_run import assert_ok, assert_same_steps, read_metrics, train
 from .test_run_export import _documented_metrics
 
 SFT = ("--method=sft", "--lr=1e-3")
@@ -27,12 +27,9 @@ def test_sft_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     assert_ok(train(hf, data, straight, *common))
     assert_ok(train(hf, data, resumed, *SFT, "--training.train_iters=2", "--checkpoint.save_interval=2"))
     assert_ok(train(hf, data, resumed, *common))  # resumes from iter 2 of the same run dir
-    s, r = read_metrics(straight), read_metrics(resumed)
-    assert [m["step"] for m in r] == [1, 2, 3, 4]
-    for a, b in zip(s, r):
-        assert a["grad_norm"] > 0 and a["num_tokens"] > 0 and a["sft_truncated"] == 0
-        for key in ("loss", "grad_norm", "lr", "num_tokens", "rollout_digest"):
-            assert b[key] == a[key], (a["step"], key)
+    assert_same_steps(straight, resumed, ("loss", "grad_norm", "lr", "num_tokens", "rollout_digest"), 4)
+    s = read_metrics(straight)
+    assert all(a["grad_norm"] > 0 and a["num_tokens"] > 0 and a["sft_truncated"] == 0 for a in s)
     assert s[-1]["loss"] < s[0]["loss"]  # lr 1e-3 on the same small set: the cross-entropy falls
     for k, v in _adapters(straight).items():
         torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
@@ -55,11 +52,7 @@ def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tm
     assert_ok(train(hf, data, straight, *dist_opt, "--training.train_iters=4", nproc=2))
     assert_ok(train(hf, data, resumed, *dist_opt, "--training.train_iters=2", nproc=2))
     assert_ok(train(hf, data, resumed, *dist_opt, "--training.train_iters=4", nproc=2))
-    s, r = read_metrics(straight), read_metrics(resumed)
-    assert [m["step"] for m in r] == [1, 2, 3, 4]
-    for a, b in zip(s, r):
-        for key in ("loss", "grad_norm", "lr", "num_tokens"):
-            assert b[key] == a[key], (a["step"], key)
+    assert_same_steps(straight, resumed, ("loss", "grad_norm", "lr", "num_tokens"), 4)
     for k, v in _adapters(straight).items():
         torch.testing.assert_close(_adapters(resumed)[k], v, rtol=0, atol=0)
     for dp_rank in (0, 1):  # a shard per data-parallel rank: the moments of its slice of the adapters

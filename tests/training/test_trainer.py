@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from ..helpers.tiny_run import assert_ok as _ok
 from ..helpers.tiny_qwen3 import make_tiny_hf
-from ..helpers.tiny_run import make_toy_jsonl, read_metrics, train, train_failing_engine
+from ..helpers.tiny_run import assert_same_steps, make_toy_jsonl, read_metrics, train, train_failing_engine
 from .wandb_files import wandb_config, wandb_history, wandb_runs
 
 LR = "--lr=1e-3"  # large enough that one step visibly moves the adapters
@@ -174,11 +174,7 @@ def test_an_engine_failure_between_weight_pushes_resumes_from_the_last_push(tiny
     resumed = train(hf, data, run, *PUSH_EVERY_2)
     _ok(resumed)
     assert "resuming from step 2 of 4" in resumed.stdout
-    s, r = read_metrics(straight), read_metrics(run)
-    assert [m["step"] for m in r] == [1, 2, 3, 4]
-    for a, b in zip(s, r):
-        for key in ("rollout_digest", "rollout_staleness", "loss", "grad_norm"):
-            assert b[key] == a[key], (a["step"], key)
+    assert_same_steps(straight, run, ("rollout_digest", "rollout_staleness", "loss", "grad_norm"), 4)
     for k, v in _adapters(straight).items():
         assert torch.equal(_adapters(run)[k], v), k
 
