@@ -59,6 +59,11 @@ RESUME_MUTABLE = (
     "rollout.fingerprint_projections",
     "rollout.probe_atol",
     "optimizer.use_distributed_optimizer",
+    "optimizer.loss_scale",   # Megatron lets a resumed run change its loss scaling; the dynamic scale
+    "optimizer.initial_loss_scale",   # continues from the checkpoint's
+    "optimizer.min_loss_scale",
+    "optimizer.loss_scale_window",
+    "optimizer.hysteresis",
     "checkpoint.",
     "logging.",
 )

@@ -201,6 +201,26 @@ class OptimizerConfig:
     """Global gradient-norm clip (paper: 0.1); 0 disables it."""
     use_distributed_optimizer: bool = False
     """Shard optimizer state over data-parallel ranks (Megatron's distributed optimizer; CUDA only)."""
+    loss_scale: float | None = None
+    """Static loss scale (Megatron's --loss-scale); None: float16 scales dynamically (the settings below). As in
+    Megatron it also scales bfloat16's loss (and float32's with use_distributed_optimizer), where nothing needs
+    it, and a step whose scaled gradient overflows is a non-finite step (skipped, counted in nonfinite_steps)."""
+    initial_loss_scale: float = 2.0**16
+    """float16's dynamic loss scale at the start (Megatron's --initial-loss-scale; a run resumed from a dynamic
+    scale continues from the checkpoint's). 2^16 (torch.amp.GradScaler's start), not Megatron's 2^32: each
+    overflow skips a step and throws its rollouts away, and the tiny fp16 run skipped its first 19 steps from
+    2^32, its first 3 from 2^16 (docs/reliability.md); a lower start risks gradient underflow for the whole
+    run, as the scale grows only every loss_scale_window steps. Ignored under bfloat16 / float32 (Megatron's rule)."""
+    min_loss_scale: float = 1.0
+    """Floor of float16's dynamic loss scale (Megatron's --min-loss-scale)."""
+    loss_scale_window: int = 1000
+    """float16: double the dynamic loss scale after this many steps without an overflow (Megatron's
+    --loss-scale-window)."""
+    hysteresis: int = 2
+    """float16: halve the dynamic loss scale at every overflow from the hysteresis-th on (consecutive or not;
+    the count restarts when the scale grows; Megatron's --hysteresis). Each overflow skips the step (no weight,
+    Adam, LR-schedule or EMA-teacher change; ``update_skipped`` in metrics.jsonl) but is the scale's search,
+    not a non-finite step (not in nonfinite_steps or training.max_nonfinite_steps)."""
 
     def __post_init__(self) -> None:
         check_positive("optimizer.lr", self.lr)
@@ -218,6 +238,12 @@ class OptimizerConfig:
                 raise fail(f"optimizer.{name}", f"must lie in [0, 1), got {getattr(self, name)}")
         check_positive("optimizer.adam_eps", self.adam_eps)
         check_positive("optimizer.clip_grad", self.clip_grad, allow_zero=True)
+        if self.loss_scale is not None:
+            check_positive("optimizer.loss_scale", self.loss_scale)
+        for name in ("initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"):
+            check_positive(f"optimizer.{name}", getattr(self, name))
+        if self.min_loss_scale > self.initial_loss_scale:
+            raise fail("optimizer.min_loss_scale", f"{self.min_loss_scale} exceeds initial_loss_scale = {self.initial_loss_scale}")
 
 
 @dataclass

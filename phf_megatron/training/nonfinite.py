@@ -9,8 +9,10 @@ ranks agree, and one host read decides (the step reads ``grad_norm`` anyway). If
 non-finite, ``update.run_update`` skips the update on every rank: no optimizer step (weights,
 Adam moments and step count unchanged), no LR-schedule step, no EMA-teacher update, and the
 gradient buffers are zeroed. Megatron's optimizer skips by itself only when fp16's loss scaler
-finds an overflow, so bf16 and fp32 had no guard. (Under fp16 the gradients are left to that
-scaler, whose skips are its normal search for a scale; the loss is still checked.)
+finds an overflow, so bf16 and fp32 had no guard. (Under fp16's dynamic loss scale the gradients
+are left to that scaler, whose skips are its normal search for a scale; the loss is still checked.
+A static scale, ``optimizer.loss_scale``, never moves: its overflows are checked here, as
+Megatron keeps --check-for-nan-in-loss-and-grad on for it.)
 
 Only then (the rare path) each rank names what it found, gathered in one object all-gather:
 ``loss (nan) on rank 1; gradient decoder.layers.0.mlp.linear_fc1.lora_A.weight (inf) on rank 0``.
@@ -71,6 +73,15 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
 def faults_from_env() -> tuple[Fault, ...]:
     """The faults ``PHF_INJECT_NONFINITE`` asks for (testing only; none when unset)."""
     return parse_faults(os.environ.get(ENV_VAR, ""))
+
+
+def dynamic_loss_scale(optimizer) -> bool:
+    """Whether a Megatron optimizer (or a chain of them) searches a dynamic fp16 loss scale: its
+    skips on a gradient overflow are that search, not a non-finite step."""
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return any(isinstance(getattr(o, "grad_scaler", None), DynamicGradScaler) for o in inner)
 
 
 def _trainable(chunks) -> list[tuple[str, torch.nn.Parameter]]:

@@ -69,6 +69,8 @@ def megatron_optimizer_config(cfg: TrainConfig, **overrides):
         optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
         adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad,
         use_distributed_optimizer=o.use_distributed_optimizer,
+        loss_scale=o.loss_scale, initial_loss_scale=o.initial_loss_scale, min_loss_scale=o.min_loss_scale,
+        loss_scale_window=o.loss_scale_window, hysteresis=o.hysteresis,
         bf16=cfg.model.dtype == "bfloat16", fp16=cfg.model.dtype == "float16",
     )
     values.update(overrides)

@@ -38,14 +38,14 @@ def poisoned(world_size: int) -> list[tuple[int, tuple[Fault, ...]]]:
 CLEAN = [(1, ()), (6, ())]
 
 
-def _config(hf_dir: str, tp: int, pp: int, sp: bool, dtype: str):
+def _config(hf_dir: str, tp: int, pp: int, sp: bool, dtype: str, *overrides: str):
     from phf_megatron.training.config_io import load_config
 
     return load_config(os.path.join(REPO, "configs", "tiny_cpu.yaml"), [
         f"--model.hf_dir={hf_dir}", f"--model.tensor_model_parallel_size={tp}",
         f"--model.pipeline_model_parallel_size={pp}", f"--model.sequence_parallel={str(sp).lower()}",
         f"--model.dtype={dtype}", "--data.max_prompt_length=64", "--rollout.max_tokens=16", "--optimizer.lr=1e-2",
-        "--optimizer.lr_decay_iters=8", "--objective.ema_decay=0.5", "--objective.flow_window=5"])
+        "--optimizer.lr_decay_iters=8", "--objective.ema_decay=0.5", "--objective.flow_window=5", *overrides])
 
 
 def _microbatches(tp: int, sp: bool, window: int):

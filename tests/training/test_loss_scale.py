@@ -1,0 +1,116 @@
+"""fp16 loss scaling: the ``optimizer.*loss_scale*`` / ``hysteresis`` settings reach Megatron's grad scaler
+(the real student, ``build_student``, on one gloo rank), a static scale's overflow is a non-finite step (as
+Megatron keeps its NaN check on for a static scale) while a dynamic scale's is its search, and bad values are
+one line naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from phf_megatron.errors import ConfigError
+from phf_megatron.training.config_io import fingerprint_diff, load_config, resume_fingerprint
+
+from ..helpers.spawn import megatron_layout, run_ranks
+from .test_nonfinite import small_hf  # noqa: F401 - the fixture: a 4-layer Qwen3, 256-token vocabulary
+
+SETTINGS = ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
+
+
+def _scaler(student) -> dict:
+    """The grad scaler's settings (the same in every optimizer of Megatron's chain)."""
+    found = []
+    for o in getattr(student.optimizer, "chained_optimizers", [student.optimizer]):
+        s = o.grad_scaler
+        found.append(dict(kind=type(s).__name__, scale=float(s.scale), min_scale=float(getattr(s, "min_scale", 0.0)),
+                          window=getattr(s, "growth_interval", None), hysteresis=getattr(s, "hysteresis", None)))
+    assert found and all(f == found[0] for f in found), found
+    return found[0]
+
+
+def _student(hf_dir: str, overrides: tuple[str, ...]):
+    import torch
+
+    from phf_megatron.training.model_setup import build_student
+
+    from .nonfinite_ranks import _config
+
+    megatron_layout(1, 1)
+    cfg = _config(hf_dir, 1, 1, False, "float16", *overrides)
+    torch.manual_seed(0)
+    return cfg, build_student(cfg, num_rows=64)
+
+
+def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int) -> tuple[dict, list]:
+    """The fp16 student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite)."""
+    from phf_megatron.training.methods.phf import PhfMethod
+    from phf_megatron.training.update import run_update
+
+    from .nonfinite_ranks import _microbatches
+
+    cfg, student = _student(hf_dir, overrides)
+    built = _scaler(student)
+    method = PhfMethod(cfg, student)
+    mbs = _microbatches(1, False, cfg.objective.flow_window)
+    log = [(m["update_skipped"], m["nonfinite"]) for m in (run_update(student, method, mbs) for _ in range(steps))]
+    method.close()
+    return built, log
+
+
+def _static_resumed_dynamic(hf_dir: str) -> dict:
+    """A static scale's optimizer state (checkpoint part), loaded by a dynamic-scale student: its scaler."""
+    from phf_megatron.training.checkpoint_parts import optimizer_part
+
+    saved = optimizer_part(_student(hf_dir, ("--optimizer.loss_scale=8",))[1].optimizer).state()
+    _, resumed = _student(hf_dir, ("--optimizer.initial_loss_scale=1024",))
+    optimizer_part(resumed.optimizer).load(saved)
+    return _scaler(resumed)
+
+
+def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
+    return {
+        "static_resumed_dynamic": _static_resumed_dynamic(hf_dir),
+        "default": _steps(hf_dir, (), 0),
+        "set": _steps(hf_dir, ("--optimizer.initial_loss_scale=1024", "--optimizer.min_loss_scale=4",
+                               "--optimizer.loss_scale_window=7", "--optimizer.hysteresis=3"), 0),
+        "dynamic_2^32": _steps(hf_dir, ("--optimizer.initial_loss_scale=4294967296",), 2),
+        "static_2^32": _steps(hf_dir, ("--optimizer.loss_scale=4294967296",), 2),
+        "static_1": _steps(hf_dir, ("--optimizer.loss_scale=1",), 1),
+    }
+
+
+def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_is_nonfinite(small_hf):  # noqa: F811
+    runs = run_ranks(_runs, 1, small_hf)[0]
+    assert runs["default"][0] == dict(kind="DynamicGradScaler", scale=2.0**16, min_scale=1.0, window=1000, hysteresis=2)
+    assert runs["set"][0] == dict(kind="DynamicGradScaler", scale=1024.0, min_scale=4.0, window=7, hysteresis=3)
+    assert runs["static_2^32"][0]["kind"] == "ConstantGradScaler" and runs["static_2^32"][0]["scale"] == 2.0**32
+    # a dynamic scale's overflow is its search (skipped, not non-finite); a static one never moves: non-finite
+    assert runs["dynamic_2^32"][1] == [(True, None), (True, None)]
+    assert [skipped for skipped, _ in runs["static_2^32"][1]] == [True, True]
+    assert all(what and what.startswith("gradient ") and "on rank 0" in what for _, what in runs["static_2^32"][1])
+    assert runs["static_1"][1] == [(False, None)]  # the same step, unscaled: it trains
+    # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
+    assert runs["static_resumed_dynamic"]["kind"] == "DynamicGradScaler"
+    assert runs["static_resumed_dynamic"]["scale"] == 1024.0
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--optimizer.loss_scale=0", "optimizer.loss_scale"),
+    ("--optimizer.initial_loss_scale=-1", "optimizer.initial_loss_scale"),
+    ("--optimizer.min_loss_scale=0", "optimizer.min_loss_scale"),
+    ("--optimizer.min_loss_scale=1e6", "optimizer.min_loss_scale"),   # above the initial 2^16
+    ("--optimizer.loss_scale_window=0", "optimizer.loss_scale_window"),
+    ("--optimizer.hysteresis=0", "optimizer.hysteresis"),
+])
+def test_bad_loss_scale_settings_are_one_line_naming_the_flag(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(f"{key}:") and f"--{key}=" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_saved_before_the_settings_existed_still_resumes():
+    """Megatron lets a resumed run change its loss scaling (the dynamic scale continues from the checkpoint's):
+    the settings are not in the resume fingerprint, so an older checkpoint's fingerprint, without them, agrees."""
+    cfg = load_config(None, ["--optimizer.initial_loss_scale=1024", "--optimizer.hysteresis=5"])
+    older = {k: v for k, v in resume_fingerprint(load_config(None, [])).items()
+             if k.split(".")[-1] not in SETTINGS}
+    assert fingerprint_diff(older, resume_fingerprint(cfg)) == []
