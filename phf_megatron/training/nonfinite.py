@@ -75,13 +75,19 @@ def faults_from_env() -> tuple[Fault, ...]:
     return parse_faults(os.environ.get(ENV_VAR, ""))
 
 
+def grad_scaler(optimizer):
+    """The loss scaler of a Megatron optimizer (or of the first of a chain; they share the settings):
+    fp16's, or a static ``optimizer.loss_scale``'s; None without one."""
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return next((s for o in inner if (s := getattr(o, "grad_scaler", None)) is not None), None)
+
+
 def dynamic_loss_scale(optimizer) -> bool:
     """Whether a Megatron optimizer (or a chain of them) searches a dynamic fp16 loss scale: its
     skips on a gradient overflow are that search, not a non-finite step."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    inner = getattr(optimizer, "chained_optimizers", [optimizer])
-    return any(isinstance(getattr(o, "grad_scaler", None), DynamicGradScaler) for o in inner)
+    return isinstance(grad_scaler(optimizer), DynamicGradScaler)
 
 
 def _trainable(chunks) -> list[tuple[str, torch.nn.Parameter]]:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .model_setup import StudentModel
-from .nonfinite import Fault, StepCheck, dynamic_loss_scale
+from .nonfinite import Fault, StepCheck, dynamic_loss_scale, grad_scaler
 from .schedule import current_lr
 
 
@@ -115,4 +115,6 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr,
                    update_skipped=not ok, nonfinite=nonfinite, **timings, time_student_s=t2 - t1,
                    time_optimizer_s=t3 - t2)
+    if (scaler := grad_scaler(student.optimizer)) is not None:  # as Megatron logs it: after this step's update
+        metrics["loss_scale"] = float(scaler.scale)
     return metrics

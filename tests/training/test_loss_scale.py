@@ -27,7 +27,7 @@ def _scaler(student) -> dict:
     return found[0]
 
 
-def _student(hf_dir: str, overrides: tuple[str, ...]):
+def _student(hf_dir: str, overrides: tuple[str, ...], dtype: str = "float16"):
     import torch
 
     from phf_megatron.training.model_setup import build_student
@@ -35,23 +35,23 @@ def _student(hf_dir: str, overrides: tuple[str, ...]):
     from .nonfinite_ranks import _config
 
     megatron_layout(1, 1)
-    cfg = _config(hf_dir, 1, 1, False, "float16", *overrides)
+    cfg = _config(hf_dir, 1, 1, False, dtype, *overrides)
     torch.manual_seed(0)
     return cfg, build_student(cfg, num_rows=64)
 
 
-def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int) -> tuple[dict, list]:
-    """The fp16 student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite)."""
+def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "float16") -> tuple[dict | None, list]:
+    """The student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite, loss_scale metric)."""
     from phf_megatron.training.methods.phf import PhfMethod
     from phf_megatron.training.update import run_update
 
     from .nonfinite_ranks import _microbatches
 
-    cfg, student = _student(hf_dir, overrides)
-    built = _scaler(student)
+    cfg, student = _student(hf_dir, overrides, dtype)
+    built = _scaler(student) if dtype == "float16" else None
     method = PhfMethod(cfg, student)
     mbs = _microbatches(1, False, cfg.objective.flow_window)
-    log = [(m["update_skipped"], m["nonfinite"]) for m in (run_update(student, method, mbs) for _ in range(steps))]
+    log = [(m["update_skipped"], m["nonfinite"], m.get("loss_scale")) for m in (run_update(student, method, mbs) for _ in range(steps))]
     method.close()
     return built, log
 
@@ -75,6 +75,7 @@ def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
         "dynamic_2^32": _steps(hf_dir, ("--optimizer.initial_loss_scale=4294967296",), 2),
         "static_2^32": _steps(hf_dir, ("--optimizer.loss_scale=4294967296",), 2),
         "static_1": _steps(hf_dir, ("--optimizer.loss_scale=1",), 1),
+        "float32": _steps(hf_dir, (), 1, "float32"),
     }
 
 
@@ -84,10 +85,12 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     assert runs["set"][0] == dict(kind="DynamicGradScaler", scale=1024.0, min_scale=4.0, window=7, hysteresis=3)
     assert runs["static_2^32"][0]["kind"] == "ConstantGradScaler" and runs["static_2^32"][0]["scale"] == 2.0**32
     # a dynamic scale's overflow is its search (skipped, not non-finite); a static one never moves: non-finite
-    assert runs["dynamic_2^32"][1] == [(True, None), (True, None)]
-    assert [skipped for skipped, _ in runs["static_2^32"][1]] == [True, True]
-    assert all(what and what.startswith("gradient ") and "on rank 0" in what for _, what in runs["static_2^32"][1])
-    assert runs["static_1"][1] == [(False, None)]  # the same step, unscaled: it trains
+    # (the loss_scale metric: hysteresis 2 halves the scale at the second overflow, a static one never moves)
+    assert runs["dynamic_2^32"][1] == [(True, None, 2.0**32), (True, None, 2.0**31)]
+    assert [(skipped, scale) for skipped, _, scale in runs["static_2^32"][1]] == [(True, 2.0**32)] * 2
+    assert all(what and what.startswith("gradient ") and "on rank 0" in what for _, what, _ in runs["static_2^32"][1])
+    assert runs["static_1"][1] == [(False, None, 1.0)]  # the same step, unscaled: it trains
+    assert runs["float32"][1] == [(False, None, None)]  # no scaler, no loss_scale metric
     # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
     assert runs["static_resumed_dynamic"]["kind"] == "DynamicGradScaler"
     assert runs["static_resumed_dynamic"]["scale"] == 1024.0
