@@ -220,7 +220,8 @@ class OptimizerConfig:
     """float16: halve the dynamic loss scale at every overflow from the hysteresis-th on (consecutive or not;
     the count restarts when the scale grows; Megatron's --hysteresis). Each overflow skips the step (no weight,
     Adam, LR-schedule or EMA-teacher change; ``update_skipped`` in metrics.jsonl) but is the scale's search,
-    not a non-finite step (not in nonfinite_steps or training.max_nonfinite_steps)."""
+    not a non-finite step (not in nonfinite_steps or training.max_nonfinite_steps) until the scale sits at
+    min_loss_scale, where the search is over and an overflow is a non-finite step."""
 
     def __post_init__(self) -> None:
         check_positive("optimizer.lr", self.lr)

@@ -82,12 +82,15 @@ def grad_scaler(optimizer):
     return next((s for o in inner if (s := getattr(o, "grad_scaler", None)) is not None), None)
 
 
-def dynamic_loss_scale(optimizer) -> bool:
-    """Whether a Megatron optimizer (or a chain of them) searches a dynamic fp16 loss scale: its
-    skips on a gradient overflow are that search, not a non-finite step."""
+def searching_loss_scale(optimizer) -> bool:
+    """Whether a Megatron optimizer (or a chain of them) searches a dynamic fp16 loss scale that can still back
+    off: its skips on a gradient overflow are that search, not a non-finite step. At ``min_loss_scale`` the
+    search is over: an overflow there is a non-finite step (counted, and ``training.max_nonfinite_steps``
+    stops the run), where Megatron alone would skip every step from then on."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    return isinstance(grad_scaler(optimizer), DynamicGradScaler)
+    scaler = grad_scaler(optimizer)
+    return isinstance(scaler, DynamicGradScaler) and float(scaler.scale) > float(scaler.min_scale)
 
 
 def _trainable(chunks) -> list[tuple[str, torch.nn.Parameter]]:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .model_setup import StudentModel
-from .nonfinite import Fault, StepCheck, dynamic_loss_scale, grad_scaler
+from .nonfinite import Fault, StepCheck, grad_scaler, searching_loss_scale
 from .schedule import current_lr
 
 
@@ -95,8 +95,8 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     _sync()
     t2 = time.perf_counter()
     lr = current_lr(student.scheduler)
-    # fp16's dynamic loss scale: a gradient overflow is its scaler's to find (its skips search the scale)
-    nonfinite = check.found(chunks, check_grads=not dynamic_loss_scale(student.optimizer))
+    # fp16's dynamic loss scale above its floor: a gradient overflow is its scaler's to find (its skips search the scale)
+    nonfinite = check.found(chunks, check_grads=not searching_loss_scale(student.optimizer))
     if nonfinite is None:
         ok, grad_norm, _ = student.optimizer.step()
     else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher

@@ -74,6 +74,8 @@ def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
                                "--optimizer.loss_scale_window=7", "--optimizer.hysteresis=3"), 0),
         "dynamic_2^32": _steps(hf_dir, ("--optimizer.initial_loss_scale=4294967296",), 2),
         "static_2^32": _steps(hf_dir, ("--optimizer.loss_scale=4294967296",), 2),
+        "dynamic_at_floor": _steps(hf_dir, ("--optimizer.initial_loss_scale=4294967296",
+                                            "--optimizer.min_loss_scale=4294967296"), 2),
         "static_1": _steps(hf_dir, ("--optimizer.loss_scale=1",), 1),
         "float32": _steps(hf_dir, (), 1, "float32"),
     }
@@ -89,6 +91,9 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     assert runs["dynamic_2^32"][1] == [(True, None, 2.0**32), (True, None, 2.0**31)]
     assert [(skipped, scale) for skipped, _, scale in runs["static_2^32"][1]] == [(True, 2.0**32)] * 2
     assert all(what and what.startswith("gradient ") and "on rank 0" in what for _, what, _ in runs["static_2^32"][1])
+    # at min_loss_scale the search is over: an overflow there is non-finite (counted; max_nonfinite_steps stops)
+    assert [(skipped, scale) for skipped, _, scale in runs["dynamic_at_floor"][1]] == [(True, 2.0**32)] * 2
+    assert all(what and what.startswith("gradient ") for _, what, _ in runs["dynamic_at_floor"][1])
     assert runs["static_1"][1] == [(False, None, 1.0)]  # the same step, unscaled: it trains
     assert runs["float32"][1] == [(False, None, None)]  # no scaler, no loss_scale metric
     # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
