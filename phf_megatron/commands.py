@@ -16,7 +16,7 @@ import time
 from typing import Callable, Sequence
 
 from .cli import Settings, wants_help
-from .errors import ConfigError, RunStopped, UsageError, UserError, missing_dependency, write_failure
+from .errors import ConfigError, LostRank, RunStopped, UsageError, UserError, missing_dependency, write_failure
 
 
 def process_rank() -> int:
@@ -53,8 +53,8 @@ def run_command(main: Callable[[], int | None]) -> int:
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
     permission, a dependency that is not installed) prints one line and returns exit code 2; a
     ``RunStopped`` (an engine failed; saved at that step if the weights are pushed after it, else the last
-    checkpoint kept) one line and 1; Ctrl-C one line and ``INTERRUPTED_EXIT``; any other exception keeps
-    its traceback."""
+    checkpoint kept; ``LostRank``: another rank died, said by every rank left) one line and 1; Ctrl-C one line
+    and ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
@@ -73,8 +73,9 @@ def run_command(main: Callable[[], int | None]) -> int:
         report_error(failure)
         return 2
     except RunStopped as err:  # raised on every rank together: rank 0 says what failed and what was kept
-        if process_rank() == 0:
-            print(f"error: {err}", file=sys.stderr, flush=True)
+        rank = process_rank()
+        if rank == 0 or isinstance(err, LostRank):  # a lost rank may be rank 0: every survivor says it
+            print(f"error: {f'[rank {rank}] ' if rank else ''}{err}", file=sys.stderr, flush=True)
         else:
             time.sleep(SILENT_RANK_WAIT_S)  # as for a setting error: rank 0's line goes out before torchrun stops it
         return 1

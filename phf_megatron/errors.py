@@ -1,7 +1,7 @@
 """The errors a user can fix: a setting, the command line, an input file.
 
 The command lines (``phf_megatron.commands.run_command``) print these as one line, ``error: ...``,
-and exit with code 2 (``RunStopped``: one line, code 1); every other exception keeps its traceback.
+and exit with code 2 (``RunStopped``, ``LostRank``: one line, code 1); every other exception keeps its traceback.
 The user errors are ``ValueError``s, so library callers catch them as before. ``write_failure(err,
 path)`` tells a failed write the user can fix (a full disk, a read-only file system, no permission:
 ``OutputFileError``) from a bug, even when a library wrapped the ``OSError`` or kept only its text.
@@ -19,6 +19,11 @@ from typing import Iterator
 class RunStopped(RuntimeError):
     """A run stopped by a failure outside the user's input (a rollout engine died or hung), after it
     saved what it had: one line, ``error: <what failed>; <what is kept>; rerun ...``, exit code 1."""
+
+
+class LostRank(RunStopped):
+    """A collective failed because another rank is gone (killed, its node down): every surviving rank says
+    so, as rank 0 may be the one that died; nothing is saved after the loss (it needs the lost rank)."""
 
 
 class UserError(ValueError):

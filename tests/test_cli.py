@@ -14,7 +14,7 @@ import pytest
 from phf_megatron import commands
 from phf_megatron.cli import Settings
 from phf_megatron.commands import parse_command_line, run_command
-from phf_megatron.errors import ConfigError, InputFileError, UsageError
+from phf_megatron.errors import ConfigError, InputFileError, LostRank, RunStopped, UsageError
 from tests.helpers import REPO, python_env
 
 TOOLS = os.path.join(REPO, "tools")
@@ -138,6 +138,10 @@ def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(c
     assert run_command(fail(ConfigError("a.b", "too big"))) == 2
     assert run_command(fail(InputFileError("shard.pt", "truncated"))) == 2
     assert capsys.readouterr().err.splitlines() == ["error: [rank 1] shard.pt: truncated"]
+    # a stop raised on every rank together: rank 0 says it; a lost rank may be rank 0: every rank left says it
+    assert run_command(fail(RunStopped("rollout engine 0 (host rank 0): died"))) == 1
+    assert run_command(fail(LostRank("lost contact with another rank (step 3 of 9: ...)"))) == 1
+    assert capsys.readouterr().err.splitlines() == ["error: [rank 1] lost contact with another rank (step 3 of 9: ...)"]
 
 
 def test_tool_switches_and_help(capsys):

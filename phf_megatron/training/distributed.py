@@ -4,12 +4,15 @@
     python -m phf_megatron.train --config configs/tiny_cpu.yaml ...        # one process
 
 Joining the group (and the CPU shims without CUDA) and Megatron's groups are ``runtime``'s.
+``lost_contact(err)`` tells a collective that failed because another rank is gone (killed, its node
+down, or silent past the timeout) from any other error.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,3 +69,34 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
 def shutdown_distributed() -> None:
     """The run's teardown: Megatron's groups, then the default process group (``runtime.shutdown``)."""
     shutdown()
+
+
+#: gloo's transport errors (``IoException``: a peer closed or reset the connection, or was silent past the
+#: timeout) reach Python as a plain ``RuntimeError`` (no ``DistError`` type in torch 2.13), named by the
+#: transport file that threw them: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer ...". Its
+#: checks of the call ("[enforce fail at .../gloo/...]": a bug, such as sizes that differ) do not match.
+_GLOO_LOST = re.compile(r"\[[^\]\s]*gloo/transport/[^\]\s]*:\d+\] ")
+#: What gloo says in every later call once a timeout closed the connections (no file named).
+_GLOO_CLOSED = "Application timeout caused pair closure"
+#: NCCL's ``DistBackendError``s that mean a peer is gone: ``ncclRemoteError`` (NCCL's text for it) and the
+#: watchdog's timeout (seen in Python only where the watchdog does not tear the process down itself, its
+#: default: ``TORCH_NCCL_BLOCKING_WAIT``). Any other NCCL error (invalid usage, a CUDA error) is a bug.
+_NCCL_LOST = ("remote process exited or there was a network error", "Watchdog caught collective operation timeout")
+
+
+def lost_contact(err: BaseException) -> str | None:
+    """The backend's own one-line message when ``err`` (or what it was raised from) is a collective's
+    failure because another rank is gone: a ``DistNetworkError`` (the rendezvous store or a socket), an
+    NCCL ``DistBackendError`` of ``_NCCL_LOST``, a gloo transport error (by its text: gloo gives it no
+    type of its own); None for any other error (a bug keeps its traceback)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err).strip()
+        if (isinstance(err, dist.DistNetworkError)
+                or (isinstance(err, dist.DistBackendError) and any(m in text for m in _NCCL_LOST))
+                or (type(err) is RuntimeError and (_GLOO_LOST.match(text) or text == _GLOO_CLOSED))):
+            line = _GLOO_LOST.sub("", text, count=1).splitlines()[0] if text else type(err).__name__
+            return line.split(". This is typically caused by")[0][:300]  # gloo's advice: the line that follows says it
+        err = err.__cause__ or err.__context__
+    return None

@@ -39,16 +39,16 @@ from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
 from ..config_errors import fail
-from ..errors import RunStopped, UserError
+from ..errors import LostRank, RunStopped, UserError
 from .batches import build_microbatches
 from .checkpoint import META_FILE, iter_dir_name, list_checkpoints, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, optimizer_part, rng_part, stateful_part, tensors_part,
 )
 from .config import TrainConfig
-from .config_io import resume_fingerprint, save_run_config, to_dict
+from .config_io import resume_fingerprint, save_run_config
 from .diagnostics import layer_energy_metrics
-from .distributed import DistributedContext, init_distributed
+from .distributed import DistributedContext, init_distributed, lost_contact
 from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
@@ -58,19 +58,9 @@ from .rollout_async import RolloutPrefetch
 from .methods import build_method
 from .rollouts import RolloutFailure
 from .schedule import load_scheduler_state
-from .step_plan import StepPlanner, local_rollout_record, rollout_stats
+from .step_plan import StepPlanner, local_rollout_record, rollout_stats, row_origins
 from .stop_signal import StopSignal
 from .update import run_update
-
-
-def _wandb_run(cfg: TrainConfig) -> WandbRun | None:
-    """Where the run's W&B mirror goes (``logging.wandb``), or None."""
-    lg = cfg.logging
-    if not lg.wandb:
-        return None
-    return WandbRun(project=lg.wandb_project, name=lg.wandb_exp_name or os.path.basename(os.path.abspath(cfg.run_dir)),
-                    entity=lg.wandb_entity, offline=lg.wandb_offline, save_dir=lg.wandb_save_dir or cfg.run_dir,
-                    config=to_dict(cfg))
 
 
 def _load_dataset(cfg: TrainConfig):
@@ -81,15 +71,6 @@ def _load_dataset(cfg: TrainConfig):
         raise
     except ValueError as err:  # "source: ..." (missing file, unknown format, unloadable dataset)
         raise fail("data.path", str(err).removeprefix("source: ")) from err
-
-
-def _origins(rows: list, num_samples: int) -> list[str] | None:
-    """Each sample's data row (``MathRow.origin``, e.g. ``train.jsonl:17``): the step's samples follow its
-    rows, the same count per row; None when they do not (an engine group's share of the rows)."""
-    if not rows or num_samples % len(rows):
-        return None
-    per_row = num_samples // len(rows)
-    return [getattr(rows[i // per_row], "origin", "") for i in range(num_samples)]
 
 
 def _saved_parts(load_dir: str) -> dict:
@@ -125,6 +106,7 @@ class Trainer:
         self._round = None
         """(plan, samples, completions, micro-batches) of the rollout batch in training (``method.iterations``)."""
         self.step = 0
+        self.phase = "before the first step"  # what the run was doing (LostRank names it)
         self.nonfinite_steps = 0
         """Steps skipped for a NaN/inf loss or gradient, over the whole run (resumes included)."""
         self.nonfinite_run = 0
@@ -155,7 +137,7 @@ class Trainer:
         self.metrics = MetricsLogger(cfg.run_dir, cfg.training.train_iters, start_step=self.step,
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
-                                     progress_bar=cfg.logging.progress_bar, wandb=_wandb_run(cfg))
+                                     progress_bar=cfg.logging.progress_bar, wandb=WandbRun.of(cfg))
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -238,7 +220,7 @@ class Trainer:
                                      micro_batch_size=cfg.training.micro_batch_size, dp_rank=dp_rank,
                                      dp_size=dp_size, pad_multiple=ps.get_tensor_model_parallel_world_size() if sp else 1,
                                      make=self.method.microbatches, max_tokens=cfg.training.max_tokens_per_microbatch,
-                                     origins=_origins(plan.rows, len(pairs)))
+                                     origins=row_origins(plan.rows, len(pairs)))
             self._round = (plan, samples, completions, mbs)
         elif self._round is None:
             raise RuntimeError(f"step {self.step}: iteration {iteration} of a rollout batch this run did not sample "
@@ -302,13 +284,26 @@ class Trainer:
 
     def run(self) -> int:
         """Train to ``training.train_iters``, save and export; returns the exit code: 0, or 128 + the
-        signal's number when ``checkpoint.exit_signal`` stopped the run (saved at its last step)."""
+        signal's number when ``checkpoint.exit_signal`` stopped the run (saved at its last step). A rank
+        that is gone stops the others with ``LostRank`` (``distributed.lost_contact``), saving nothing."""
+        try:
+            return self._run()
+        except Exception as err:  # noqa: BLE001 - re-raised unless another rank is gone
+            if (lost := lost_contact(err)) is None:
+                raise
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's, sent as one worker dies: the line comes first
+            raise LostRank(f"lost contact with another rank ({self.phase}: {lost}); a process or node of the run "
+                           f"died or stopped answering; {self._kept(redone=True)}; rerun the same command to resume"
+                           ) from None
+
+    def _run(self) -> int:
         cfg = self.cfg
         metrics = None
         interval = cfg.checkpoint.save_interval
         stop = StopSignal(cfg.checkpoint.exit_signal) if cfg.checkpoint.exit_signal_handler else None
         try:
             while self.step < cfg.training.train_iters:
+                self.phase = f"step {self.step + 1} of {cfg.training.train_iters}"
                 metrics = self.train_step()
                 self.step += 1  # the update is done: a failing sync below does not undo it
                 self.sync(metrics)
@@ -318,6 +313,7 @@ class Trainer:
                     raise nonfinite_stop(self.step, self.nonfinite_run, metrics["nonfinite"])
                 metrics = None
                 if interval and self.step % interval == 0:
+                    self.phase = f"saving step {self.step}"
                     self.save()
                 if stop is not None and self.step < cfg.training.train_iters and self.at_push() and stop.agreed():
                     return self._stopped(stop.name)
@@ -340,6 +336,7 @@ class Trainer:
         finally:
             if stop is not None:
                 stop.close()
+        self.phase = f"the last save and export, step {self.step}"
         self._save_last()
         self.export()
         self.metrics.end_progress()

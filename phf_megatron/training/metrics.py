@@ -35,6 +35,7 @@ from ..config_errors import fail
 from ..errors import InputFileError
 from ..output_files import write_jsonl
 from ..parallel import loss as _loss
+from .config_io import to_dict
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_TOKENS_FILE = "loss_tokens.jsonl"
@@ -138,6 +139,16 @@ class WandbRun:
     offline: bool = False
     save_dir: str = "."
     config: dict | None = None
+
+    @classmethod
+    def of(cls, cfg) -> "WandbRun | None":
+        """Where a run's W&B mirror goes (``logging.wandb``), or None."""
+        lg = cfg.logging
+        if not lg.wandb:
+            return None
+        return cls(project=lg.wandb_project, name=lg.wandb_exp_name or os.path.basename(os.path.abspath(cfg.run_dir)),
+                   entity=lg.wandb_entity, offline=lg.wandb_offline, save_dir=lg.wandb_save_dir or cfg.run_dir,
+                   config=to_dict(cfg))
 
 
 def _open_wandb(run: WandbRun, id_path: str, continuing: bool):

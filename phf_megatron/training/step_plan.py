@@ -35,6 +35,15 @@ def peek_rows(sampler, skip: int, count: int) -> list[int]:
     return ahead.take(count)
 
 
+def row_origins(rows: list, num_samples: int) -> list[str] | None:
+    """Each sample's data row (``MathRow.origin``, e.g. ``train.jsonl:17``): the step's samples follow its
+    rows, the same count per row; None when they do not (an engine group's share of the rows)."""
+    if not rows or num_samples % len(rows):
+        return None
+    per_row = num_samples // len(rows)
+    return [getattr(rows[i // per_row], "origin", "") for i in range(num_samples)]
+
+
 @dataclass
 class StepPlan:
     """One step's inputs, identical on every rank."""
