@@ -127,7 +127,7 @@ def read_metrics(run_dir: str) -> list[dict]:
 def assert_same_steps(straight_dir: str, run_dir: str, keys: tuple[str, ...], steps: int) -> None:
     """The run's metrics.jsonl logged steps 1..steps, each with ``keys`` bit-equal to the straight run's."""
     s, r = read_metrics(straight_dir), read_metrics(run_dir)
-    assert [m["step"] for m in r] == list(range(1, steps + 1))
-    for a, b in zip(s, r):
+    assert [m["step"] for m in r] == [m["step"] for m in s] == list(range(1, steps + 1))
+    for a, b in zip(s, r, strict=True):
         for key in keys:
             assert b[key] == a[key], (a["step"], key)
