@@ -93,6 +93,17 @@ def searching_loss_scale(optimizer) -> bool:
     return isinstance(scaler, DynamicGradScaler) and float(scaler.scale) > float(scaler.min_scale)
 
 
+def tell_scaler_overflow(optimizer) -> None:
+    """A step skipped here under a dynamic fp16 loss scale (at ``min_loss_scale``, where this check finds the
+    overflows) is still an overflow to Megatron's scaler, which never saw it: its growth count restarts (the
+    scale grows only after ``loss_scale_window`` steps without one) and its hysteresis count drops, as in Megatron."""
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if isinstance(s := getattr(o, "grad_scaler", None), DynamicGradScaler):
+            s.update(True)
+
+
 def _trainable(chunks) -> list[tuple[str, torch.nn.Parameter]]:
     """``(global name, parameter)`` of every trainable parameter of this rank's chunks."""
     from ..convert.live_model import global_name

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .model_setup import StudentModel
-from .nonfinite import Fault, StepCheck, grad_scaler, searching_loss_scale
+from .nonfinite import Fault, StepCheck, grad_scaler, searching_loss_scale, tell_scaler_overflow
 from .schedule import current_lr
 
 
@@ -96,11 +96,14 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     t2 = time.perf_counter()
     lr = current_lr(student.scheduler)
     # fp16's dynamic loss scale above its floor: a gradient overflow is its scaler's to find (its skips search the scale)
-    nonfinite = check.found(chunks, check_grads=not searching_loss_scale(student.optimizer))
+    searching = searching_loss_scale(student.optimizer)
+    nonfinite = check.found(chunks, check_grads=not searching)
     if nonfinite is None:
         ok, grad_norm, _ = student.optimizer.step()
     else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher
         ok, grad_norm = False, None
+        if not searching:  # a dynamic scale at its floor: its scaler still counts the overflow
+            tell_scaler_overflow(student.optimizer)
         for chunk in chunks:
             chunk.zero_grad_buffer()
         student.optimizer.zero_grad()

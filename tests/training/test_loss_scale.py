@@ -40,9 +40,12 @@ def _student(hf_dir: str, overrides: tuple[str, ...], dtype: str = "float16"):
     return cfg, build_student(cfg, num_rows=64)
 
 
-def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "float16") -> tuple[dict | None, list]:
-    """The student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite, loss_scale metric)."""
+def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "float16",
+           inf_grad_at: tuple[int, ...] = ()) -> tuple[dict | None, list]:
+    """The student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite, loss_scale metric);
+    ``inf_grad_at``: the steps (from 1) given an inf gradient."""
     from phf_megatron.training.methods.phf import PhfMethod
+    from phf_megatron.training.nonfinite import Fault
     from phf_megatron.training.update import run_update
 
     from .nonfinite_ranks import _microbatches
@@ -51,7 +54,9 @@ def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "fl
     built = _scaler(student) if dtype == "float16" else None
     method = PhfMethod(cfg, student)
     mbs = _microbatches(1, False, cfg.objective.flow_window)
-    log = [(m["update_skipped"], m["nonfinite"], m.get("loss_scale")) for m in (run_update(student, method, mbs) for _ in range(steps))]
+    updates = (run_update(student, method, mbs, faults=(Fault(i, "grad", float("inf")),) * (i in inf_grad_at))
+               for i in range(1, steps + 1))
+    log = [(m["update_skipped"], m["nonfinite"], m.get("loss_scale")) for m in updates]
     method.close()
     return built, log
 
@@ -77,6 +82,8 @@ def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
         "dynamic_at_floor": _steps(hf_dir, ("--optimizer.initial_loss_scale=4294967296",
                                             "--optimizer.min_loss_scale=4294967296"), 2),
         "static_1": _steps(hf_dir, ("--optimizer.loss_scale=1",), 1),
+        "floor_window_2": _steps(hf_dir, ("--optimizer.initial_loss_scale=1", "--optimizer.min_loss_scale=1",
+                                          "--optimizer.loss_scale_window=2"), 3, inf_grad_at=(2,)),
         "float32": _steps(hf_dir, (), 1, "float32"),
     }
 
@@ -95,6 +102,9 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     assert [(skipped, scale) for skipped, _, scale in runs["dynamic_at_floor"][1]] == [(True, 2.0**32)] * 2
     assert all(what and what.startswith("gradient ") for _, what, _ in runs["dynamic_at_floor"][1])
     assert runs["static_1"][1] == [(False, None, 1.0)]  # the same step, unscaled: it trains
+    # an overflow found at the floor still restarts the scaler's growth count, as in Megatron: clean, inf, clean
+    # with loss_scale_window 2 does not double the scale (it did when the scaler never saw the skipped step)
+    assert [(skipped, scale) for skipped, _, scale in runs["floor_window_2"][1]] == [(False, 1.0), (True, 1.0), (False, 1.0)]
     assert runs["float32"][1] == [(False, None, None)]  # no scaler, no loss_scale metric
     # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
     assert runs["static_resumed_dynamic"]["kind"] == "DynamicGradScaler"
