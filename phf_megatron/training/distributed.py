@@ -5,7 +5,7 @@
 
 Joining the group (and the CPU shims without CUDA) and Megatron's groups are ``runtime``'s.
 ``lost_contact(err)`` tells a collective that failed because another rank is gone (killed, its node
-down, or silent past the timeout) from any other error.
+down) from any other error (a timeout included: a stuck rank times out the same way).
 """
 
 from __future__ import annotations
@@ -71,31 +71,34 @@ def shutdown_distributed() -> None:
     shutdown()
 
 
-#: gloo's transport errors (``IoException``: a peer closed or reset the connection, or was silent past the
-#: timeout) reach Python as a plain ``RuntimeError`` (no ``DistError`` type in torch 2.13), named by the
-#: transport file that threw them: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer ...". Its
-#: checks of the call ("[enforce fail at .../gloo/...]": a bug, such as sizes that differ) do not match.
+#: gloo's transport errors (``IoException``: a peer closed or reset the connection) reach Python as a plain
+#: ``RuntimeError`` (no ``DistError`` type in torch 2.13), named by the transport file that threw them:
+#: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer ...". Its checks of the call ("[enforce fail
+#: at .../gloo/...]": a bug, such as sizes that differ) do not match.
 _GLOO_LOST = re.compile(r"\[[^\]\s]*gloo/transport/[^\]\s]*:\d+\] ")
-#: What gloo says in every later call once a timeout closed the connections (no file named).
-_GLOO_CLOSED = "Application timeout caused pair closure"
-#: NCCL's ``DistBackendError``s that mean a peer is gone: ``ncclRemoteError`` (NCCL's text for it) and the
-#: watchdog's timeout (seen in Python only where the watchdog does not tear the process down itself, its
-#: default: ``TORCH_NCCL_BLOCKING_WAIT``). Any other NCCL error (invalid usage, a CUDA error) is a bug.
-_NCCL_LOST = ("remote process exited or there was a network error", "Watchdog caught collective operation timeout")
+#: NCCL's text for ``ncclRemoteError`` (a ``DistBackendError``): a peer is gone. Any other NCCL error
+#: (invalid usage, a CUDA error) is a bug.
+_NCCL_LOST = "remote process exited or there was a network error"
+#: A timeout is not taken for a lost rank (gloo's "Timed out waiting ...", "Application timeout caused pair
+#: closure", NCCL's watchdog): a rank stuck in a deadlock or a mismatched collective times out the same way,
+#: and its traceback says where it waited.
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 def lost_contact(err: BaseException) -> str | None:
     """The backend's own one-line message when ``err`` (or what it was raised from) is a collective's
     failure because another rank is gone: a ``DistNetworkError`` (the rendezvous store or a socket), an
     NCCL ``DistBackendError`` of ``_NCCL_LOST``, a gloo transport error (by its text: gloo gives it no
-    type of its own); None for any other error (a bug keeps its traceback)."""
+    type of its own); None for any other error, a timeout included (its traceback stays)."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         text = str(err).strip()
+        if _TIMEOUT.search(text):
+            return None
         if (isinstance(err, dist.DistNetworkError)
-                or (isinstance(err, dist.DistBackendError) and any(m in text for m in _NCCL_LOST))
-                or (type(err) is RuntimeError and (_GLOO_LOST.match(text) or text == _GLOO_CLOSED))):
+                or (isinstance(err, dist.DistBackendError) and _NCCL_LOST in text)
+                or (type(err) is RuntimeError and _GLOO_LOST.match(text))):
             line = _GLOO_LOST.sub("", text, count=1).splitlines()[0] if text else type(err).__name__
             return line.split(". This is typically caused by")[0][:300]  # gloo's advice: the line that follows says it
         err = err.__cause__ or err.__context__

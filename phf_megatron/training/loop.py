@@ -161,6 +161,7 @@ class Trainer:
         return parts
 
     def save(self) -> str:
+        self.phase = f"saving step {self.step}"
         if self.prefetch is not None:
             self.prefetch.prepare_checkpoint(self.step)  # a collective: the hosts' prefetched rollouts
         return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
@@ -313,7 +314,6 @@ class Trainer:
                     raise nonfinite_stop(self.step, self.nonfinite_run, metrics["nonfinite"])
                 metrics = None
                 if interval and self.step % interval == 0:
-                    self.phase = f"saving step {self.step}"
                     self.save()
                 if stop is not None and self.step < cfg.training.train_iters and self.at_push() and stop.agreed():
                     return self._stopped(stop.name)
@@ -336,8 +336,8 @@ class Trainer:
         finally:
             if stop is not None:
                 stop.close()
-        self.phase = f"the last save and export, step {self.step}"
         self._save_last()
+        self.phase = f"exporting step {self.step}"
         self.export()
         self.metrics.end_progress()
         if self.ctx.is_rank0:

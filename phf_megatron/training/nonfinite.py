@@ -86,7 +86,7 @@ def searching_loss_scale(optimizer) -> bool:
     """Whether a Megatron optimizer (or a chain of them) searches a dynamic fp16 loss scale that can still back
     off: its skips on a gradient overflow are that search, not a non-finite step. At ``min_loss_scale`` the
     search is over: an overflow there is a non-finite step (counted, and ``training.max_nonfinite_steps``
-    stops the run), where Megatron alone would skip every step from then on."""
+    stops the run), where Megatron alone would skip each overflowing step without counting it."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
     scaler = grad_scaler(optimizer)

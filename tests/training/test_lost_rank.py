@@ -8,8 +8,9 @@ it was gloo's "Connection reset by peer" on every rank), write nothing more, and
 * two torchrun agents (two nodes on this machine), the second node killed whole (agent and rank) at step 3:
   the first node's rank says so;
 * what counts as a lost rank (``distributed.lost_contact``): gloo's transport errors as torch 2.13 raises them
-  (a plain ``RuntimeError``: matched by their text), a ``DistNetworkError``, NCCL's remote error and timeout;
-  not gloo's or NCCL's other errors (a bug: its traceback stays), nor the same words from anything else.
+  (a plain ``RuntimeError``: matched by their text), a ``DistNetworkError``, NCCL's remote error;
+  not a timeout (a stuck rank times out the same way), not gloo's or NCCL's other errors (a bug: its traceback
+  stays), nor the same words from anything else.
 """
 
 from __future__ import annotations
@@ -106,15 +107,17 @@ WATCHDOG = ("[PG ID 0 PG GUID 0(default_pg) Rank 1] Watchdog caught collective o
                               "error. GLHF! 🏖️")), "Connection closed by peer [127.0.0.1]:37273"),
     (RuntimeError(GLOO.format("pair.cc:537", "Read error [127.0.0.1]:1963: Connection reset by peer. This is "
                               "typically caused by a remote worker hanging")), "Read error [127.0.0.1]:1963: Connection reset by peer"),
-    (RuntimeError(GLOO.format("unbound_buffer.cc:78", "Timed out waiting 3000ms for recv operation to complete")),
-     "Timed out waiting 3000ms for recv operation to complete"),
-    (RuntimeError("Application timeout caused pair closure"), "Application timeout caused pair closure"),
     (dist.DistNetworkError("failed to recv, got 0 bytes"), "failed to recv, got 0 bytes"),
     (dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited or there was a network "
                            "error, NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a network error"),
      "NCCL error in: ProcessGroupNCCL.cpp:3356, remote process exited or there was a network error, NCCL version 2.27.5"),
-    (dist.DistBackendError(WATCHDOG), WATCHDOG),
-    # not a lost rank: a bug in the call (sizes that differ), NCCL's invalid usage, the same words from elsewhere
+    # not a lost rank: a timeout (a stuck rank, a deadlock or a mismatched collective, times out the same way:
+    # its traceback says where), a bug in the call (sizes that differ), NCCL's invalid usage, the same words
+    # from elsewhere
+    (RuntimeError(GLOO.format("unbound_buffer.cc:78", "Timed out waiting 3000ms for recv operation to complete")),
+     None),
+    (RuntimeError("Application timeout caused pair closure"), None),
+    (dist.DistBackendError(WATCHDOG), None),
     (RuntimeError("[enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:446] "
                   "op.preamble.length <= op.nbytes. 16 vs 8"), None),
     (dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage (run with NCCL_DEBUG=WARN for "
