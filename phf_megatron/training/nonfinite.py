@@ -94,9 +94,10 @@ def searching_loss_scale(optimizer) -> bool:
 
 
 def tell_scaler_overflow(optimizer) -> None:
-    """A step skipped here under a dynamic fp16 loss scale (at ``min_loss_scale``, where this check finds the
-    overflows) is still an overflow to Megatron's scaler, which never saw it: its growth count restarts (the
-    scale grows only after ``loss_scale_window`` steps without one) and its hysteresis count drops, as in Megatron."""
+    """A step skipped here under a dynamic fp16 loss scale (a non-finite loss; any overflow at ``min_loss_scale``,
+    where this check finds them) is still an overflow to Megatron's scaler, which never saw it, as it sees the NaN
+    gradients such a loss gives: its growth count restarts (the scale grows only after ``loss_scale_window``
+    steps without one), its hysteresis count drops, and above the floor the scale backs off, as in Megatron."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
     for o in getattr(optimizer, "chained_optimizers", [optimizer]):

@@ -102,8 +102,7 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
         ok, grad_norm, _ = student.optimizer.step()
     else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher
         ok, grad_norm = False, None
-        if not searching:  # a dynamic scale at its floor: its scaler still counts the overflow
-            tell_scaler_overflow(student.optimizer)
+        tell_scaler_overflow(student.optimizer)  # a dynamic scale's scaler counts it, as Megatron's would
         for chunk in chunks:
             chunk.zero_grad_buffer()
         student.optimizer.zero_grad()

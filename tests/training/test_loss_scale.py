@@ -41,7 +41,7 @@ def _student(hf_dir: str, overrides: tuple[str, ...], dtype: str = "float16"):
 
 
 def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "float16",
-           inf_grad_at: tuple[int, ...] = ()) -> tuple[dict | None, list]:
+           inf_grad_at: tuple[int, ...] = (), nan_loss_at: tuple[int, ...] = ()) -> tuple[dict | None, list]:
     """The student's grad scaler as built, and ``steps`` updates' (update_skipped, nonfinite, loss_scale metric);
     ``inf_grad_at``: the steps (from 1) given an inf gradient."""
     from phf_megatron.training.methods.phf import PhfMethod
@@ -54,8 +54,8 @@ def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "fl
     built = _scaler(student) if dtype == "float16" else None
     method = PhfMethod(cfg, student)
     mbs = _microbatches(1, False, cfg.objective.flow_window)
-    updates = (run_update(student, method, mbs, faults=(Fault(i, "grad", float("inf")),) * (i in inf_grad_at))
-               for i in range(1, steps + 1))
+    updates = (run_update(student, method, mbs, faults=(Fault(i, "grad", float("inf")),) * (i in inf_grad_at)
+                          + (Fault(i, "loss", float("nan")),) * (i in nan_loss_at)) for i in range(1, steps + 1))
     log = [(m["update_skipped"], m["nonfinite"], m.get("loss_scale")) for m in updates]
     method.close()
     return built, log
@@ -84,6 +84,8 @@ def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
         "static_1": _steps(hf_dir, ("--optimizer.loss_scale=1",), 1),
         "floor_window_2": _steps(hf_dir, ("--optimizer.initial_loss_scale=1", "--optimizer.min_loss_scale=1",
                                           "--optimizer.loss_scale_window=2"), 3, inf_grad_at=(2,)),
+        "nan_loss_hysteresis_1": _steps(hf_dir, ("--optimizer.initial_loss_scale=1024", "--optimizer.hysteresis=1"),
+                                        2, nan_loss_at=(1,)),
         "float32": _steps(hf_dir, (), 1, "float32"),
     }
 
@@ -105,6 +107,10 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     # an overflow found at the floor still restarts the scaler's growth count, as in Megatron: clean, inf, clean
     # with loss_scale_window 2 does not double the scale (it did when the scaler never saw the skipped step)
     assert [(skipped, scale) for skipped, _, scale in runs["floor_window_2"][1]] == [(False, 1.0), (True, 1.0), (False, 1.0)]
+    # a non-finite loss (found by the check, above the floor too) is an overflow to the scaler, as its NaN
+    # gradients are to Megatron: hysteresis 1 halves the scale, then a clean step trains
+    [(skipped, what, scale), clean] = runs["nan_loss_hysteresis_1"][1]
+    assert skipped and what.startswith("loss (nan)") and scale == 512.0 and clean == (False, None, 512.0)
     assert runs["float32"][1] == [(False, None, None)]  # no scaler, no loss_scale metric
     # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
     assert runs["static_resumed_dynamic"]["kind"] == "DynamicGradScaler"
