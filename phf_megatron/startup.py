@@ -38,5 +38,8 @@ def quiet_start(verbose: bool = False) -> None:
     warnings.filterwarnings("ignore", module=f"(?!{OWN_MODULES})")
     # Megatron's checkpoint writer logs a failed write before raising it (we name it, one line)
     logging.getLogger("megatron.core.dist_checkpointing.strategies.filesystem_async").setLevel(logging.CRITICAL)
+    # Megatron 0.19 logs "MCore's async save is deprecated" on every save, synchronous ones too (its
+    # sync save runs through the async path); that logger has no other warning
+    logging.getLogger("megatron.core.dist_checkpointing.strategies.torch").setLevel(logging.ERROR)
     for message in FOREIGN_MESSAGES:
         warnings.filterwarnings("ignore", message=message)
