@@ -143,9 +143,10 @@ class Trainer:
 
     def _parts(self) -> dict:
         sched = self.student.scheduler
-        parts = {
-            "optimizer": optimizer_part(self.student.optimizer),
+        parts = {  # the scheduler's load checks the schedule (one line) before the optimizer's, which in
+            # Megatron 0.19 (distributed optimizer) fails with a bare KeyError on another max_lr / min_lr
             "scheduler": Part(Scope.GLOBAL, sched.state_dict, functools.partial(load_scheduler_state, sched)),
+            "optimizer": optimizer_part(self.student.optimizer),
             "data": stateful_part(self.sampler, Scope.GLOBAL),
             **self.method.parts(),
             "rng": rng_part(),
