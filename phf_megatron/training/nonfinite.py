@@ -75,11 +75,17 @@ def faults_from_env() -> tuple[Fault, ...]:
     return parse_faults(os.environ.get(ENV_VAR, ""))
 
 
+def _scalers(optimizer):
+    """The loss scalers of a Megatron optimizer, or of each optimizer of a chain."""
+    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if (s := getattr(o, "grad_scaler", None)) is not None:
+            yield s
+
+
 def grad_scaler(optimizer):
     """The loss scaler of a Megatron optimizer (or of the first of a chain; they share the settings):
     fp16's, or a static ``optimizer.loss_scale``'s; None without one."""
-    inner = getattr(optimizer, "chained_optimizers", [optimizer])
-    return next((s for o in inner if (s := getattr(o, "grad_scaler", None)) is not None), None)
+    return next(_scalers(optimizer), None)
 
 
 def searching_loss_scale(optimizer) -> bool:
@@ -100,8 +106,8 @@ def tell_scaler_overflow(optimizer) -> None:
     steps without one), its hysteresis count drops, and above the floor the scale backs off, as in Megatron."""
     from megatron.core.optimizer.grad_scaler import DynamicGradScaler
 
-    for o in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if isinstance(s := getattr(o, "grad_scaler", None), DynamicGradScaler):
+    for s in _scalers(optimizer):
+        if isinstance(s, DynamicGradScaler):
             s.update(True)
 
 

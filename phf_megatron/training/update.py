@@ -96,8 +96,7 @@ def run_update(student: StudentModel, method, microbatches: list, collect_loss_t
     t2 = time.perf_counter()
     lr = current_lr(student.scheduler)
     # fp16's dynamic loss scale above its floor: a gradient overflow is its scaler's to find (its skips search the scale)
-    searching = searching_loss_scale(student.optimizer)
-    nonfinite = check.found(chunks, check_grads=not searching)
+    nonfinite = check.found(chunks, check_grads=not searching_loss_scale(student.optimizer))
     if nonfinite is None:
         ok, grad_norm, _ = student.optimizer.step()
     else:  # nothing moves: weights, Adam state and step count, LR schedule, EMA teacher
