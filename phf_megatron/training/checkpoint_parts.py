@@ -121,10 +121,17 @@ def stateful_part(obj: Any, scope: Scope) -> Part:
     return Part(scope, obj.state_dict, obj.load_state_dict)
 
 
-def _without_static_scaler(state):
-    """A Megatron optimizer's state without a static loss scale's (empty) grad-scaler state, which a dynamic
-    scaler cannot load (``KeyError: 'scale'``; ``optimizer.loss_scale`` may change on resume): the dynamic
-    scale then starts at ``optimizer.initial_loss_scale``."""
+def _without_static_scaler(state, optimizer):
+    """A Megatron optimizer's state without a static loss scale's (empty) grad-scaler state where ``optimizer``
+    has a dynamic scaler, which cannot load it (``KeyError: 'scale'``; ``optimizer.loss_scale`` may change on
+    resume): the dynamic scale then starts at ``optimizer.initial_loss_scale``. A static scaler loads it (it holds
+    nothing): kept, as without it Megatron logs "found an old checkpoint, will not load grad scaler"."""
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    from .nonfinite import grad_scaler
+
+    if not isinstance(grad_scaler(optimizer), DynamicGradScaler):
+        return state
     for s in state if isinstance(state, list) else [state]:
         if isinstance(s, dict) and s.get("grad_scaler") == {}:
             del s["grad_scaler"]
@@ -142,7 +149,7 @@ def optimizer_part(optimizer) -> Part:
     inner = getattr(optimizer, "chained_optimizers", [optimizer])
     if not any(hasattr(o, "get_parameter_state_dp_reshardable") for o in inner):
         return Part(Scope.MODEL_PARALLEL, optimizer.state_dict,
-                    lambda saved: optimizer.load_state_dict(_without_static_scaler(saved)))
+                    lambda saved: optimizer.load_state_dict(_without_static_scaler(saved, optimizer)))
 
     def entries(shards: dict) -> Iterator[dict]:
         """One entry per parameter: buffer index -> dtype -> buckets -> entries (and sizes under str keys)."""
@@ -156,7 +163,7 @@ def optimizer_part(optimizer) -> Part:
         return {"common": optimizer.state_dict(), "shards": shards}
 
     def load(saved: dict[str, Any]) -> None:
-        optimizer.load_state_dict(_without_static_scaler(saved["common"]))  # allocates the moments, uninitialised
+        optimizer.load_state_dict(_without_static_scaler(saved["common"], optimizer))  # allocates the moments, uninitialised
         for o, shards in zip(inner, saved["shards"], strict=True):
             for entry in entries(shards):
                 entry["padding"] = False  # the loader expects the sharded form's flag

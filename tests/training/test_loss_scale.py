@@ -61,19 +61,34 @@ def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "fl
     return built, log
 
 
-def _static_resumed_dynamic(hf_dir: str) -> dict:
-    """A static scale's optimizer state (checkpoint part), loaded by a dynamic-scale student: its scaler."""
+def _static_resumed(hf_dir: str, overrides: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """A static scale's optimizer state (checkpoint part), loaded by a student built with ``overrides``: its
+    scaler, and what Megatron's optimizer logged (INFO and above) on the way."""
+    import logging
+
     from phf_megatron.training.checkpoint_parts import optimizer_part
 
     saved = optimizer_part(_student(hf_dir, ("--optimizer.loss_scale=8",))[1].optimizer).state()
-    _, resumed = _student(hf_dir, ("--optimizer.initial_loss_scale=1024",))
-    optimizer_part(resumed.optimizer).load(saved)
-    return _scaler(resumed)
+    _, resumed = _student(hf_dir, overrides)
+    logged: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("megatron.core.optimizer")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        optimizer_part(resumed.optimizer).load(saved)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return _scaler(resumed), logged
 
 
 def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
     return {
-        "static_resumed_dynamic": _static_resumed_dynamic(hf_dir),
+        "static_resumed_dynamic": _static_resumed(hf_dir, ("--optimizer.initial_loss_scale=1024",)),
+        "static_resumed_static": _static_resumed(hf_dir, ("--optimizer.loss_scale=16",)),
         "default": _steps(hf_dir, (), 0),
         "set": _steps(hf_dir, ("--optimizer.initial_loss_scale=1024", "--optimizer.min_loss_scale=4",
                                "--optimizer.loss_scale_window=7", "--optimizer.hysteresis=3"), 0),
@@ -113,8 +128,11 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     assert skipped and what.startswith("loss (nan)") and scale == 512.0 and clean == (False, None, 512.0)
     assert runs["float32"][1] == [(False, None, None)]  # no scaler, no loss_scale metric
     # a run saved with a static scale resumes with a dynamic one (Megatron's loader raised KeyError 'scale')
-    assert runs["static_resumed_dynamic"]["kind"] == "DynamicGradScaler"
-    assert runs["static_resumed_dynamic"]["scale"] == 1024.0
+    assert runs["static_resumed_dynamic"][0]["kind"] == "DynamicGradScaler"
+    assert runs["static_resumed_dynamic"][0]["scale"] == 1024.0
+    # and with a static one, quietly (no "found an old checkpoint, will not load grad scaler" from Megatron)
+    assert runs["static_resumed_static"] == ({**runs["static_resumed_static"][0], "kind": "ConstantGradScaler",
+                                              "scale": 16.0}, [])
 
 
 @pytest.mark.parametrize("override, key", [
