@@ -44,6 +44,15 @@ def report_error(err: BaseException) -> None:
     print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
 
 
+def report_stop(err: RunStopped) -> None:
+    """Print a stopped run's line on stderr, once: ``error: <err>`` (``error: [rank R] <err>`` off rank 0). A
+    ``LostRank`` is printed as it is raised, before the run's cleanup (``training.distributed.lost_rank``)."""
+    if not err.reported:
+        err.reported = True
+        rank = process_rank()
+        print(f"error: {f'[rank {rank}] ' if rank else ''}{err}", file=sys.stderr, flush=True)
+
+
 #: Exit code of a command stopped by Ctrl-C: the shell's code for a process killed by SIGINT (128 + 2).
 INTERRUPTED_EXIT = 130
 
@@ -73,9 +82,8 @@ def run_command(main: Callable[[], int | None]) -> int:
         report_error(failure)
         return 2
     except RunStopped as err:  # raised on every rank together: rank 0 says what failed and what was kept
-        rank = process_rank()
-        if rank == 0 or isinstance(err, LostRank):  # a lost rank may be rank 0: every survivor says it
-            print(f"error: {f'[rank {rank}] ' if rank else ''}{err}", file=sys.stderr, flush=True)
+        if process_rank() == 0 or isinstance(err, LostRank):  # a lost rank may be rank 0: every survivor says it
+            report_stop(err)
         else:
             time.sleep(SILENT_RANK_WAIT_S)  # as for a setting error: rank 0's line goes out before torchrun stops it
         return 1

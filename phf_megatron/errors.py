@@ -20,6 +20,9 @@ class RunStopped(RuntimeError):
     """A run stopped by a failure outside the user's input (a rollout engine died or hung), after it
     saved what it had: one line, ``error: <what failed>; <what is kept>; rerun ...``, exit code 1."""
 
+    reported = False
+    """Whether its line is out already (``commands.report_stop``): the command line does not print it again."""
+
 
 class LostRank(RunStopped):
     """A collective failed because another rank is gone (killed, its node down): every surviving rank says

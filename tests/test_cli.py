@@ -142,6 +142,10 @@ def test_run_command_prints_user_errors_as_one_line_and_keeps_other_tracebacks(c
     assert run_command(fail(RunStopped("rollout engine 0 (host rank 0): died"))) == 1
     assert run_command(fail(LostRank("lost contact with another rank (step 3 of 9: ...)"))) == 1
     assert capsys.readouterr().err.splitlines() == ["error: [rank 1] lost contact with another rank (step 3 of 9: ...)"]
+    lost = LostRank("lost contact with another rank (starting: ...)")
+    commands.report_stop(lost)  # said as it is raised, before the run's cleanup: the command line does not repeat it
+    assert run_command(fail(lost)) == 1
+    assert capsys.readouterr().err.splitlines() == ["error: [rank 1] lost contact with another rank (starting: ...)"]
 
 
 def test_tool_switches_and_help(capsys):

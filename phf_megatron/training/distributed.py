@@ -5,7 +5,8 @@
 
 Joining the group (and the CPU shims without CUDA) and Megatron's groups are ``runtime``'s.
 ``lost_contact(err)`` tells a collective that failed because another rank is gone (killed, its node
-down) from any other error (a timeout included: a stuck rank times out the same way).
+down) from any other error (a timeout included: a stuck rank times out the same way); ``lost_rank`` makes it
+the ``LostRank`` every surviving rank says at once, before any cleanup; ``kept`` names what a stopped run keeps.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..commands import report_stop
 from ..config_errors import fail
+from ..errors import LostRank, RunStopped
 from ..runtime.megatron_session import init_model_parallel, shutdown
 from ..runtime.process_group import join_default_group
+from .checkpoint import iter_dir_name, list_checkpoints
 from .config import TrainConfig
 
 
@@ -90,16 +95,51 @@ def lost_contact(err: BaseException) -> str | None:
     failure because another rank is gone: a ``DistNetworkError`` (the rendezvous store or a socket), an
     NCCL ``DistBackendError`` of ``_NCCL_LOST``, a gloo transport error (by its text: gloo gives it no
     type of its own); None for any other error, a timeout included (its traceback stays)."""
+    for e in _chain(err):
+        text = str(e).strip()
+        if _TIMEOUT.search(text):
+            return None
+        if (isinstance(e, dist.DistNetworkError)
+                or (isinstance(e, dist.DistBackendError) and _NCCL_LOST in text)
+                or (type(e) is RuntimeError and _GLOO_LOST.match(text))):
+            line = _GLOO_LOST.sub("", text, count=1).splitlines()[0] if text else type(e).__name__
+            return line.split(". This is typically caused by")[0][:300]  # gloo's advice: the line that follows says it
+    return None
+
+
+def _chain(err: BaseException | None):
+    """``err`` and what it was raised from or during, outermost first."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        text = str(err).strip()
-        if _TIMEOUT.search(text):
-            return None
-        if (isinstance(err, dist.DistNetworkError)
-                or (isinstance(err, dist.DistBackendError) and _NCCL_LOST in text)
-                or (type(err) is RuntimeError and _GLOO_LOST.match(text))):
-            line = _GLOO_LOST.sub("", text, count=1).splitlines()[0] if text else type(err).__name__
-            return line.split(". This is typically caused by")[0][:300]  # gloo's advice: the line that follows says it
+        yield err
         err = err.__cause__ or err.__context__
-    return None
+
+
+def kept(save_dir: str, redone: bool = False) -> str:
+    """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
+    done = list_checkpoints(save_dir)
+    if not done:
+        return "no checkpoint was saved"
+    last = f"the last checkpoint is {os.path.join(save_dir, iter_dir_name(done[-1]))}"
+    return f"{last}, the steps after it are redone" if redone else last
+
+
+def lost_rank(err: BaseException, phase: str, save_dir: str, redone: bool = False,
+              after: type[BaseException] | None = None) -> LostRank | None:
+    """``err`` as the ``LostRank`` every surviving rank reports when it is a collective's failure because another
+    rank is gone (``lost_contact``; not a ``RunStopped``, said already), else None. Its line is printed now
+    (``commands.report_stop``) and torchrun's SIGTERM ignored from here on: torchrun stops the survivors as soon
+    as one worker dies (SIGTERM, then SIGKILL 30 s later), and the cleanup that follows the error (the engines'
+    shutdown, the process group's) may outlast that. ``phase``: what the run was doing; ``save_dir``, ``redone``:
+    what it keeps (``kept``); ``after``: the type of a failure the run was handling when the rank was lost (the
+    rollout engines', whose checkpoint it was saving), named first: the root cause, maybe why the rank is gone."""
+    if isinstance(err, RunStopped) or (lost := lost_contact(err)) is None:
+        return None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    first = next((e for e in _chain(err) if isinstance(e, after)), None) if after else None
+    cause = f"{first}; then " if first is not None else ""
+    stop = LostRank(f"{cause}lost contact with another rank ({phase}: {lost}); a process or node of the run died "
+                    f"or stopped answering; {kept(save_dir, redone)}; rerun the same command to resume")
+    report_stop(stop)
+    return stop

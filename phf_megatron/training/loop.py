@@ -39,16 +39,16 @@ from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
 from ..config_errors import fail
-from ..errors import LostRank, RunStopped, UserError
+from ..errors import RunStopped, UserError
 from .batches import build_microbatches
-from .checkpoint import META_FILE, iter_dir_name, list_checkpoints, load_checkpoint, read_latest, save_checkpoint
+from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import (
     Part, RankLayout, Scope, dist_model_part, optimizer_part, rng_part, stateful_part, tensors_part,
 )
 from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config
 from .diagnostics import layer_energy_metrics
-from .distributed import DistributedContext, init_distributed, lost_contact
+from .distributed import DistributedContext, init_distributed, kept, lost_rank
 from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
@@ -85,7 +85,23 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig):
         cfg.require_inputs()
-        self.cfg = cfg
+        self.cfg, self.phase = cfg, "starting"  # what the run is doing (LostRank names it)
+        self.prefetch = self.rollouts = None
+        try:
+            self._start()
+        except BaseException as err:  # a refused resume, a lost rank...: the engines stop now, not at exit
+            stop = lost_rank(err, self.phase, cfg.save_dir) if isinstance(err, Exception) else None  # said first
+            if self.prefetch is not None:
+                self.prefetch.close()
+            if self.rollouts is not None:
+                self.rollouts.close()
+            if stop is not None:
+                raise stop from None
+            raise
+
+    def _start(self) -> None:
+        """Builds every piece (``__init__``: the engines stop if one fails; a lost rank is one line)."""
+        cfg = self.cfg
         self.ctx: DistributedContext = init_distributed(cfg)
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
         self.dataset = _load_dataset(cfg)
@@ -106,7 +122,6 @@ class Trainer:
         self._round = None
         """(plan, samples, completions, micro-batches) of the rollout batch in training (``method.iterations``)."""
         self.step = 0
-        self.phase = "before the first step"  # what the run was doing (LostRank names it)
         self.nonfinite_steps = 0
         """Steps skipped for a NaN/inf loss or gradient, over the whole run (resumes included)."""
         self.nonfinite_run = 0
@@ -114,17 +129,10 @@ class Trainer:
         self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
         self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, eos_token_ids(self.tokenizer))
-        self.prefetch = None
-        try:
-            self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
-            self.resumed_from = self._maybe_resume()
-            self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
-            self._engines_current = True  # the engines hold the student's weights (nothing to push)
-        except BaseException:  # a refused or damaged resume: the engines stop now, not at exit (after the group)
-            if self.prefetch is not None:
-                self.prefetch.close()
-            self.rollouts.close()
-            raise
+        self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
+        self.resumed_from = self._maybe_resume()
+        self.rollouts.sync(self.step)  # the engines start from the HF files; push the (resumed) student, verify
+        self._engines_current = True  # the engines hold the student's weights (nothing to push)
         save_run_config(cfg)  # after the resume: a refused one leaves the run directory as it was
         if self.ctx.is_rank0:
             groups = self.rollouts.groups
@@ -287,16 +295,13 @@ class Trainer:
     def run(self) -> int:
         """Train to ``training.train_iters``, save and export; returns the exit code: 0, or 128 + the
         signal's number when ``checkpoint.exit_signal`` stopped the run (saved at its last step). A rank
-        that is gone stops the others with ``LostRank`` (``distributed.lost_contact``), saving nothing."""
+        that is gone stops the others with ``LostRank`` (``distributed.lost_rank``), saving nothing."""
         try:
             return self._run()
-        except Exception as err:  # noqa: BLE001 - re-raised unless another rank is gone
-            if (lost := lost_contact(err)) is None:
+        except Exception as err:  # noqa: BLE001 - re-raised unless another rank is gone (said now, before the cleanup)
+            if (stop := lost_rank(err, self.phase, self.cfg.save_dir, redone=True, after=RolloutFailure)) is None:
                 raise
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's, sent as one worker dies: the line comes first
-            raise LostRank(f"lost contact with another rank ({self.phase}: {lost}); a process or node of the run "
-                           f"died or stopped answering; {self._kept(redone=True)}; rerun the same command to resume"
-                           ) from None
+            raise stop from None
 
     def _run(self) -> int:
         cfg = self.cfg
@@ -353,19 +358,14 @@ class Trainer:
             self._save_last()
         self.metrics.end_progress()
         if self.ctx.is_rank0:
-            kept = (f"saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}" if engines is None else
-                    f"the rollout engines stopped on it too ({engines}); {self._kept(redone=not self.at_push())}")
+            saved = (f"saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}" if engines is None else
+                     f"the rollout engines stopped on it too ({engines}); {self._kept(redone=not self.at_push())}")
             print(f"phf_megatron.train: {name} received: stopped after step {self.step} of "
-                  f"{self.cfg.training.train_iters}, {kept}; rerun the same command to resume", flush=True)
+                  f"{self.cfg.training.train_iters}, {saved}; rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
 
-    def _kept(self, redone: bool = False) -> str:
-        """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
-        done = list_checkpoints(self.cfg.save_dir)
-        if not done:
-            return "no checkpoint was saved"
-        last = f"the last checkpoint is {os.path.join(self.cfg.save_dir, iter_dir_name(done[-1]))}"
-        return f"{last}, the steps after it are redone" if redone else last
+    def _kept(self, redone: bool = False) -> str:  # what a stopped run keeps (``distributed.kept``)
+        return kept(self.cfg.save_dir, redone)
 
     def _save_last(self) -> None:
         """Save the step the run ends at, unless ``checkpoint.save_interval`` just did."""

@@ -2,21 +2,35 @@
 the OOM killer or a failed node kills it (SIGKILL: no handler, no last word), as ``$LOST_RANK_FAULT`` =
 ``WHAT:WHERE:RANK:STEP`` says: global rank ``RANK`` kills itself (``WHAT`` = process) or its torchrun agent and
 then itself (node: a whole node of one process gone) at the start of step ``STEP`` (``WHERE`` = step, numbered as
-metrics.jsonl numbers it) or as it is about to write its file of step ``STEP``'s checkpoint (save)."""
+metrics.jsonl numbers it), as it is about to write its file of step ``STEP``'s checkpoint (save), or as it starts to
+read the checkpoint it would resume from, before the engines get the first weights (start: ``STEP`` unused).
+``$LOST_RANK_ENGINE_FAULT`` = ``STEP``: the rollout engines fail too, sampling step ``STEP`` (0-based, as the error
+names it). Every cleanup the run does after its error (the engines' shutdown, the process group's) first prints
+``CLEANUP`` on stderr."""
 
 import os
 import signal
 import sys
 
-from phf_megatron.training import checkpoint, loop
+from phf_megatron.training import checkpoint, distributed, loop, rollouts
 
 FAULT = "LOST_RANK_FAULT"
+ENGINE_FAULT = "LOST_RANK_ENGINE_FAULT"
+CLEANUP = "lost_rank_run: cleanup starts"
 
 
 def _die(what: str) -> None:
     if what == "node":
         os.kill(os.getppid(), signal.SIGKILL)  # the agent first: nothing is left to restart or stop the node's ranks
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _announced(fn):
+    def cleanup(*args, **kwargs):
+        print(CLEANUP, file=sys.stderr, flush=True)
+        return fn(*args, **kwargs)
+
+    return cleanup
 
 
 if __name__ == "__main__":
@@ -31,6 +45,8 @@ if __name__ == "__main__":
                 return train_step(self)
 
             loop.Trainer.train_step = dying_step
+        elif where == "start":
+            loop.Trainer._maybe_resume = lambda self: _die(what)
         else:
             write = checkpoint._write_torch
 
@@ -40,6 +56,17 @@ if __name__ == "__main__":
                 return write(obj, path)
 
             checkpoint._write_torch = dying_write
+    if ENGINE_FAULT in os.environ:
+        sample = rollouts.RolloutDriver.sample
+
+        def failing_sample(self, requests):
+            if requests.step == int(os.environ[ENGINE_FAULT]):
+                raise RuntimeError("injected engine fault")
+            return sample(self, requests)
+
+        rollouts.RolloutDriver.sample = failing_sample
+    rollouts.RolloutDriver.close = _announced(rollouts.RolloutDriver.close)
+    distributed.shutdown_distributed = _announced(distributed.shutdown_distributed)
     from phf_megatron.train import main
 
     sys.exit(main(sys.argv[1:]))

@@ -7,6 +7,11 @@ it was gloo's "Connection reset by peer" on every rank), write nothing more, and
   torchrun's SIGTERM to rank 0 (it stops every worker as soon as one dies) does not cut the line short;
 * two torchrun agents (two nodes on this machine), the second node killed whole (agent and rank) at step 3:
   the first node's rank says so;
+* rank 0 killed as the run starts (before the engines get the first weights): rank 1 says so, ``[rank 1]`` first;
+* the rollout engine failing, then rank 1 killed as it writes the checkpoint saved for that failure: the line
+  names the engine's failure first (the root cause), then the lost rank;
+* each time the line is out before any cleanup starts (the engines' shutdown, the process group's): torchrun
+  SIGKILLs the survivors 30 s after a worker dies, which a slow cleanup would outlast, cutting the line;
 * what counts as a lost rank (``distributed.lost_contact``): gloo's transport errors as torch 2.13 raises them
   (a plain ``RuntimeError``: matched by their text), a ``DistNetworkError``, NCCL's remote error;
   not a timeout (a stuck rank times out the same way), not gloo's or NCCL's other errors (a bug: its traceback
@@ -28,7 +33,7 @@ from phf_megatron.training.distributed import lost_contact
 
 from ..helpers import run_python
 from ..helpers.tiny_run import assert_ok, read_metrics, train, train_command
-from .lost_rank_run import FAULT
+from .lost_rank_run import CLEANUP, ENGINE_FAULT, FAULT
 
 RUN = ("--training.train_iters=4", "--checkpoint.save_interval=1")
 
@@ -40,10 +45,11 @@ def _argv(hf: str, data: str, run: str, **torchrun) -> tuple[list[str], dict[str
 
 
 def _assert_one_line(out: str, line: str) -> None:
-    """``line`` is the run's only ``error:`` line (a regex), and no rank printed a traceback (torchrun's own
-    report of its failed worker follows, as for any failed worker)."""
+    """``line`` is the run's only ``error:`` line (a regex), out before any cleanup started (``CLEANUP``), and no
+    rank printed a traceback (torchrun's own report of its failed worker follows, as for any failed worker)."""
     errors = [x for x in out.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and re.fullmatch(line, errors[0]), out[-6000:]
+    assert CLEANUP in out and out.index(errors[0]) < out.index(CLEANUP), out[-6000:]
     assert not re.search(r"\[rank\d+\]:", out) and "gloo" not in out and out.count("Traceback") <= 1, out[-6000:]
 
 
@@ -94,6 +100,36 @@ def test_a_killed_node_stops_the_other_nodes_ranks_with_one_line(tiny_inputs, tm
         + r", the steps after it are redone; rerun the same command to resume"))
     assert list_checkpoints(save) == [1, 2] and read_latest(save) == 2, os.listdir(save)
     assert not [e for e in os.listdir(save) if e.startswith("tmp-")]
+
+
+@pytest.mark.slow  # ~20 s on 2 cores
+def test_a_rank_killed_as_the_run_starts_stops_the_other_with_one_line(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    argv, _ = _argv(hf, data, str(tmp_path / "run"), nproc=2)
+    proc = run_python(argv[1:], timeout=600, **{FAULT: "process:start:0:0"})
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    _assert_one_line(proc.stderr, (
+        r"error: \[rank 1\] lost contact with another rank \(starting: .*(Connection reset by peer|Connection closed "
+        r"by peer).*\); a process or node of the run died or stopped answering; no checkpoint was saved; rerun the "
+        r"same command to resume"))
+
+
+@pytest.mark.slow  # ~30 s on 2 cores
+def test_a_rank_lost_saving_after_an_engine_failure_names_both(tiny_inputs, tmp_path):
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    save = os.path.join(run, "checkpoints")
+    argv, _ = _argv(hf, data, run, nproc=2)
+    argv.append("--checkpoint.save_interval=2")  # step 3 is saved for the engine's failure only
+    proc = run_python(argv[1:], timeout=600, **{FAULT: "process:save:1:3", ENGINE_FAULT: "3"})
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    _assert_one_line(proc.stderr, (
+        r"error: rollout engine 0 \(host rank 0\): sampling failed at step 3 \(RuntimeError\): injected engine fault; "
+        r"then lost contact with another rank \(saving step 3: .*(Connection reset by peer|Connection closed by "
+        r"peer).*\); a process or node of the run died or stopped answering; the last checkpoint is "
+        + re.escape(os.path.join(save, "iter_0000002")) + r", the steps after it are redone; rerun the same "
+        r"command to resume"))
+    assert list_checkpoints(save) == [2] and read_latest(save) == 2, os.listdir(save)
 
 
 GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/{}] {}"
