@@ -77,12 +77,15 @@ def _default(field: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def did_you_mean(key: str, known: Sequence[str]) -> str:
-    """``"; did you mean a, b?"`` listing the known keys close to ``key`` (or ``""``)."""
+def did_you_mean(key: str, known: Sequence[str], bare: bool = True) -> str:
+    """``"; did you mean a, b?"`` listing the known keys close to ``key`` (or ``""``). ``bare``: a
+    close field name may be offered alone (a flag: ``--lr``); False (a YAML file, where only the
+    dotted keys are valid): as the dotted keys that end in it (``optimizer.lr``)."""
     leaf_names = sorted({k.rsplit(".", 1)[-1] for k in known})
     matches = difflib.get_close_matches(key, known, n=4, cutoff=0.6)
-    matches += [m for m in difflib.get_close_matches(key.rsplit(".", 1)[-1], leaf_names, n=4, cutoff=0.6)
-                if m not in matches]
+    for leaf in difflib.get_close_matches(key.rsplit(".", 1)[-1], leaf_names, n=4, cutoff=0.6):
+        full = [leaf] if bare else [k for k in known if k.rsplit(".", 1)[-1] == leaf]
+        matches += [m for m in full if m not in matches]
     return f"; did you mean {', '.join(matches)}?" if matches else ""
 
 

@@ -85,6 +85,9 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
     (b"lora: 8\n", "section 'lora': expected a mapping of its fields, got 8"),   # was "unknown key 'lora'"
     (b"lora:\n", "section 'lora': expected a mapping of its fields, got None"),
     (b"lora: {rank: 8}\n", "unknown key 'lora.rank'"),
+    # a YAML file takes only dotted keys: the suggestions were "lr, r" and "model.hf_dir, hf_dir" (bare flag names)
+    (b"lr: 1.0e-5\n", "unknown key 'lr'; did you mean optimizer.lr, lora.r?"),
+    (b"model:\n  hf_dirr: x\n", "unknown key 'model.hf_dirr'; did you mean model.hf_dir?"),
 ])
 def test_bad_config_yaml_names_the_file(tmp_path, content, detail):
     from phf_megatron.training.config_io import read_yaml

@@ -119,7 +119,7 @@ def read_yaml(path: str) -> dict[str, Any]:
     flat = flatten(tree)
     for key in flat:
         if key not in SETTINGS.types:
-            raise InputFileError(path, f"unknown key {key!r}{did_you_mean(key, list(SETTINGS.types))}")
+            raise InputFileError(path, f"unknown key {key!r}{did_you_mean(key, list(SETTINGS.types), bare=False)}")
     return flat
 
 
