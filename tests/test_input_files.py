@@ -88,6 +88,9 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
     # a YAML file takes only dotted keys: the suggestions were "lr, r" and "model.hf_dir, hf_dir" (bare flag names)
     (b"lr: 1.0e-5\n", "unknown key 'lr'; did you mean optimizer.lr, lora.r?"),
     (b"model:\n  hf_dirr: x\n", "unknown key 'model.hf_dirr'; did you mean model.hf_dir?"),
+    # a bad value is the file's: it was "--optimizer.lr: expected float, got 'abc'", a flag nobody gave
+    (b"optimizer:\n  lr: abc\n", "optimizer.lr: expected float, got 'abc'"),
+    (b"training:\n  train_iters: 1.5\n", "training.train_iters: expected int, got 1.5"),
 ])
 def test_bad_config_yaml_names_the_file(tmp_path, content, detail):
     from phf_megatron.training.config_io import read_yaml

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from ..cli import Settings, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
+from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
 from ..output_files import write_text
 from .config import ABLATIONS, TrainConfig
@@ -120,6 +120,10 @@ def read_yaml(path: str) -> dict[str, Any]:
     for key in flat:
         if key not in SETTINGS.types:
             raise InputFileError(path, f"unknown key {key!r}{did_you_mean(key, list(SETTINGS.types), bare=False)}")
+        try:   # a bad value is the file's: "--optimizer.lr: expected float" named a flag nobody gave
+            coerce(flat[key], SETTINGS.types[key], key)
+        except ConfigError as err:
+            raise InputFileError(path, f"{key}: {err.detail}") from None
     return flat
 
 
