@@ -156,6 +156,37 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--model", "/nonexistent/m"], "error: --model: /nonexistent/m does not exist"),
+    (["--model", "{tmp}/file"], "error: --model: {tmp}/file is not a directory"),
+    (["--model", "{tmp}"], "error: --model: {tmp} has no config.json (not a HF model directory)"),
+    (["--model", "{tmp}", "--adapter", "{tmp}"], "error: --model: {tmp} has no config.json (not a HF base model "
+                                                 "directory)"),
+    (["--model", "{tmp}/hf", "--adapter", "/nonexistent/a"], "error: --adapter: /nonexistent/a does not exist"),
+    (["--model", "{tmp}/hf", "--adapter", "{tmp}"], "error: --adapter: {tmp} has no adapter_config.json (not a PEFT "
+                                                    "adapter directory)"),
+    (["--megatron_checkpoint", "/nonexistent/iter_0000100"],
+     "error: --megatron_checkpoint: /nonexistent/iter_0000100 does not exist"),
+])
+def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys, argv, line):
+    """A mistyped --model, --adapter or --megatron_checkpoint was "model directory '...' does not exist" (also
+    for a file), "<dir>: no adapter_config.json" or "Megatron checkpoint directory '...'", without the flag,
+    after the output directory had been made."""
+    from safetensors.torch import save_file
+
+    import torch
+    from phf_megatron.tools.eval_avg_at_k import main
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "qwen3"}')
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "hf" / "model.safetensors"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main([*argv, "--benchmarks", "aime24", "--out_dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path)]
+    assert not (tmp_path / "o").exists()
+
+
 # ----------------------------------------------------------------------------- the installed commands
 
 

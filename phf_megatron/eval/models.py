@@ -19,7 +19,7 @@ import os
 import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
-from phf_megatron.input_files import check_hf_model_dir
+from phf_megatron.input_files import check_hf_model_dir, missing_dir
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -29,10 +29,11 @@ MARKER = "phf_source.json"
 
 
 def check_hf_dir(path: str, what: str = "model") -> str:
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{what} directory {path!r} does not exist")
+    """``path`` is a HF model directory; else one line naming ``--model``, the flag that gave it."""
+    if missing_dir(path):
+        raise ConfigError("model", missing_dir(path))
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{path}: no config.json (not a HF {what} directory)")
+        raise ConfigError("model", f"{path} has no config.json (not a HF {what} directory)")
     check_hf_model_dir(path, weights=True)  # a damaged or missing file is named before an engine loads it
     return path
 
@@ -63,13 +64,15 @@ def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
 
 def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
     """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
+    check_hf_dir(base_dir, "base model")
+    if missing_dir(adapter_dir):
+        raise ConfigError("adapter", missing_dir(adapter_dir))
+    if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
+        raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory)")
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    check_hf_dir(base_dir, "base model")
-    if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
-        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
     final = os.path.join(run_dir, "merged_model")
     marker = {"base": os.path.abspath(base_dir), "adapter": os.path.abspath(adapter_dir), "dtype": dtype,
               "adapter_mtime": os.path.getmtime(os.path.join(adapter_dir, "adapter_config.json"))}
@@ -138,8 +141,8 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     """
     import multiprocessing as mp
 
-    if not os.path.isdir(mcore_dir):
-        raise FileNotFoundError(f"Megatron checkpoint directory {mcore_dir!r} does not exist")
+    if missing_dir(mcore_dir):
+        raise ConfigError("megatron_checkpoint", missing_dir(mcore_dir))
     from ..convert.mcore_checkpoint import METADATA_FILE, training_checkpoint_error
 
     if not os.path.isfile(os.path.join(mcore_dir, METADATA_FILE)) and training_checkpoint_error(mcore_dir) is None:
@@ -152,6 +155,7 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     if _reusable(final, marker):
         return final
     remove(final)                                     # another checkpoint's, or unfinished
+    os.makedirs(run_dir, exist_ok=True)               # the converters refuse an out_dir whose parent is missing
     if training_checkpoint_error(mcore_dir) is not None:   # a training run's: its student, LoRA merged
         _convert_training_checkpoint(mcore_dir, final, base_model=tokenizer_dir)
         write_json(os.path.join(final, MARKER), marker, indent=1)

@@ -207,10 +207,10 @@ def _check_qwen3(model_dir: str) -> None:
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     problems, sources = load_problems(config)
-    os.makedirs(config.out_dir, exist_ok=True)
-    model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,
+    model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
                                   dtype=config.dtype)
+    os.makedirs(config.out_dir, exist_ok=True)
     _check_qwen3(model_dir)
     backend = resolve_backend(config.backend)
     limit = model_context_limit(model_dir)
