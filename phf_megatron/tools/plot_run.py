@@ -26,6 +26,7 @@ import numpy as np
 
 from ..commands import command, parse_command_line
 from ..errors import ConfigError, InputFileError, UserError
+from ..input_files import missing_dir
 from ..training import metrics as M
 
 CURVES = (
@@ -311,6 +312,8 @@ def plot(argv: list[str], quiet: bool = False) -> int:
         return 0
     if not args.verbose:   # one line per text drawn, thousands per figure
         logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+    if missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
+        raise ConfigError("run_dir", missing_dir(args.run_dir))
     records = load_run(args.run_dir)
     if args.out:
         curves = args.out

@@ -111,6 +111,9 @@ def test_missing_or_empty_metrics_is_a_clear_error(tmp_path, capsys, content):
     ("metrics", "error: {run}/metrics.jsonl:2: expected a JSON object, got list"),   # was an AttributeError
     ("plots", "error: --run_dir: {run}/plots is not a directory (where the plots go)"),   # was "[Errno 17] ..."
     ("out", "error: --out: {run} is a directory (give the PNG file to write)"),   # wrote <out>.png beside it
+    # a mistyped run directory was "{run}x/metrics.jsonl: no metrics file (has the run logged a step? ...)"
+    ("missing", "error: --run_dir: {run}x does not exist"),
+    ("file", "error: --run_dir: {run}/metrics.jsonl is not a directory"),
 ])
 def test_a_bad_input_or_output_is_one_line(tmp_path, capsys, damage, line):
     run = tmp_path / "run"
@@ -119,7 +122,8 @@ def test_a_bad_input_or_output_is_one_line(tmp_path, capsys, damage, line):
         (run / "metrics.jsonl").write_text('{"step": 1}\n[2]\n{"step": 3}\n')
     if damage == "plots":
         (run / "plots").write_text("")
-    assert _import_tool().main([str(run), *(["--out", str(run)] if damage == "out" else [])]) == 2
+    given = {"missing": f"{run}x", "file": str(run / "metrics.jsonl")}.get(damage, str(run))
+    assert _import_tool().main([given, *(["--out", str(run)] if damage == "out" else [])]) == 2
     assert capsys.readouterr().err.splitlines() == [line.format(run=run)]
     assert not any(p.suffix == ".png" for p in tmp_path.rglob("*"))
 
