@@ -52,4 +52,4 @@ step "5/5 plots"
 python tools/plot_run.py "$RUN"
 echo
 echo "done: metrics $RUN/metrics.jsonl, checkpoints $RUN/checkpoints, adapter $RUN/export/peft_adapter,"
-echo "      plots in $RUN, eval tables $RUN/toy_eval_{before,after}.json and $RUN/eval_avg_at_k"
+echo "      plots $RUN/plots, eval tables $RUN/toy_eval_{before,after}.json and $RUN/eval_avg_at_k"

@@ -33,6 +33,22 @@ from ..helpers.tiny_run import warning_lines
 #: The smallest gain the README promises (its "at least +N points", checked below).
 MARGIN = 0.25
 
+def closing_paths_missing(stdout: str) -> list[str]:
+    """What the job's closing "done:" lines name that is not there: each path exists (``{a,b}``
+    expanded as bash does) and the plots' path holds the PNGs."""
+    tail = " ".join(stdout[stdout.rindex("\ndone: ") + 7:].split())
+    missing = []
+    for item in re.split(r",\s+|\s+and\s+", tail):
+        *what, path = item.split()
+        head, _, rest = path.partition("{")
+        names, _, end = rest.partition("}")
+        for p in [head + n + end for n in names.split(",")] if rest else [path]:
+            pngs = [f for f in os.listdir(p) if f.endswith(".png")] if os.path.isdir(p) else []
+            if not os.path.exists(p) or ("plots" in what and not pngs):
+                missing.append(f"{' '.join(what)}: {p}")
+    return missing
+
+
 def test_readme_promises_the_tested_margin():
     readme = open(os.path.join(REPO, "README.md")).read()
     promised = re.findall(r"at least \+(\d+) points", readme)
@@ -58,6 +74,7 @@ def test_main_job_learns_the_toy_task_with_a_quiet_log(tmp_path):
     assert after["noref_seen"] >= 0.85, (before, after)
     assert before["ref_unseen"] >= 0.9  # the warm-up taught the teacher side to use the reference
     assert (run / "plots" / "layer_energy.png").is_file() and (run / "eval_avg_at_k" / "summary.json").is_file()
+    assert closing_paths_missing(proc.stdout) == []   # the "done:" lines said "plots in <run>" (they are in plots/)
 
     assert warning_lines(log) == [], "\n".join(warning_lines(log)[:20])
     assert "Transformer Engine and Apex are not installed" not in log
