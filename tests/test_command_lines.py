@@ -275,6 +275,29 @@ def test_the_readme_after_training_commands_use_real_flags():
     assert checked >= 15
 
 
+def test_the_benchmark_commands_the_docs_give_run_from_the_repository_root():
+    """``python benchmarks/x.py`` (no ``-m``, no ``PYTHONPATH=.``) puts benchmarks/ first on the path, not the
+    repository: a script that imports ``benchmarks.*`` without putting the repository on ``sys.path`` itself then
+    stops with ModuleNotFoundError (docs/scaling.md and BENCHMARKS.md gave rollout_sync.py so); such a script must
+    be given as ``python -m benchmarks.x``."""
+    import glob
+    import re
+
+    docs = [os.path.join(REPO, "README.md"), os.path.join(REPO, "BENCHMARKS.md"),
+            *sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))),
+            *sorted(glob.glob(os.path.join(REPO, "benchmarks", "*.md")))]
+    given, broken = 0, []
+    for doc in docs:
+        for number, line in enumerate(open(doc, encoding="utf-8"), 1):
+            for prefix, name in re.findall(r"(PYTHONPATH=\S+\s+(?:\w+=\S+\s+)*)?python benchmarks/(\w+)\.py", line):
+                given += 1
+                source = open(os.path.join(REPO, "benchmarks", f"{name}.py")).read()
+                puts_repo_on_path = "sys.path.insert(0, os.path.dirname(os.path.dirname(" in source   # as scaling.py
+                if not prefix and not puts_repo_on_path and re.search(r"^\s*(from|import) benchmarks\b", source, re.M):
+                    broken.append(f"{os.path.relpath(doc, REPO)}:{number}: python benchmarks/{name}.py")
+    assert given >= 5 and broken == [], broken
+
+
 def test_every_test_the_docs_name_exists():
     """The docs prove their guarantees by naming tests (``tests/x.py::test_y``, then ``::test_z`` in the same
     file): each named test is defined in the file named before it, so a renamed or moved test cannot leave a
