@@ -340,7 +340,7 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
                 f"{other.get(name, 'save with --checkpoint.model_format=torch_dist')}")
 
 
-def _check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str) -> None:
+def check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str) -> None:
     saved = meta.get("fingerprint")
     if fingerprint is None or saved is None:
         return
@@ -378,7 +378,7 @@ def load_checkpoint(
                                         f"expected {FORMAT_VERSION}")
     _check_compatible(meta, parts, layout, path)
     if strict_config:
-        _check_fingerprint(meta, fingerprint, path)
+        check_fingerprint(meta, fingerprint, path)
 
     states: dict[str, Any] = {}
     files: dict[str, dict[str, Any]] = {}

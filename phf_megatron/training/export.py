@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import read_json
-from .checkpoint import META_FILE, iter_dir_name, read_latest
+from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
-from .config_io import CONFIG_FILE, load_config
+from .config_io import CONFIG_FILE, load_config, resume_fingerprint
 
 #: Where ``Trainer.export`` writes, below the run directory.
 ADAPTER_DIR = os.path.join("export", "peft_adapter")
@@ -38,10 +38,14 @@ def export_dir(cfg: TrainConfig) -> str:
 
 def finished_step(cfg: TrainConfig) -> int | None:
     """The step of a finished run (its latest checkpoint has reached ``training.train_iters`` and
-    its export is written), else None: a rerun then has nothing to do."""
+    its export is written), else None: a rerun then has nothing to do. A run whose settings differ
+    from the checkpoint's (``checkpoint.strict_config``) is refused, as its resume would be."""
     step = read_latest(cfg.load_dir)
     if step is None or step < cfg.training.train_iters or not os.path.isdir(export_dir(cfg)):
         return None
+    meta = os.path.join(cfg.load_dir, iter_dir_name(step), META_FILE)
+    if cfg.checkpoint.strict_config and os.path.isfile(meta):   # another run's directory: refused as a resume is
+        check_fingerprint(read_json(meta), resume_fingerprint(cfg), os.path.dirname(meta))
     return step
 
 

@@ -62,6 +62,35 @@ def test_the_run_says_where_its_outputs_are_and_a_rerun_that_it_is_finished(trai
         "iter_0000001", "iter_0000002", "latest_checkpointed_iteration.txt"]
 
 
+def test_a_finished_run_with_other_settings_is_refused_as_its_resume_would_be(tmp_path):
+    """Another run pointed at a finished run's directory (the tiny preset left at runs/phf_tiny, the main
+    job's) said "runs/phf_tiny is finished (step 100 of 4): nothing to train" and listed the other run's
+    adapter as its own, exit 0: the finished-run shortcut skipped the settings check of a resume."""
+    import json
+
+    from phf_megatron.errors import InputFileError
+    from phf_megatron.training.config_io import load_config, resume_fingerprint
+    from phf_megatron.training.export import export_dir, finished_step
+
+    def config(*flags):
+        return load_config(os.path.join(REPO, "configs", "tiny_cpu.yaml"),
+                           [f"--run_dir={tmp_path}", f"--model.hf_dir={tmp_path}", *flags])
+
+    saved = config("--lora.r=32", "--training.train_iters=2")
+    ckpt = tmp_path / "checkpoints" / "iter_0000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text(json.dumps({"fingerprint": resume_fingerprint(saved)}, default=str))
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
+    os.makedirs(export_dir(saved))
+    assert finished_step(saved) == 2
+    assert finished_step(config("--lora.r=32", "--training.train_iters=1")) == 2   # a budget is not the math
+    with pytest.raises(InputFileError) as err:
+        finished_step(config("--lora.r=8", "--training.train_iters=2"))
+    assert err.value.path == str(ckpt) and err.value.detail.startswith(
+        "the run's settings differ from the checkpoint's: lora.r: 32 -> 8. Use a new --checkpoint.save directory")
+    assert finished_step(config("--lora.r=8", "--training.train_iters=2", "--checkpoint.strict_config=false")) == 2
+
+
 def _modes(directory: str) -> set[int]:
     return {stat.S_IMODE(os.stat(os.path.join(directory, f)).st_mode) for f in os.listdir(directory)}
 
