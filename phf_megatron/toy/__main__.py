@@ -26,6 +26,16 @@ def main(argv=None) -> int:
     ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare")
     ev.add_argument("--json", default=None, help="also write the table here")
     args = p.parse_args(argv)
+    from ..input_files import missing_dir
+
+    if args.command == "prepare":   # was a FileExistsError traceback
+        given = [("--out", args.out)] if os.path.exists(args.out) else []
+    else:   # was "<path>: not a directory" for either flag, a missing one too
+        given = [("--hf-dir", args.hf_dir)] + ([("--adapter", args.adapter)] if args.adapter else [])
+    for flag, path in given:
+        if missing_dir(path):   # one line naming the flag, as the other commands
+            print(f"error: {flag}: {missing_dir(path)}", file=sys.stderr)
+            return 2
 
     from ..data.toy import make_toy_split
 
@@ -36,9 +46,6 @@ def main(argv=None) -> int:
                             log=lambda r: print(json.dumps(r), flush=True))
         print(json.dumps(paths))
         return 0
-    for path in (args.hf_dir, args.adapter):
-        if path and not os.path.isdir(path):
-            p.error(f"{path}: not a directory")
     from .evaluate import toy_report
 
     report = toy_report(args.hf_dir, make_toy_split(args.seed), args.adapter)

@@ -117,3 +117,18 @@ def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layo
     longest = max(len(qwen3_tokenizer(toy_row(a, b).solution, add_special_tokens=False)["input_ids"])
                   for a, b in make_toy_split(0).heldout)
     assert EVAL_MAX_NEW_TOKENS >= longest + 1
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["evaluate", "--hf-dir", "{tmp}/nope"], "error: --hf-dir: {tmp}/nope does not exist"),
+    (["evaluate", "--hf-dir", "{tmp}", "--adapter", "{tmp}/file"], "error: --adapter: {tmp}/file is not a directory"),
+    (["prepare", "--out", "{tmp}/file"], "error: --out: {tmp}/file is not a directory"),
+])
+def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line):
+    """``python -m phf_megatron.toy``: a wrong path was "usage: ...\\n...: error: <path>: not a directory" for
+    --hf-dir and --adapter alike (a missing one too), and a FileExistsError traceback for --out."""
+    from phf_megatron.toy.__main__ import main
+
+    (tmp_path / "file").write_text("x")
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path)]
