@@ -122,6 +122,20 @@ def _check_eval_args(eval_args: str) -> None:
         raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
 
 
+def _check_trainer_args(rows: list[Row]) -> None:
+    """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
+    a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it."""
+    from ..errors import UserError
+    from ..training.config_io import config_from_argv
+
+    for row in rows:
+        if row.train:
+            try:
+                config_from_argv(row.train[row.train.index("phf_megatron.train") + 1:])
+            except UserError as err:
+                raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
+
+
 def parse_args(argv: list[str]):
     """The config (absolute paths, ngpu and scale resolved) and ``overrides``: what follows ``--``,
     passed to every trainer; None after ``--help``."""
@@ -303,6 +317,8 @@ def seeds_tables(args) -> int:
 
 def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
+    if not args.table_only:
+        _check_trainer_args(rows)
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

@@ -180,6 +180,13 @@ def test_the_examples_train_the_recipes_rows(script, row):
                                                          "with -- goes as --eval_args=VALUE)"),
     (["--toy", "--out", "o", "--ngpu", "-1"], "error: --ngpu: must be >= 0 (0: 8, toy 1), got -1"),
     (["--toy", "--out", "o", "--data", "/no/such.jsonl"], "error: --data: /no/such.jsonl does not exist"),
+    # the trainer's flags after --: found when their row's training started (after the Base eval), --dry_run passed
+    (["--toy", "--out", "o", "--", "--training.micro_batch_sz=2"], "error: --training.micro_batch_sz: unknown setting; "
+                                                                  "did you mean training.micro_batch_size"),
+    (["--toy", "--out", "o", "--dry_run", "--", "--lr=abc"],
+     "error: --optimizer.lr: expected float, got 'abc' (in the sft row's trainer flags)"),
+    (["--toy", "--out", "o", "--rows", "phf", "--dry_run", "--", "--training.micro_batch_size=3"],
+     "error: --training.global_batch_size: 64 is not a multiple of micro_batch_size = 3 (in the phf row's trainer"),
 ])
 def test_one_line_errors(capsys, argv, line):
     assert paper_table.main(argv) == 2
