@@ -187,11 +187,13 @@ def test_the_examples_train_the_recipes_rows(script, row):
      "error: --optimizer.lr: expected float, got 'abc' (in the sft row's trainer flags)"),
     (["--toy", "--out", "o", "--rows", "phf", "--dry_run", "--", "--training.micro_batch_size=3"],
      "error: --training.global_batch_size: 64 is not a multiple of micro_batch_size = 3 (in the phf row's trainer"),
+    (["--toy", "--out", "{tmp}/no_such_table", "--table_only"],   # was a table of "not run" rows in a new directory
+     "error: --out: {tmp}/no_such_table does not exist (--table_only assembles the rows run into it)"),
 ])
-def test_one_line_errors(capsys, argv, line):
-    assert paper_table.main(argv) == 2
+def test_one_line_errors(capsys, tmp_path, argv, line):
+    assert paper_table.main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(line) and "\n" not in err, err
+    assert err.startswith(line.format(tmp=tmp_path)) and "\n" not in err, err
 
 
 # ----------------------------------------------------------------------------- the toy, end to end
