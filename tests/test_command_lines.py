@@ -120,7 +120,24 @@ def test_converter_help_and_errors(tmp_path, tool, fields):
     assert "Transformer Engine" not in proc.stderr and proc.stderr == ""
     proc = run_python([path, f"--{fields[0]}", str(tmp_path), "--out_dir", str(tmp_path / "o"), "--dtype", "bf8"])
     assert (proc.returncode, proc.stderr.splitlines()) == (2, ["error: --dtype: 'bf8' is not one of ('bf16', 'fp16', "
-                                                              "'fp32')"])
+                                                              "'fp32', 'bfloat16', 'float16', 'float32')"])
+
+
+@pytest.mark.parametrize("tool", ["hf_to_mcore", "mcore_to_hf"])
+def test_converters_take_the_dtype_as_the_trainer_and_the_eval_spell_it(tool):
+    """--dtype bfloat16 (--model.dtype's and the eval's --dtype spelling) was refused by the converters: "'bfloat16'
+    is not one of ('bf16', 'fp16', 'fp32')"; both spellings name the same torch dtype."""
+    import importlib
+
+    from phf_megatron.cli import Settings
+    from phf_megatron.models.config import as_dtype
+
+    module = importlib.import_module(f"phf_megatron.tools.{tool}")
+    cls = module.HfToMcore if tool == "hf_to_mcore" else module.McoreToHf
+    paths = ("--hf_dir=h" if tool == "hf_to_mcore" else "--mcore_dir=m", "--out_dir=o")
+    for short, long in (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")):
+        built = Settings(cls).build(Settings(cls).parse([*paths, f"--dtype={long}"]))
+        assert as_dtype(built.dtype) == as_dtype(short)
 
 
 @pytest.mark.parametrize("tool, argv, line", [

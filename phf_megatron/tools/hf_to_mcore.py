@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..commands import command, tool_config
 from ..config_errors import check_choice
 
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")   # also as the trainer and the eval spell them
 
 
 @dataclass
@@ -39,7 +39,7 @@ class HfToMcore:
     pp: int = 1
     """Intended pipeline-parallel size (checked against the number of layers)."""
     dtype: str | None = None
-    """Stored dtype: bf16 | fp16 | fp32; None: the HF checkpoint's."""
+    """Stored dtype: bf16 | fp16 | fp32 (or bfloat16 | float16 | float32); None: the HF checkpoint's."""
     require_tokenizer: bool = True
     """Refuse a --hf_dir without tokenizer files (mcore_to_hf copies them into the export); false:
     convert anyway and give mcore_to_hf --tokenizer_dir."""

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive
-
-DTYPES = ("bf16", "fp16", "fp32")
+from .hf_to_mcore import DTYPES
 
 
 @dataclass
@@ -57,8 +56,8 @@ class McoreToHf:
     hf_config: str | None = None
     """HF config.json, for model checkpoints without our metadata."""
     dtype: str | None = None
-    """dtype of the written weights (the HF model, or the PEFT adapter): bf16 | fp16 | fp32; None: the stored
-    one (a run's: model.dtype)."""
+    """dtype of the written weights (the HF model, or the PEFT adapter): bf16 | fp16 | fp32 (or bfloat16 |
+    float16 | float32); None: the stored one (a run's: model.dtype)."""
     max_shard_size_gb: float = 2.0
     """safetensors shard size in GiB."""
     tp: int = 1
