@@ -129,9 +129,9 @@ def why_not_logged(key: str, settings: dict) -> str:
     return f"no {key} in metrics.jsonl\n(the trainer that wrote it did not log it)"
 
 
-def _not_logged(ax, title: str, why: str) -> None:
+def _not_logged(ax, title: str, why: str, head: str = "not logged") -> None:
     ax.set_title(title, fontsize=10)
-    ax.text(0.5, 0.5, f"not logged:\n{why}", ha="center", va="center", transform=ax.transAxes, color="gray",
+    ax.text(0.5, 0.5, f"{head}:\n{why}", ha="center", va="center", transform=ax.transAxes, color="gray",
             fontsize=9, wrap=True)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -159,6 +159,9 @@ def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, set
 def plot_clip_fractions(ax, records: list[dict], settings: dict) -> None:
     """Fraction of tokens cut (left axis, 0-1) and of vocabulary summands cut (right axis: far smaller)."""
     title = "clip: fraction cut"
+    if "objective.jsd_clip" in settings and settings["objective.jsd_clip"] is None:   # was a flat 0 on empty axes
+        _not_logged(ax, title, "the run has no clip\n(objective.jsd_clip=None)", head="nothing cut")
+        return
     _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, settings, ylim=(-0.02, 1.02))
     steps, values = series(records, M.CLIP_FRAC_ENTRIES)
     if steps.size:

@@ -160,6 +160,12 @@ def _panel_texts(fig) -> dict[str, str]:
      {"layer-energy spread": "not logged: off: logging.log_layer_energy=false",
       "flow loss  L_flow": "not logged: no loss_flow in metrics.jsonl (the trainer that wrote it did not log it)",
       "on-policy fraction (lmbda)": "not logged: logged with rollout.lmbda < 1 only: this run is fully on-policy"}),
+    # the toy's run: a flat 0 on an empty panel (the clip's metrics are logged, as zeros)
+    ("objective:\n  flow_variant: none\n  jsd_clip: null\nrollout:\n  lmbda: 1.0\n",
+     {"layer-energy spread": "not logged: the run has no flow term (objective.flow_variant=none)",
+      "flow loss  L_flow": "not logged: the run has no flow term (objective.flow_variant=none)",
+      "clip: fraction cut": "nothing cut: the run has no clip (objective.jsd_clip=None)",
+      "on-policy fraction (lmbda)": "not logged: logged with rollout.lmbda < 1 only: this run is fully on-policy"}),
     (None, {"layer-energy spread": "not logged: no flow_energy in metrics.jsonl (no config.yaml in the run to say why)",
             "flow loss  L_flow": "not logged: no loss_flow in metrics.jsonl (no config.yaml in the run to say why)",
             "on-policy fraction (lmbda)": "not logged: no on_policy_fraction in metrics.jsonl (no config.yaml"}),
