@@ -19,6 +19,10 @@ RUN_DIR=${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)}
 NGPU=${NGPU:-8}
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 [ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
+TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
+            --data.path="$DATA" "$@")
+# the settings first (a second, no torch): a mistyped flag or SCALE stops here in one line, not after the conversion
+python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
 
@@ -33,8 +37,7 @@ if [ "${NNODES:-1}" -gt 1 ]; then
 else
   LAUNCH+=(--standalone)
 fi
-CMD=("${LAUNCH[@]}" -m phf_megatron.train --config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL"
-     --model.pretrained_checkpoint="$MCORE_DIR" --data.path="$DATA" "$@")
+CMD=("${LAUNCH[@]}" -m phf_megatron.train "${TRAIN_ARGS[@]}")
 if [ -n "${DRY_RUN:-}" ]; then run "${CMD[@]}"; exit 0; fi
 # torchrun SIGKILLs its workers 30 s after passing a SIGTERM on unless it knows --shutdown-timeout
 # (pytorch#172596, 2026-03): an older one ignores TORCH_ELASTIC_SHUTDOWN_TIMEOUT, and a step plus its save may not fit

@@ -74,3 +74,22 @@ def test_setup_check_of_an_installed_venv_is_quiet():
     log = proc.stdout + proc.stderr
     assert "[setup] python ok: torch" in log and "installing" not in log, log[-3000:]
     assert warning_lines(log) == [], "\n".join(warning_lines(log))
+
+
+@pytest.mark.parametrize("script, extra_env, argv, line", [
+    ("train_sft_qwen3.sh", {"SCALE": "2b"}, [], "error: config file 'configs/phf_qwen3_2b.yaml' does not exist"),
+    ("train_phf_qwen3_1p7b.sh", {}, ["--lora.rr=8"], "error: --lora.rr: unknown setting; did you mean lora.r, "
+                                                     "lora.dropout, r?"),
+])
+def test_a_launchers_bad_setting_stops_it_before_the_conversion(tmp_path, script, extra_env, argv, line):
+    """A mistyped SCALE or trainer flag was found by the trainer, after the launcher had converted the base
+    model (minutes at 8B): the settings are checked first, one line, exit 2, nothing made."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    env = {**standalone_environ(), "HF_MODEL": str(hf), "RUN_DIR": str(tmp_path / "run"), **extra_env,
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run(["bash", f"examples/{script}", *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
