@@ -163,7 +163,8 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]
             raise ValueError(f"source: directory {source!r} holds no .jsonl/.parquet/.arrow file")
         for path in files:
             yield from iter_records(path, split)
-    elif source.endswith(JSONL_SUFFIXES + ARROW_SUFFIXES) or source.startswith(("/", ".", "~")):
+    elif (source.endswith(JSONL_SUFFIXES + ARROW_SUFFIXES) or source.startswith(("/", ".", "~"))
+          or source.count("/") > 1):   # a Hub name is owner/name: runs/x/train.jsnl is a path
         raise ValueError(f"source: {source!r} does not exist")
     else:
         yield from iter_hf_dataset(_load_hf(source, split), source)

@@ -77,6 +77,9 @@ def test_directory_reads_split_files_in_sorted_order(tmp_path):
 def test_missing_paths_and_unknown_suffixes_are_named(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_math_dataset(str(tmp_path / "nope.jsonl"))
+    # a relative path with a mistyped suffix was read as a Hub name: "could not load HF dataset 'runs/x/train.jsnl'"
+    with pytest.raises(ValueError, match=r"^source: 'runs/phf_tiny/toy/train.jsnl' does not exist$"):
+        load_math_dataset("runs/phf_tiny/toy/train.jsnl")
     other = tmp_path / "rows.csv"
     other.write_text("problem,solution\n")
     with pytest.raises(ValueError, match="rows.csv.*is not"):
