@@ -45,8 +45,9 @@ class PlotRun:
     run_dir: str
     """the run directory holding metrics.jsonl (the flag may be left out: ``plot_run.py RUN_DIR``)."""
     out: str | None = None
-    """curves PNG; the heatmap and the loss-by-token plot go next to it as <name>_layer_energy.png and
-    <name>_loss_tokens.png. None: RUN_DIR/plots/curves.png, layer_energy.png, loss_tokens.png."""
+    """curves PNG (.png added to a name without a suffix); the heatmap and the loss-by-token plot go next to it
+    as <name>_layer_energy.png and <name>_loss_tokens.png. None: RUN_DIR/plots/curves.png, layer_energy.png,
+    loss_tokens.png."""
     verbose: bool = False
     """Show matplotlib's font warnings ("findfont: Font family ... not found", from a matplotlibrc
     naming a font that is not installed); hidden by default: the plots fall back to DejaVu Sans."""
@@ -318,8 +319,8 @@ def plot(argv: list[str], quiet: bool = False) -> int:
     if missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
         raise ConfigError("run_dir", missing_dir(args.run_dir))
     records = load_run(args.run_dir)
-    if args.out:
-        curves = args.out
+    if args.out:   # no suffix: matplotlib writes <out>.png, so that is the path printed
+        curves = args.out if os.path.splitext(args.out)[1] else f"{args.out}.png"
         heatmap = f"{os.path.splitext(args.out)[0]}_layer_energy.png"
         tokens = f"{os.path.splitext(args.out)[0]}_loss_tokens.png"
     else:

@@ -107,6 +107,15 @@ def test_missing_or_empty_metrics_is_a_clear_error(tmp_path, capsys, content):
     assert not (run / "plots").exists()
 
 
+def test_an_out_without_suffix_prints_the_file_written(tmp_path, capsys):
+    """--out /tmp/c printed /tmp/c, but matplotlib wrote /tmp/c.png: each printed path is a file written."""
+    run = tmp_path / "run"
+    write_run(str(run), steps=3, layers=2)
+    assert _import_tool().main([str(run), "--out", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == str(tmp_path / "c.png") and all(os.path.isfile(p) for p in printed), printed
+
+
 @pytest.mark.parametrize("damage, line", [
     ("metrics", "error: {run}/metrics.jsonl:2: expected a JSON object, got list"),   # was an AttributeError
     ("plots", "error: --run_dir: {run}/plots is not a directory (where the plots go)"),   # was "[Errno 17] ..."
