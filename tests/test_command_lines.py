@@ -184,6 +184,13 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
                                                     "adapter directory)"),
     (["--megatron_checkpoint", "/nonexistent/iter_0000100"],
      "error: --megatron_checkpoint: /nonexistent/iter_0000100 does not exist"),
+    # a training run or one of its checkpoints given as the adapter: the line says which directory was meant
+    (["--model", "{tmp}/hf", "--adapter", "{tmp}/run"], "error: --adapter: {tmp}/run has no adapter_config.json (not a "
+                                                        "PEFT adapter directory; a training run: did you mean "
+                                                        "{tmp}/run/export/peft_adapter?)"),
+    (["--model", "{tmp}/hf", "--adapter", "{tmp}/run/checkpoints/iter_0000002"],
+     "error: --adapter: {tmp}/run/checkpoints/iter_0000002 has no adapter_config.json (not a PEFT adapter directory; "
+     "a training checkpoint: give it as --megatron_checkpoint)"),
 ])
 def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys, argv, line):
     """A mistyped --model, --adapter or --megatron_checkpoint was "model directory '...' does not exist" (also
@@ -195,6 +202,9 @@ def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys
     from phf_megatron.tools.eval_avg_at_k import main
 
     (tmp_path / "file").write_text("x")
+    os.makedirs(tmp_path / "run" / "export" / "peft_adapter")
+    os.makedirs(tmp_path / "run" / "checkpoints" / "iter_0000002")
+    (tmp_path / "run" / "checkpoints" / "iter_0000002" / "meta.json").write_text("{}")
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "qwen3"}')
     save_file({"w": torch.zeros(1)}, str(tmp_path / "hf" / "model.safetensors"))

@@ -68,7 +68,11 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
     if missing_dir(adapter_dir):
         raise ConfigError("adapter", missing_dir(adapter_dir))
     if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
-        raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory)")
+        export = os.path.join(adapter_dir, "export", "peft_adapter")
+        hint = (f"; a training run: did you mean {export}?" if os.path.isdir(export) else
+                "; a training checkpoint: give it as --megatron_checkpoint" if os.path.isfile(
+                    os.path.join(adapter_dir, "meta.json")) else "")
+        raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory{hint})")
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
