@@ -33,6 +33,7 @@ from ..helpers.tiny_run import warning_lines
 #: The smallest gain the README promises (its "at least +N points", checked below).
 MARGIN = 0.25
 
+
 def closing_paths_missing(stdout: str) -> list[str]:
     """What the job's closing "done:" lines name that is not there: each path exists (``{a,b}``
     expanded as bash does) and the plots' path holds the PNGs."""
