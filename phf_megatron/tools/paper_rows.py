@@ -24,10 +24,11 @@ OFFICIAL_DATA = "siyanzhao/Openthoughts_math_30k_opsd"
 class Row:
     name: str
     run_dir: str
-    train: list[str] | None        # None: Base (the model itself)
+    train: list[str] | None        # the trainer's command line; None: Base (the model itself)
     adapter: str | None
     eval: list[str]
     eval_result: str               # present once the eval has finished
+    train_flags: list[str] | None = None   # the flags in ``train`` after the launcher: what the trainer parses
 
 
 def _python(*module_args: str) -> list[str]:
@@ -70,24 +71,25 @@ def plan_row(args, name: str) -> Row:
     adapter = None if name == "base" else os.path.join(run_dir, "export", "peft_adapter")
     if args.toy:
         p = toy_paths(args)
-        train = None if name == "base" else [
-            *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", "toy_cpu.yaml"),
+        flags = None if name == "base" else [
+            "--config", os.path.join(REPO, "configs", "toy_cpu.yaml"),
             f"--run_dir={run_dir}", f"--model.hf_dir={p['hf']}", f"--model.pretrained_checkpoint={p['mcore']}",
             f"--data.path={args.data or p['train']}", f"--training.seed={1234 + args.seed}",
             f"--training.train_iters={args.step}", *toy_method_flags(name), *args.overrides]
         result = os.path.join(eval_dir, "toy_eval.json")
         ev = _python("phf_megatron.toy", "evaluate", "--hf-dir", p["hf"], "--seed", str(args.seed),
                      *(["--adapter", adapter] if adapter else []), "--json", result, *shlex.split(args.eval_args))
-        return Row(name, run_dir, train, adapter, ev, result)
-    train = None if name == "base" else [
-        *_train_launcher(args.ngpu), "--config", os.path.join(REPO, "configs", f"phf_qwen3_{args.scale}.yaml"),
+        return Row(name, run_dir, flags and [*_train_launcher(args.ngpu), *flags], adapter, ev, result, flags)
+    flags = None if name == "base" else [
+        "--config", os.path.join(REPO, "configs", f"phf_qwen3_{args.scale}.yaml"),
         f"--run_dir={run_dir}", f"--model.hf_dir={args.hf_model}",
         f"--model.pretrained_checkpoint={os.path.join(args.out, 'mcore_base')}", f"--data.path={args.data or OFFICIAL_DATA}",
         *PAPER_COMMON, f"--training.train_iters={args.step}", *method_flags(name, SCALE_LAYERS[args.scale]),
         *args.overrides]
     ev = _python("phf_megatron.tools.eval_avg_at_k", "--model", args.hf_model, *(["--adapter", adapter] if adapter else []),
                  "--out_dir", eval_dir, "--n", str(args.k), *shlex.split(args.eval_args))
-    return Row(name, run_dir, train, adapter, ev, os.path.join(eval_dir, "summary.json"))
+    return Row(name, run_dir, flags and [*_train_launcher(args.ngpu), *flags], adapter, ev,
+               os.path.join(eval_dir, "summary.json"), flags)
 
 
 def training_finished(row: Row, step: int) -> bool:

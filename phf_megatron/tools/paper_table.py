@@ -129,9 +129,9 @@ def _check_trainer_args(rows: list[Row]) -> None:
     from ..training.config_io import config_from_argv
 
     for row in rows:
-        if row.train:
+        if row.train_flags:
             try:
-                config_from_argv(row.train[row.train.index("phf_megatron.train") + 1:])
+                config_from_argv(row.train_flags)
             except UserError as err:
                 raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
 
