@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
-from ..input_files import load_dist_checkpoint, load_torch_file, read_json
+from ..input_files import load_dist_checkpoint, load_torch_file, missing_dir, read_json
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
 from .config import LATEST_FILE, TrainConfig
@@ -104,6 +104,8 @@ def require_checkpoint(cfg: TrainConfig) -> None:
         return
     if read_latest(load_dir) is not None:
         return
+    if not os.path.exists(load_dir):   # as every other path setting says it (input_files.missing_dir)
+        raise fail("checkpoint.load", missing_dir(load_dir))
     nested = os.path.join(load_dir, "checkpoints")
     if _ITER_RE.match(os.path.basename(os.path.normpath(load_dir))) and os.path.isdir(load_dir):
         hint = f"pass the directory above it, {os.path.dirname(os.path.normpath(load_dir))} (a run resumes from its latest)"
@@ -111,8 +113,6 @@ def require_checkpoint(cfg: TrainConfig) -> None:
         hint = f"did you mean {nested}?"
     elif os.path.isfile(load_dir):
         hint = "it is a file: pass the checkpoints directory that holds it"
-    elif not os.path.isdir(load_dir):
-        hint = "it does not exist"
     else:
         hint = "leave checkpoint.load unset to start afresh"
     raise fail("checkpoint.load", f"{load_dir} holds no checkpoint (no {LATEST_FILE}): {hint}")

@@ -149,13 +149,16 @@ def test_a_run_started_from_another_runs_checkpoint_resumes_its_own(tiny_inputs,
     assert [m["step"] for m in read_metrics(second)] == [3, 4]
 
 
-@pytest.mark.parametrize("where, hint", [
-    ("missing", "it does not exist"),
-    ("run", "did you mean {run}/checkpoints?"),
-    ("iter", "pass the directory above it, {run}/checkpoints (a run resumes from its latest)"),
-    ("file", "it is a file: pass the checkpoints directory that holds it"),
+_NO_CHECKPOINT = "{load} holds no checkpoint (no latest_checkpointed_iteration.txt): "
+
+
+@pytest.mark.parametrize("where, detail", [
+    ("missing", "{load} does not exist"),   # as every other path setting says it, not 'holds no checkpoint'
+    ("run", _NO_CHECKPOINT + "did you mean {run}/checkpoints?"),
+    ("iter", _NO_CHECKPOINT + "pass the directory above it, {run}/checkpoints (a run resumes from its latest)"),
+    ("file", _NO_CHECKPOINT + "it is a file: pass the checkpoints directory that holds it"),
 ])
-def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path, where, hint):
+def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path, where, detail):
     hf, data = tiny_inputs
     run = str(tmp_path / "done")
     os.makedirs(os.path.join(run, "checkpoints", "iter_0000002"))
@@ -166,8 +169,7 @@ def test_a_load_directory_without_a_checkpoint_is_one_line(tiny_inputs, tmp_path
     proc = train(hf, data, str(tmp_path / "new"), f"--checkpoint.load={load[where]}")
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and lines == [
-        f"error: --checkpoint.load: {load[where]} holds no checkpoint (no latest_checkpointed_iteration.txt): "
-        + hint.format(run=run)], proc.stderr[-3000:]
+        "error: --checkpoint.load: " + detail.format(load=load[where], run=run)], proc.stderr[-3000:]
 
 
 def test_sigterm_between_weight_pushes_stops_after_the_next_push(tiny_inputs, tmp_path):
