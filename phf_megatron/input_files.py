@@ -8,6 +8,7 @@ command lines print the result as one line (``phf_megatron.commands.run_command`
     config = read_json(os.path.join(hf_dir, "config.json"))
     with open_safetensors(path) as f: ...
     check_hf_model_dir(hf_dir)   # config.json and every safetensors header, before an engine loads it
+    read_latest(save_dir)        # Megatron's latest_checkpointed_iteration.txt (the trainer's, the evaluator's)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 from contextlib import contextmanager
 from typing import Any
 
@@ -66,6 +68,39 @@ def missing_dir(path: str) -> str | None:
     if os.path.isdir(path):
         return None
     return f"{path} {'is not a directory' if os.path.exists(path) else 'does not exist'}"
+
+
+# ----------------------------------------------------------------------------- Megatron's checkpoints directory
+
+#: Megatron's tracker file: a checkpoints directory's latest complete iteration (``training.checkpoint``).
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+#: A complete checkpoint's directory in it (``iter_0000050``).
+ITER_RE = re.compile(r"^iter_(\d{7})$")
+
+
+def iter_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def read_latest(save_dir: str) -> int | None:
+    """The iteration ``latest_checkpointed_iteration.txt`` names, or None when there is none."""
+    path = os.path.join(save_dir, LATEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    text = open(path).read().strip()
+    if text == "release":
+        raise InputFileError(path, "a 'release' checkpoint is a base model, not a run to resume; "
+                                   "pass it as --model.pretrained_checkpoint")
+    if not text.isdigit():
+        raise InputFileError(path, f"expected an iteration number, found {text!r}")
+    return int(text)
+
+
+def list_checkpoints(save_dir: str) -> list[int]:
+    """Iterations of the complete (renamed) checkpoints in ``save_dir``, ascending."""
+    if not os.path.isdir(save_dir):
+        return []
+    return sorted(int(m.group(1)) for m in map(ITER_RE.match, os.listdir(save_dir)) if m)
 
 
 def check_hf_model_dir(path: str, weights: bool = False) -> None:

@@ -191,6 +191,9 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
     (["--model", "{tmp}/hf", "--adapter", "{tmp}/run/checkpoints/iter_0000002"],
      "error: --adapter: {tmp}/run/checkpoints/iter_0000002 has no adapter_config.json (not a PEFT adapter directory; "
      "a training checkpoint: give it as --megatron_checkpoint)"),
+    (["--model", "{tmp}/hf", "--adapter", "{tmp}/run/checkpoints"],    # which --megatron_checkpoint takes too
+     "error: --adapter: {tmp}/run/checkpoints has no adapter_config.json (not a PEFT adapter directory; "
+     "a training checkpoint: give it as --megatron_checkpoint)"),
 ])
 def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys, argv, line):
     """A mistyped --model, --adapter or --megatron_checkpoint was "model directory '...' does not exist" (also
@@ -205,6 +208,7 @@ def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys
     os.makedirs(tmp_path / "run" / "export" / "peft_adapter")
     os.makedirs(tmp_path / "run" / "checkpoints" / "iter_0000002")
     (tmp_path / "run" / "checkpoints" / "iter_0000002" / "meta.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text('{"model_type": "qwen3"}')
     save_file({"w": torch.zeros(1)}, str(tmp_path / "hf" / "model.safetensors"))

@@ -4,8 +4,8 @@
 - a base HF directory + a PEFT (LoRA) adapter: merged with ``peft`` into ``<run>/merged_model``;
 - a Megatron-Core checkpoint: converted to HF into ``<run>/converted_model`` by
   ``phf_megatron.convert`` in a separate process (see :func:`convert_megatron`); a training run's
-  checkpoint (``runs/x/checkpoints/iter_N``) by the converter's command, LoRA merged (``model``: its
-  base model, default the run's ``model.hf_dir``).
+  checkpoint (``runs/x/checkpoints/iter_N``; ``runs/x/checkpoints`` or ``runs/x``: its latest) by the
+  converter's command, LoRA merged (``model``: its base model, default the run's ``model.hf_dir``).
 
 Outputs are written to a temporary directory and renamed when complete (``output_files``), and
 marked with what they were made from (``phf_source.json``, written last), so a kill never leaves a
@@ -19,7 +19,7 @@ import os
 import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
-from phf_megatron.input_files import check_hf_model_dir, missing_dir
+from phf_megatron.input_files import check_hf_model_dir, iter_dir_name, missing_dir, read_latest
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -69,9 +69,10 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
         raise ConfigError("adapter", missing_dir(adapter_dir))
     if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
         export = os.path.join(adapter_dir, "export", "peft_adapter")
+        checkpoint = (os.path.isfile(os.path.join(adapter_dir, "meta.json"))
+                      or latest_checkpoint(adapter_dir) != adapter_dir)   # iter_N, or its checkpoints directory
         hint = (f"; a training run: did you mean {export}?" if os.path.isdir(export) else
-                "; a training checkpoint: give it as --megatron_checkpoint" if os.path.isfile(
-                    os.path.join(adapter_dir, "meta.json")) else "")
+                "; a training checkpoint: give it as --megatron_checkpoint" if checkpoint else "")
         raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory{hint})")
     import torch
     from peft import PeftModel
@@ -135,6 +136,15 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
                            f"{proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
+def latest_checkpoint(path: str) -> str:
+    """A training run's checkpoints directory (``latest_checkpointed_iteration.txt``), or the run
+    directory above it: its latest ``iter_N``, as Megatron resumes from it; any other path as given."""
+    for save_dir in (path, os.path.join(path, "checkpoints")):
+        if (iteration := read_latest(save_dir)) is not None:
+            return os.path.join(save_dir, iter_dir_name(iteration))
+    return path
+
+
 def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None = None) -> str:
     """Convert a Megatron-Core checkpoint to HF in ``<run_dir>/converted_model``.
 
@@ -147,6 +157,10 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
 
     if missing_dir(mcore_dir):
         raise ConfigError("megatron_checkpoint", missing_dir(mcore_dir))
+    if (latest := latest_checkpoint(mcore_dir)) != mcore_dir:   # converted, and reused, as that iteration
+        if missing_dir(latest):
+            raise ConfigError("megatron_checkpoint", f"{mcore_dir}: its latest checkpoint {missing_dir(latest)}")
+        mcore_dir = latest
     from ..convert.mcore_checkpoint import METADATA_FILE, training_checkpoint_error
 
     if not os.path.isfile(os.path.join(mcore_dir, METADATA_FILE)) and training_checkpoint_error(mcore_dir) is None:

@@ -10,6 +10,7 @@
     # base + PEFT adapter; a training run's checkpoint (LoRA merged); any JSONL with problem/answer fields
     python tools/eval_avg_at_k.py --model /models/Qwen3-1.7B --adapter runs/phf/export/peft_adapter --out_dir runs/eval_phf
     python tools/eval_avg_at_k.py --megatron_checkpoint runs/phf/checkpoints/iter_0000100 --model /models/Qwen3-1.7B ...
+    python tools/eval_avg_at_k.py --megatron_checkpoint runs/phf --model /models/Qwen3-1.7B ...   # the latest one
     python tools/eval_avg_at_k.py --model DIR --benchmarks my_set.jsonl --n 4 --out_dir runs/eval_mine
     python tools/eval_avg_at_k.py ... --engine_kwargs "{gpu_memory_utilization: 0.8, tensor_parallel_size: 2}"
     phf-eval ...                              # the same command, installed by pip

@@ -31,7 +31,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +40,10 @@ import torch.distributed as dist
 
 from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
-from ..input_files import load_dist_checkpoint, load_torch_file, missing_dir, read_json
+from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, read_latest: re-exported
+    ITER_RE, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir, read_json,
+    read_latest,
+)
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
 from .config import LATEST_FILE, TrainConfig
@@ -50,7 +52,6 @@ from .config_io import fingerprint_diff, fingerprint_hash
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 DIST_DIR = "dist"
-_ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 
 class CheckpointSaveError(RuntimeError):
@@ -65,10 +66,6 @@ class CheckpointInfo:
     meta: dict[str, Any]
 
 
-def iter_dir_name(iteration: int) -> str:
-    return f"iter_{iteration:07d}"
-
-
 # ----------------------------------------------------------------------------- file system
 
 
@@ -76,20 +73,6 @@ def _write_torch(obj: Any, path: str) -> None:
     """torch.save, fsynced (``output_files.atomic_file``)."""
     with atomic_file(path, "wb") as f:
         torch.save(obj, f)
-
-
-def read_latest(save_dir: str) -> int | None:
-    """The iteration ``latest_checkpointed_iteration.txt`` names, or None when there is none."""
-    path = os.path.join(save_dir, LATEST_FILE)
-    if not os.path.isfile(path):
-        return None
-    text = open(path).read().strip()
-    if text == "release":
-        raise InputFileError(path, "a 'release' checkpoint is a base model, not a run to resume; "
-                                   "pass it as --model.pretrained_checkpoint")
-    if not text.isdigit():
-        raise InputFileError(path, f"expected an iteration number, found {text!r}")
-    return int(text)
 
 
 def require_checkpoint(cfg: TrainConfig) -> None:
@@ -107,7 +90,7 @@ def require_checkpoint(cfg: TrainConfig) -> None:
     if not os.path.exists(load_dir):   # as every other path setting says it (input_files.missing_dir)
         raise fail("checkpoint.load", missing_dir(load_dir))
     nested = os.path.join(load_dir, "checkpoints")
-    if _ITER_RE.match(os.path.basename(os.path.normpath(load_dir))) and os.path.isdir(load_dir):
+    if ITER_RE.match(os.path.basename(os.path.normpath(load_dir))) and os.path.isdir(load_dir):
         hint = f"pass the directory above it, {os.path.dirname(os.path.normpath(load_dir))} (a run resumes from its latest)"
     elif read_latest(nested) is not None:
         hint = f"did you mean {nested}?"
@@ -116,13 +99,6 @@ def require_checkpoint(cfg: TrainConfig) -> None:
     else:
         hint = "leave checkpoint.load unset to start afresh"
     raise fail("checkpoint.load", f"{load_dir} holds no checkpoint (no {LATEST_FILE}): {hint}")
-
-
-def list_checkpoints(save_dir: str) -> list[int]:
-    """Iterations of the complete (renamed) checkpoints in ``save_dir``, ascending."""
-    if not os.path.isdir(save_dir):
-        return []
-    return sorted(int(m.group(1)) for m in map(_ITER_RE.match, os.listdir(save_dir)) if m)
 
 
 # ----------------------------------------------------------------------------- collectives

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from phf_megatron.input_files import missing_dir
+from phf_megatron.input_files import LATEST_FILE, missing_dir  # noqa: F401 - LATEST_FILE: re-exported
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
 from ..config_errors import check_choice, fail
@@ -24,9 +24,6 @@ from .config_sections import (  # noqa: F401 - re-exported: the sections are par
     CheckpointConfig, DataConfig, LoggingConfig, LoraConfig, ModelConfig, OptimizerConfig, RolloutConfig,
     TeacherConfig, TrainingConfig,
 )
-
-#: Megatron's tracker file: a checkpoint directory's latest complete iteration (``training.checkpoint``).
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 
 #: The paper's ablation rows (Table 3 and Section 4) as switches: ``--ablation NAME`` sets these
 #: ``objective`` values before the explicit command-line overrides are applied.

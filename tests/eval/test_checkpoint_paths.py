@@ -1,0 +1,64 @@
+"""--megatron_checkpoint given a training run or its checkpoints directory: the latest iteration.
+
+A user passes what training printed (``runs/x``, ``runs/x/checkpoints``), not only one
+``iter_N``: the eval converts the iteration ``latest_checkpointed_iteration.txt`` names (as
+Megatron resumes from it) and marks the converted model with it, so a later checkpoint is converted
+afresh, not the earlier one reused. The conversion itself (the converter's command) is replaced by a
+recorder here; tests/training/test_run_export.py runs the real one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from phf_megatron.errors import ConfigError
+from phf_megatron.eval import models
+
+
+def _checkpoint(save_dir, iteration: int) -> str:
+    path = save_dir / f"iter_{iteration:07d}"
+    path.mkdir(parents=True)
+    (path / "meta.json").write_text('{"iteration": %d}' % iteration)   # what phf_megatron.train writes
+    (save_dir / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    return str(path)
+
+
+@pytest.fixture
+def converted(monkeypatch) -> list[str]:
+    """The checkpoints the eval hands to the converter's command, in order."""
+    seen: list[str] = []
+
+    def convert(ckpt_dir, out_dir, *, base_model):
+        seen.append(ckpt_dir)
+        os.makedirs(out_dir)
+
+    monkeypatch.setattr(models, "_convert_training_checkpoint", convert)
+    return seen
+
+
+def test_a_run_or_its_checkpoints_directory_is_its_latest_iteration(tmp_path, converted):
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoints", 2)
+    latest = _checkpoint(run / "checkpoints", 4)
+    for given in (run, run / "checkpoints", latest):
+        out = tmp_path / f"eval_{len(converted)}"
+        assert models.convert_megatron(str(given), str(out)) == str(out / "converted_model")
+    assert converted == [latest] * 3
+    newer = _checkpoint(run / "checkpoints", 6)   # the run went on: not the step-4 model reused
+    models.convert_megatron(str(run), str(tmp_path / "eval_0"))
+    assert converted[-1] == newer
+    models.convert_megatron(str(run), str(tmp_path / "eval_0"))   # the same iteration: reused
+    assert len(converted) == 4
+
+
+def test_a_latest_file_naming_a_missing_iteration_is_one_line(tmp_path, converted):
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoints", 2)
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
+    with pytest.raises(ConfigError) as err:
+        models.convert_megatron(str(run), str(tmp_path / "eval"))
+    assert err.value.line == (f"--megatron_checkpoint: {run}: its latest checkpoint {run}/checkpoints/iter_0000003 "
+                              "does not exist")
+    assert converted == [] and not (tmp_path / "eval").exists()
