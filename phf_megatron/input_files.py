@@ -103,6 +103,15 @@ def list_checkpoints(save_dir: str) -> list[int]:
     return sorted(int(m.group(1)) for m in map(ITER_RE.match, os.listdir(save_dir)) if m)
 
 
+def checkpoint_names(save_dir: str, most: int = 3) -> str:
+    """For an error line, so the user can pick one: the ``iter_N`` directories ``save_dir`` holds,
+    the first and the last ``most`` of a longer list (``iter_0000001, ..., iter_0000120 (12 in all)``)."""
+    found = [iter_dir_name(i) for i in list_checkpoints(save_dir)]
+    if len(found) > most + 1:
+        return f"{found[0]}, ..., {', '.join(found[-most:])} ({len(found)} in all)"
+    return ", ".join(found) or "none"
+
+
 def check_hf_model_dir(path: str, weights: bool = False) -> None:
     """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
     (cheap: no tensor data), so a damaged file is named before an engine or model loads it;

@@ -19,7 +19,7 @@ import os
 import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
-from phf_megatron.input_files import check_hf_model_dir, iter_dir_name, missing_dir, read_latest
+from phf_megatron.input_files import check_hf_model_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -159,7 +159,9 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
         raise ConfigError("megatron_checkpoint", missing_dir(mcore_dir))
     if (latest := latest_checkpoint(mcore_dir)) != mcore_dir:   # converted, and reused, as that iteration
         if missing_dir(latest):
-            raise ConfigError("megatron_checkpoint", f"{mcore_dir}: its latest checkpoint {missing_dir(latest)}")
+            there = checkpoint_names(os.path.dirname(latest))
+            raise ConfigError("megatron_checkpoint", f"{mcore_dir}: its latest checkpoint {missing_dir(latest)} "
+                                                     f"(checkpoints there: {there})")
         mcore_dir = latest
     from ..convert.mcore_checkpoint import METADATA_FILE, training_checkpoint_error
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
-from ..input_files import read_json
+from ..input_files import checkpoint_names, list_checkpoints, missing_dir, read_json
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import CONFIG_FILE, load_config, resume_fingerprint
@@ -140,11 +140,22 @@ def _run_config(candidates: list[str], where: str) -> TrainConfig:
                             f"{', '.join(candidates)}); give it with --run_config")
 
 
+def _no_latest(save_dir: str) -> FileNotFoundError:
+    """``save_dir`` has no ``latest_checkpointed_iteration.txt``: the checkpoints it holds, to pick one."""
+    if list_checkpoints(save_dir):
+        return FileNotFoundError(f"mcore_dir: {save_dir} has no {LATEST_FILE}: give one of its checkpoints "
+                                 f"({checkpoint_names(save_dir)})")
+    return FileNotFoundError(f"{save_dir}: no checkpoint of the run yet ({LATEST_FILE} missing)")
+
+
 def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoint | None:
     """The training checkpoint ``path`` names (see the module docstring), or None when ``path`` is
     not one of the trainer's (a model checkpoint of ``hf_to_mcore``, say)."""
-    path = os.path.abspath(path)
+    typed, path = path, os.path.abspath(path)
     given = [run_config] if run_config else []
+    if missing_dir(path) and list_checkpoints(os.path.dirname(path)):   # a mistyped or pruned iteration
+        raise FileNotFoundError(f"mcore_dir: {missing_dir(typed)} (checkpoints there: "
+                                f"{checkpoint_names(os.path.dirname(path))})")
     if training_checkpoint_error(path) is not None:   # iter_N: meta.json, not a model checkpoint
         save_dir = os.path.dirname(path)
         cfg = _run_config(given or [os.path.join(os.path.dirname(save_dir), CONFIG_FILE),
@@ -160,13 +171,19 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
     elif os.path.isfile(os.path.join(path, CONFIG_FILE)) or run_config:
         cfg = _run_config(given or [os.path.join(path, CONFIG_FILE)], path)
         save_dir = cfg.checkpoint.save or os.path.join(path, "checkpoints")
+    elif list_checkpoints(path):   # iter_N directories, but no latest file to name one
+        raise _no_latest(path)
     else:
         return None
     iteration = read_latest(save_dir)
     if iteration is None:
-        raise FileNotFoundError(f"{save_dir}: no checkpoint of the run yet ({LATEST_FILE} missing)")
-    return RunCheckpoint(cfg, save_dir, iteration, read_json(os.path.join(save_dir, iter_dir_name(iteration),
-                                                                          META_FILE)))
+        raise _no_latest(save_dir)
+    ckpt = os.path.join(save_dir, iter_dir_name(iteration))
+    if missing_dir(ckpt):
+        raise InputFileError(os.path.join(save_dir, LATEST_FILE),
+                             f"names iteration {iteration}, but {missing_dir(ckpt)} (checkpoints there: "
+                             f"{checkpoint_names(save_dir)})")
+    return RunCheckpoint(cfg, save_dir, iteration, read_json(os.path.join(ckpt, META_FILE)))
 
 
 def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:

@@ -114,3 +114,45 @@ def test_unsupported_configs(changes, match):
     raw = {**tiny_config("gqa").to_dict(), **changes}
     with pytest.raises(ValueError, match=match):
         Qwen3Arch.from_hf(raw)
+
+
+def _training_checkpoints(save_dir, iterations, latest=None):
+    """What phf_megatron.train leaves: iter_N directories (meta.json) and the latest file naming one."""
+    for i in iterations:
+        os.makedirs(save_dir / f"iter_{i:07d}")
+        (save_dir / f"iter_{i:07d}" / "meta.json").write_text(json.dumps({"iteration": i}))
+    if latest is not None:
+        (save_dir / "latest_checkpointed_iteration.txt").write_text(str(latest))
+
+
+@pytest.mark.parametrize("given, latest, line", [
+    # a checkpoints directory without its latest file: was "no phf_megatron.json in ... pass --hf_config"
+    ("{ckpts}", None, "--mcore_dir: {ckpts} has no latest_checkpointed_iteration.txt: give one of its checkpoints "
+                      "(iter_0000002, iter_0000004)"),
+    ("{run}", None, "--mcore_dir: {ckpts} has no latest_checkpointed_iteration.txt: give one of its checkpoints "
+                    "(iter_0000002, iter_0000004)"),   # was "no checkpoint of the run yet"
+    ("{ckpts}/iter_0000003", 4, "--mcore_dir: {ckpts}/iter_0000003 does not exist (checkpoints there: "
+                                "iter_0000002, iter_0000004)"),
+    ("{run}", 6, "{ckpts}/latest_checkpointed_iteration.txt: names iteration 6, but {ckpts}/iter_0000006 does not "
+                 "exist (checkpoints there: iter_0000002, iter_0000004)"),   # was "[Errno 2] ... meta.json"
+])
+def test_mcore_to_hf_names_the_checkpoints_it_found(tmp_path, capsys, given, latest, line):
+    """A checkpoints directory that names no iteration, or a wrong iteration: the one line lists the
+    iter_N directories there, for the user to pick one."""
+    from phf_megatron.tools.mcore_to_hf import main
+
+    run, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    _training_checkpoints(ckpts, (2, 4), latest)
+    (run / "config.yaml").write_text("run_dir: run\n")
+    assert main(["--mcore_dir", given.format(run=run, ckpts=ckpts), "--out_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: " + line.format(run=run, ckpts=ckpts)]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_list_of_checkpoints_shows_its_first_and_last(tmp_path):
+    from phf_megatron.input_files import checkpoint_names
+
+    _training_checkpoints(tmp_path, range(1, 13))
+    os.makedirs(tmp_path / "tmp-iter_0000013")   # an unfinished save: not one to pick
+    assert checkpoint_names(str(tmp_path)) == "iter_0000001, ..., iter_0000010, iter_0000011, iter_0000012 (12 in all)"
+    assert checkpoint_names(str(tmp_path / "nowhere")) == "none"

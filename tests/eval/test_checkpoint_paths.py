@@ -60,5 +60,5 @@ def test_a_latest_file_naming_a_missing_iteration_is_one_line(tmp_path, converte
     with pytest.raises(ConfigError) as err:
         models.convert_megatron(str(run), str(tmp_path / "eval"))
     assert err.value.line == (f"--megatron_checkpoint: {run}: its latest checkpoint {run}/checkpoints/iter_0000003 "
-                              "does not exist")
+                              "does not exist (checkpoints there: iter_0000002)")
     assert converted == [] and not (tmp_path / "eval").exists()
