@@ -10,6 +10,8 @@ libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is n
 
 Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by
 this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore`` too).
+``hf_progress_bars_off`` hides transformers' own bars for the span of a command that prints its own
+progress (``python -m phf_megatron.toy``), and restores them after.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from contextlib import contextmanager
 
 #: Module names whose warnings are kept at the default verbosity (a regex ``warnings`` matches).
 OWN_MODULES = r"(phf_megatron|__main__)\b"
@@ -43,3 +46,23 @@ def quiet_start(verbose: bool = False) -> None:
     logging.getLogger("megatron.core.dist_checkpointing.strategies.torch").setLevel(logging.ERROR)
     for message in FOREIGN_MESSAGES:
         warnings.filterwarnings("ignore", message=message)
+
+
+@contextmanager
+def hf_progress_bars_off():
+    """Inside: transformers' own progress bars off ("Loading weights", "Writing model shards", and
+    huggingface_hub's with them), where a command prints its own progress between them; on exit the
+    setting is back as it was, so a caller of the library keeps its own."""
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    was_on, hub_off = hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    if was_on:
+        hf_logging.disable_progress_bar()   # transformers' and the hub's
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()   # enables the hub's too: as they were
+            if hub_off:
+                hub.disable_progress_bars()

@@ -37,6 +37,13 @@ def main(argv=None) -> int:
             print(f"error: {flag}: {missing_dir(path)}", file=sys.stderr)
             return 2
 
+    from ..startup import hf_progress_bars_off
+
+    with hf_progress_bars_off():   # its bars between our log lines; the command's own scope, not the library's
+        return _run(args)
+
+
+def _run(args) -> int:
     from ..data.toy import make_toy_split
 
     if args.command == "prepare":

@@ -132,3 +132,21 @@ def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line
     (tmp_path / "file").write_text("x")
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path)]
+
+
+def test_the_toy_commands_show_no_transformers_progress_bars(tmp_path, capfd):
+    """prepare and evaluate printed transformers' "Loading weights" and "Writing model shards" bars
+    between their own lines (the main job's log); their own lines stay, and a library user's setting
+    (bars on) is back after each command."""
+    from transformers.utils import logging as hf_logging
+
+    from phf_megatron.toy.__main__ import main
+
+    hf_logging.enable_progress_bar()
+    assert main(["prepare", "--out", str(tmp_path / "toy"), "--warmup-steps", "1"]) == 0
+    assert hf_logging.is_progress_bar_enabled()
+    assert main(["evaluate", "--hf-dir", str(tmp_path / "toy" / "hf")]) == 0
+    assert hf_logging.is_progress_bar_enabled()
+    out, err = capfd.readouterr()
+    assert '{"phase": "warmup", "step": 0, ' in out and "held-out greedy accuracy:  noref_seen " in out, out
+    assert "Loading weights" not in err and "model shards" not in err and "it/s]" not in err, err[-2000:]
