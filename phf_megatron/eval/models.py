@@ -30,8 +30,8 @@ MARKER = "phf_source.json"
 
 def check_hf_dir(path: str, what: str = "model") -> str:
     """``path`` is a HF model directory; else one line naming ``--model``, the flag that gave it."""
-    if missing_dir(path):
-        raise ConfigError("model", missing_dir(path))
+    if why := missing_dir(path):
+        raise ConfigError("model", why)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError("model", f"{path} has no config.json (not a HF {what} directory)")
     check_hf_model_dir(path, weights=True)  # a damaged or missing file is named before an engine loads it
@@ -65,8 +65,8 @@ def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
 def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
     """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
     check_hf_dir(base_dir, "base model")
-    if missing_dir(adapter_dir):
-        raise ConfigError("adapter", missing_dir(adapter_dir))
+    if why := missing_dir(adapter_dir):
+        raise ConfigError("adapter", why)
     if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
         export = os.path.join(adapter_dir, "export", "peft_adapter")
         checkpoint = (os.path.isfile(os.path.join(adapter_dir, "meta.json"))
@@ -155,8 +155,8 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     """
     import multiprocessing as mp
 
-    if missing_dir(mcore_dir):
-        raise ConfigError("megatron_checkpoint", missing_dir(mcore_dir))
+    if why := missing_dir(mcore_dir):
+        raise ConfigError("megatron_checkpoint", why)
     if (latest := latest_checkpoint(mcore_dir)) != mcore_dir:   # converted, and reused, as that iteration
         if missing_dir(latest):
             there = checkpoint_names(os.path.dirname(latest))

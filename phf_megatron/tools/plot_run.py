@@ -316,8 +316,8 @@ def plot(argv: list[str], quiet: bool = False) -> int:
         return 0
     if not args.verbose:   # one line per text drawn, thousands per figure
         logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
-    if missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
-        raise ConfigError("run_dir", missing_dir(args.run_dir))
+    if why := missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
+        raise ConfigError("run_dir", why)
     records = load_run(args.run_dir)
     if args.out:   # no suffix: matplotlib writes <out>.png, so that is the path printed
         curves = args.out if os.path.splitext(args.out)[1] else f"{args.out}.png"

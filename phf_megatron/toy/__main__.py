@@ -12,8 +12,11 @@ import json
 import os
 import sys
 
+from ..commands import command
 
-def main(argv=None) -> int:
+
+def _body(argv: list[str], quiet: bool) -> int:
+    """The command (``quiet`` is unused: its start prints nothing of a third party's but the bars it turns off)."""
     p = argparse.ArgumentParser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build the warmed-up tiny model and the toy data")
@@ -26,16 +29,23 @@ def main(argv=None) -> int:
     ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare")
     ev.add_argument("--json", default=None, help="also write the table here")
     args = p.parse_args(argv)
-    from ..input_files import missing_dir
+    from ..errors import ConfigError
+    from ..input_files import check_hf_model_dir, missing_dir
 
     if args.command == "prepare":   # was a FileExistsError traceback
         given = [("--out", args.out)] if os.path.exists(args.out) else []
     else:   # was "<path>: not a directory" for either flag, a missing one too
         given = [("--hf-dir", args.hf_dir)] + ([("--adapter", args.adapter)] if args.adapter else [])
     for flag, path in given:
-        if missing_dir(path):   # one line naming the flag, as the other commands
-            print(f"error: {flag}: {missing_dir(path)}", file=sys.stderr)
-            return 2
+        if why := missing_dir(path):   # one line naming the flag, as the other commands
+            raise ConfigError(flag.removeprefix("--"), why)
+    if args.command == "evaluate":   # was transformers' OSError traceback for a directory without a model
+        try:
+            check_hf_model_dir(args.hf_dir, weights=True)
+        except FileNotFoundError as err:
+            raise ConfigError("hf-dir", str(err)) from None
+        if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
+            raise ConfigError("adapter", f"{args.adapter} has no adapter_config.json (not a PEFT adapter directory)")
 
     from ..startup import hf_progress_bars_off
 
@@ -62,6 +72,10 @@ def _run(args) -> int:
 
         write_json(args.json, report, indent=1)
     return 0
+
+
+#: ``main(argv=None) -> exit code``: a user's error (a path, a full disk, Ctrl-C) is one line (``commands.command``).
+main = command(_body)
 
 
 if __name__ == "__main__":

@@ -123,13 +123,23 @@ def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layo
     (["evaluate", "--hf-dir", "{tmp}/nope"], "error: --hf-dir: {tmp}/nope does not exist"),
     (["evaluate", "--hf-dir", "{tmp}", "--adapter", "{tmp}/file"], "error: --adapter: {tmp}/file is not a directory"),
     (["prepare", "--out", "{tmp}/file"], "error: --out: {tmp}/file is not a directory"),
+    (["evaluate", "--hf-dir", "{tmp}"], "error: --hf-dir: {tmp}: no config.json (expected a HF model directory)"),
+    (["evaluate", "--hf-dir", "{tmp}/hf", "--adapter", "{tmp}"],
+     "error: --adapter: {tmp} has no adapter_config.json (not a PEFT adapter directory)"),
 ])
 def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line):
     """``python -m phf_megatron.toy``: a wrong path was "usage: ...\\n...: error: <path>: not a directory" for
-    --hf-dir and --adapter alike (a missing one too), and a FileExistsError traceback for --out."""
+    --hf-dir and --adapter alike (a missing one too), and a FileExistsError traceback for --out; a directory
+    without a model, or without an adapter, was transformers' or PEFT's traceback."""
+    import torch
+    from safetensors.torch import save_file
+
     from phf_megatron.toy.__main__ import main
 
     (tmp_path / "file").write_text("x")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "hf" / "model.safetensors"))
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path)]
 
