@@ -69,6 +69,10 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     (["--config", "configs"], "error: config file 'configs' is not a file"),
     (["--optimizer.lr=nan"], "error: --optimizer.lr: expected a finite number, got nan"),
     (["--data.shuffle_seed=-1"], "error: --data.shuffle_seed: must be >= 0, got -1"),   # was a traceback, late
+    # was accepted and ignored: the vllm / hf engines always run on the trainer's GPUs
+    (["--rollout.colocate=false"], "error: --rollout.colocate: false is not supported with rollout.backend=auto: its "
+     "engines run on the trainer's GPUs; for an engine elsewhere start a vLLM server and use "
+     "--rollout.backend=vllm_server --rollout.server_url=..."),
 ])
 def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
     proc = run_python(["-m", "phf_megatron.train", *argv])
