@@ -6,9 +6,9 @@
     python -m phf_megatron.train --help                                  # every setting
     python -m phf_megatron.train --config configs/phf_qwen3_8b.yaml --lr 1e-5 --print-config
 
-Any config field can be overridden as ``--section.field=value`` (see ``training/config.py``,
-``training/config_sections.py`` and ``rollout/config.py``); ``--ablation NAME`` selects one of the
-paper's ablations (opsd_only, local_only, direction_only, geometry_only, pointwise_mse, selected_layers). A wrong setting is one
+Any config field can be overridden as ``--section.field=value`` (the sections: ``training/config.py``,
+``training/config_sections.py``, ``lora/config.py``, ``rollout/config.py``, ``objectives/config.py``);
+``--ablation NAME`` selects one of the paper's ablations (opsd_only, local_only, direction_only, geometry_only, pointwise_mse, selected_layers). A wrong setting is one
 line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 """
 

@@ -44,6 +44,10 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     assert "  --optimizer.lr=<float>  (default: 5e-06)" in lines
     assert "      Peak learning rate (paper: 5e-6)." in lines
     assert "--print-config" in proc.stdout and "--config FILE" in proc.stdout
+    hints = typing.get_type_hints(TrainConfig)   # the files the help names hold every section (lora's was missing)
+    sections = [hints[f.name] for f in dataclasses.fields(TrainConfig) if dataclasses.is_dataclass(hints[f.name])]
+    for cls in [TrainConfig, *sections]:
+        assert cls.__module__.removeprefix("phf_megatron.").replace(".", "/") + ".py" in proc.stdout, cls
     assert "a field no other section has may go alone (--hf_dir for --model.hf_dir)" in " ".join(proc.stdout.split())
     from phf_megatron.training.config_io import SETTINGS
 
