@@ -352,8 +352,8 @@ class LoggingConfig:
     """Log the per-layer flow energy and its spread (paper Section 4 diagnostics)."""
     loss_tokens_interval: int = 10
     """Every this many steps, write the 20 rollout tokens with the largest share of the step's
-    OPSD loss to <run_dir>/loss_tokens.jsonl (style tokens such as "wait": OPSD issues #3, #20);
-    0: never."""
+    OPSD loss (sft: the solution tokens' cross-entropy; grpo: its loss) to <run_dir>/loss_tokens.jsonl
+    (style tokens such as "wait": OPSD issues #3, #20); 0: never."""
     verbose: bool = False
     """Show third-party warnings (Megatron's Transformer Engine / Apex fallbacks, deprecations) and
     vLLM's INFO and WARNING log. Off: one line says which implementations run; progress bars stay."""
