@@ -60,9 +60,18 @@ def preset(name: str) -> str:
     return os.path.join(CONFIGS, f"{name}.yaml")
 
 
+#: The same table's evaluation rows (and appendix "Evaluation Protocol": thinking mode) as EvalConfig fields.
+PAPER_EVAL_TABLE = {"n": 12, "temperature": 1.0, "sampling_top_p": 0.95, "top_k": -1, "max_new_tokens": 38_912,
+                    "thinking": True, "grader": "official"}
+
+
 def test_defaults_are_the_paper_table():
+    from phf_megatron.eval.config import EvalConfig
+
     flat = flatten(to_dict(TrainConfig()))
     assert {k: flat[k] for k in PAPER_TABLE} == PAPER_TABLE
+    evaluation = EvalConfig(out_dir="o", model="m")
+    assert {k: getattr(evaluation, k) for k in PAPER_EVAL_TABLE} == PAPER_EVAL_TABLE
 
 
 @pytest.mark.parametrize("name", PRESETS[:3])
