@@ -19,6 +19,12 @@ from tests.helpers import REPO, python_env, run_python
 TOOLS = os.path.join(REPO, "tools")
 
 
+def _sections(cls) -> dict[str, type]:
+    """A config's sections: field name -> its dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
 def _leaf_fields(cls):
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -44,9 +50,7 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     assert "  --optimizer.lr=<float>  (default: 5e-06)" in lines
     assert "      Peak learning rate (paper: 5e-6)." in lines
     assert "--print-config" in proc.stdout and "--config FILE" in proc.stdout
-    hints = typing.get_type_hints(TrainConfig)   # the files the help names hold every section (lora's was missing)
-    sections = [hints[f.name] for f in dataclasses.fields(TrainConfig) if dataclasses.is_dataclass(hints[f.name])]
-    for cls in [TrainConfig, *sections]:
+    for cls in [TrainConfig, *_sections(TrainConfig).values()]:   # the help names their files (lora's was missing)
         assert cls.__module__.removeprefix("phf_megatron.").replace(".", "/") + ".py" in proc.stdout, cls
     assert "a field no other section has may go alone (--hf_dir for --model.hf_dir)" in " ".join(proc.stdout.split())
     from phf_megatron.training.config_io import SETTINGS
@@ -360,3 +364,37 @@ def test_every_test_the_docs_name_exists():
                     if not os.path.isfile(source) or not re.search(rf"^(async )?def {test}\(", open(source).read(), re.M):
                         missing.append(f"{os.path.relpath(doc, REPO)}:{number}: {path}::{test}")
     assert named > 30 and not missing, missing
+
+
+def test_every_trainer_setting_the_docs_name_exists():
+    """Each ``--section.field[=value]`` (or ```section.field``` alone) in README.md, BENCHMARKS.md, docs/*.md and
+    the presets' and launchers' comments is a TrainConfig setting or section property (``x_*``: prefixes one),
+    so a renamed setting cannot leave a command that stops at 'unknown setting'."""
+    import glob
+    import re
+
+    from phf_megatron.training.config import TrainConfig
+    from phf_megatron.training.config_io import SETTINGS
+
+    docs = [os.path.join(REPO, "README.md"), os.path.join(REPO, "BENCHMARKS.md")]
+    for pattern in ("docs/*.md", "configs/*.yaml", "examples/*.sh", "examples/slurm/*.sbatch"):
+        docs += sorted(glob.glob(os.path.join(REPO, pattern)))
+    sections, named, unknown = _sections(TrainConfig), 0, []
+    for doc in docs:
+        for number, line in enumerate(open(doc, encoding="utf-8"), 1):
+            if doc.endswith((".yaml", ".sh", ".sbatch")) and not line.startswith("#"):
+                continue   # the presets' and launchers' comments
+            found = re.findall(r"(?<![\w.-])--([a-z]+)\.(\w+\*?)", line)
+            quoted = (re.fullmatch(r"([a-z]+)\.(\w+\*?)(=\S*)?", q) for q in re.findall(r"`([^`\s]+)`", line))
+            for section, field in found + [m.groups()[:2] for m in quoted if m]:
+                if section not in sections:
+                    continue   # another tool's flag
+                key, package = f"{section}.{field}", os.path.join(REPO, "phf_megatron", section)
+                if (key in SETTINGS.types or isinstance(getattr(sections[section], field, None), property)
+                        or field.endswith("*") and any(k.startswith(key[:-1]) for k in SETTINGS.types)):
+                    named += 1
+                elif not (field in ("py", "md", "yaml", "json") or os.path.exists(os.path.join(package, f"{field}.py"))
+                          or any(re.search(rf"^(def|class) {field}\b", open(f).read(), re.M)
+                                 for f in glob.glob(os.path.join(package, "*.py")))):
+                    unknown.append(f"{os.path.relpath(doc, REPO)}:{number}: {key}")   # nor a module or function
+    assert named > 150 and unknown == [], unknown
