@@ -1,6 +1,6 @@
 """The paper's Table 1 and ablation table on our stack, from one command (resumable).
 
-    # every row of Table 1 (Base, SFT, GRPO, OPSD, PHF) and Table 3 (direction only, geometry only,
+    # every row of Table 1 (Base, SFT, GRPO, OPSD, PHF) and Table 2 (direction only, geometry only,
     # selected layers) at one scale: train each to step 100, evaluate checkpoint 100 by Average@12
     python tools/paper_table.py --hf_model /models/Qwen3-1.7B --scale 1p7b --out runs/table_1p7b
     python tools/paper_table.py ... --rows base,opsd,phf --dry_run          # print the commands only
@@ -56,7 +56,7 @@ class PaperTable:
     the toy's held-out evaluation; no paper numbers (not comparable)."""
     rows: tuple[str, ...] = ROWS
     """comma-separated: base, sft, grpo, opsd, phf (Table 1), direction_only, geometry_only,
-    selected_layers (Table 3; not on the toy, whose 2 layers have no such subset)."""
+    selected_layers (Table 2; not on the toy, whose 2 layers have no such subset)."""
     step: int = 100
     """train each row to this step and evaluate its checkpoint (paper: 100)."""
     k: int = 12
@@ -223,7 +223,7 @@ def table_markdown(table: dict) -> str:
     else:
         head = (f"# The paper's tables on our stack: Qwen3 {table['scale']}, checkpoint {table['step']}, "
                 f"Average@{table['k']} (official grader)\n\nEach cell: ours / paper (percent); Δ = ours − paper on "
-                "the suite average. Paper: Table 1 (tab:main) and, for the ablation rows (average only), Table 3 "
+                "the suite average. Paper: Table 1 (tab:main) and, for the ablation rows (average only), Table 2 "
                 "(tab:ablations); sources in `phf_megatron/tools/paper_numbers.json`.\n")
         cols = ["row", *bench, "average", "Δ average", "status"]
     lines = [head, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

@@ -25,7 +25,7 @@ from .config_sections import (  # noqa: F401 - re-exported: the sections are par
     TeacherConfig, TrainingConfig,
 )
 
-#: The paper's ablation rows (Table 3 and Section 4) as switches: ``--ablation NAME`` sets these
+#: The paper's ablation rows (Table 2 and Section 4) as switches: ``--ablation NAME`` sets these
 #: ``objective`` values before the explicit command-line overrides are applied.
 ABLATIONS: dict[str, dict[str, object]] = {
     "opsd_only": {"flow_variant": "none"},
