@@ -16,7 +16,8 @@ import time
 from typing import Callable, Sequence
 
 from .cli import Settings, wants_help
-from .errors import ConfigError, LostRank, RunStopped, UsageError, UserError, missing_dependency, write_failure
+from .errors import (ConfigError, LostRank, RunStopped, StoppedAtStart, UsageError, UserError, missing_dependency,
+                     write_failure)
 
 
 def process_rank() -> int:
@@ -44,9 +45,10 @@ def report_error(err: BaseException) -> None:
     print(f"error: {'' if rank == 0 else f'[rank {rank}] '}{line}", file=sys.stderr, flush=True)
 
 
-def report_stop(err: RunStopped) -> None:
+def report_stop(err: RunStopped | StoppedAtStart) -> None:
     """Print a stopped run's line on stderr, once: ``error: <err>`` (``error: [rank R] <err>`` off rank 0). A
-    ``LostRank`` is printed as it is raised, before the run's cleanup (``training.distributed.lost_rank``)."""
+    ``LostRank`` or a ``StoppedAtStart`` is printed as it is raised, before the run's cleanup
+    (``training.distributed.lost_rank``, ``training.stop_signal.stopping_at_once``)."""
     if not err.reported:
         err.reported = True
         rank = process_rank()
@@ -62,8 +64,9 @@ def run_command(main: Callable[[], int | None]) -> int:
     ``OSError`` of ``errors.WRITE_ERRNOS``: a full disk, a read-only file system, no
     permission, a dependency that is not installed) prints one line and returns exit code 2; a
     ``RunStopped`` (an engine failed; saved at that step if the weights are pushed after it, else the last
-    checkpoint kept; ``LostRank``: another rank died, said by every rank left) one line and 1; Ctrl-C one line
-    and ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
+    checkpoint kept; ``LostRank``: another rank died, said by every rank left) one line and 1; a preemption while
+    the run starts (``StoppedAtStart``) one line and 128 + the signal's number; Ctrl-C one line and
+    ``INTERRUPTED_EXIT``; any other exception keeps its traceback."""
     try:
         return int(main() or 0)
     except (UserError, FileNotFoundError, FileExistsError) as err:
@@ -87,6 +90,10 @@ def run_command(main: Callable[[], int | None]) -> int:
         else:
             time.sleep(SILENT_RANK_WAIT_S)  # as for a setting error: rank 0's line goes out before torchrun stops it
         return 1
+    except StoppedAtStart as err:  # a preemption while starting: said by rank 0 as it came
+        if process_rank() == 0:
+            report_stop(err)
+        return err.exit_code
     except KeyboardInterrupt as err:  # Ctrl-C reaches every rank: rank 0 says what was kept
         if process_rank() == 0:
             print(f"error: interrupted{f' {err}' if str(err) else ''}", file=sys.stderr, flush=True)

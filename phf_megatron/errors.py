@@ -29,6 +29,19 @@ class LostRank(RunStopped):
     so, as rank 0 may be the one that died; nothing is saved after the loss (it needs the lost rank)."""
 
 
+class StoppedAtStart(BaseException):
+    """``checkpoint.exit_signal`` (a preemption) while the run starts: nothing is trained yet, so it stops at
+    once, one line, exit code 128 + the signal's number (``training.stop_signal.stopping_at_once``). A
+    ``BaseException``, as ``KeyboardInterrupt``: no ``except Exception`` on the way turns it into another error."""
+
+    reported = False
+    """Whether its line is out already (``commands.report_stop``): the command line does not print it again."""
+
+    def __init__(self, line: str, exit_code: int):
+        super().__init__(line)
+        self.exit_code = exit_code
+
+
 class UserError(ValueError):
     """Base class: ``line`` is what a command line prints after ``error: ``."""
 

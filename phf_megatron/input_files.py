@@ -112,6 +112,15 @@ def checkpoint_names(save_dir: str, most: int = 3) -> str:
     return ", ".join(found) or "none"
 
 
+def kept(save_dir: str, redone: bool = False) -> str:
+    """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
+    done = list_checkpoints(save_dir)
+    if not done:
+        return "no checkpoint was saved"
+    last = f"the last checkpoint is {os.path.join(save_dir, iter_dir_name(done[-1]))}"
+    return f"{last}, the steps after it are redone" if redone else last
+
+
 def check_hf_model_dir(path: str, weights: bool = False) -> None:
     """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
     (cheap: no tensor data), so a damaged file is named before an engine or model loads it;

@@ -52,11 +52,14 @@ def train(argv: list[str], quiet: bool = True) -> int:
 
     require_checkpoint(cfg)
     from .training.distributed import shutdown_distributed
-    from .training.loop import Trainer
+    from .training.stop_signal import stopping_at_once
 
     trainer = None
     try:
-        trainer = Trainer(cfg)
+        with stopping_at_once(cfg.checkpoint, cfg.save_dir):  # a preemption before the first step: one line
+            from .training.loop import Trainer
+
+            trainer = Trainer(cfg)
         return trainer.run()  # 0, or 128 + signal number: stopped by checkpoint.exit_signal (saved)
     finally:
         if trainer is not None:

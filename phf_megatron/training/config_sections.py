@@ -321,7 +321,7 @@ class CheckpointConfig:
     exit_signal_handler: bool = True
     """On ``exit_signal`` (a scheduler's preemption): finish the step in flight, save a checkpoint and
     exit with 128 + the signal's number (Megatron's --exit-signal-handler); repeats are noted again, a
-    second Ctrl-C stops at once. torchrun kills its workers --shutdown-timeout seconds (default 30) after
+    second Ctrl-C stops at once; before the first step (the run starting) it stops at once, one line. torchrun kills its workers --shutdown-timeout seconds (default 30) after
     passing a signal on: leave a step and a save (examples/slurm/train_phf_multinode.sbatch)."""
     exit_signal: str = "SIGTERM"
     """The signal exit_signal_handler acts on: SIGTERM | SIGINT | SIGUSR1 | SIGUSR2."""

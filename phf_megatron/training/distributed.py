@@ -6,7 +6,7 @@
 Joining the group (and the CPU shims without CUDA) and Megatron's groups are ``runtime``'s.
 ``lost_contact(err)`` tells a collective that failed because another rank is gone (killed, its node
 down) from any other error (a timeout included: a stuck rank times out the same way); ``lost_rank`` makes it
-the ``LostRank`` every surviving rank says at once, before any cleanup; ``kept`` names what a stopped run keeps.
+the ``LostRank`` every surviving rank says at once, before any cleanup; ``kept`` (``input_files``) names what a stopped run keeps.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from ..commands import report_stop
 from ..config_errors import fail
 from ..errors import LostRank, RunStopped
+from ..input_files import kept
 from ..runtime.megatron_session import init_model_parallel, shutdown
 from ..runtime.process_group import join_default_group
-from .checkpoint import iter_dir_name, list_checkpoints
 from .config import TrainConfig
 
 
@@ -114,15 +114,6 @@ def _chain(err: BaseException | None):
         seen.add(id(err))
         yield err
         err = err.__cause__ or err.__context__
-
-
-def kept(save_dir: str, redone: bool = False) -> str:
-    """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
-    done = list_checkpoints(save_dir)
-    if not done:
-        return "no checkpoint was saved"
-    last = f"the last checkpoint is {os.path.join(save_dir, iter_dir_name(done[-1]))}"
-    return f"{last}, the steps after it are redone" if redone else last
 
 
 def lost_rank(err: BaseException, phase: str, save_dir: str, redone: bool = False,

@@ -40,6 +40,7 @@ from ..lora import adapter_parameters
 from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import RunStopped, UserError
+from ..input_files import kept
 from .batches import build_microbatches
 from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
 from .checkpoint_parts import (
@@ -48,7 +49,7 @@ from .checkpoint_parts import (
 from .config import TrainConfig
 from .config_io import resume_fingerprint, save_run_config
 from .diagnostics import layer_energy_metrics
-from .distributed import DistributedContext, init_distributed, kept, lost_rank
+from .distributed import DistributedContext, init_distributed, lost_rank
 from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
@@ -364,7 +365,7 @@ class Trainer:
                   f"{self.cfg.training.train_iters}, {saved}; rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))
 
-    def _kept(self, redone: bool = False) -> str:  # what a stopped run keeps (``distributed.kept``)
+    def _kept(self, redone: bool = False) -> str:  # what a stopped run keeps (``input_files.kept``)
         return kept(self.cfg.save_dir, redone)
 
     def _save_last(self) -> None:

@@ -5,15 +5,47 @@ flight every rank agrees that one was received (on any rank: torchrun may delive
 before the others), the trainer writes a checkpoint and exits with ``128 + signal number``, the code
 of a process the signal killed. A repeated signal is noted again (Slurm signals every process of the
 job step and torchrun passes its own signal on: a worker often gets two); a second Ctrl-C, though,
-acts at once (the handler that was there before).
+acts at once (the handler that was there before). While the run starts (``stopping_at_once``: imports,
+model build, resume, the engines' start; minutes at 8B) there is no step to finish and nothing new to
+save: the signal stops it at once, one line, the same exit code.
 """
 
 from __future__ import annotations
 
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
-import torch
-import torch.distributed as dist
+from ..commands import process_rank, report_stop
+from ..errors import StoppedAtStart
+from ..input_files import kept
+from .config_sections import CheckpointConfig
+
+
+@contextmanager
+def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[None]:
+    """Inside (the run's start): ``checkpoint.exit_signal`` raises ``StoppedAtStart`` at once, its line said
+    by rank 0 as it comes (the cleanup after it, the engines' stop, may outlast a scheduler's grace), the
+    signal ignored while it unwinds (Slurm's and torchrun's both reach a worker). Ctrl-C (SIGINT) keeps its
+    own line; nothing changes with ``exit_signal_handler`` off."""
+    if not checkpoint.exit_signal_handler or checkpoint.exit_signal == "SIGINT":
+        yield
+        return
+    signum = int(getattr(signal, checkpoint.exit_signal))
+
+    def stop(received, frame) -> None:
+        signal.signal(signum, signal.SIG_IGN)
+        err = StoppedAtStart(f"{checkpoint.exit_signal} received while the run was starting: stopped before its "
+                             f"first step; {kept(save_dir)}; rerun the same command to resume", 128 + signum)
+        if process_rank() == 0:
+            report_stop(err)
+        raise err
+
+    previous = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 class StopSignal:
@@ -31,6 +63,8 @@ class StopSignal:
 
     def agreed(self) -> bool:
         """Whether any rank received the signal (a collective over the world when distributed)."""
+        import torch
+        import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             return self.received
         flag = torch.tensor([int(self.received)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
