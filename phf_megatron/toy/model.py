@@ -114,7 +114,7 @@ def warm_up(hf_dir: str, split: ToySplit, prompt_config: PromptConfig, *, steps:
         s, t, y = zip(*(encoded(*pairs[rng.randrange(len(pairs))]) for _ in range(batch)))
         loss = supervised_step(model, opt, schedule, build_distill_batch(s, t, y, pad_id=tok.pad_token_id))
         if step % 50 == 0 or step == steps - 1:
-            log({"phase": "warmup", "step": step, "loss": round(loss, 5)})
+            log({"phase": "warmup", "step": step + 1, "of": steps, "loss": round(loss, 5)})
     model.save_pretrained(hf_dir)
     output_modes(hf_dir)  # save_pretrained's weight files are owner-only
 

@@ -158,5 +158,5 @@ def test_the_toy_commands_show_no_transformers_progress_bars(tmp_path, capfd):
     assert main(["evaluate", "--hf-dir", str(tmp_path / "toy" / "hf")]) == 0
     assert hf_logging.is_progress_bar_enabled()
     out, err = capfd.readouterr()
-    assert '{"phase": "warmup", "step": 0, ' in out and "held-out greedy accuracy:  noref_seen " in out, out
+    assert '{"phase": "warmup", "step": 1, "of": 1, ' in out and "held-out greedy accuracy:  noref_seen " in out, out
     assert "Loading weights" not in err and "model shards" not in err and "it/s]" not in err, err[-2000:]
