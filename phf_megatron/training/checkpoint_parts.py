@@ -122,15 +122,17 @@ def stateful_part(obj: Any, scope: Scope) -> Part:
 
 
 def _without_static_scaler(state, optimizer):
-    """A Megatron optimizer's state without a static loss scale's (empty) grad-scaler state where ``optimizer``
-    has a dynamic scaler, which cannot load it (``KeyError: 'scale'``; ``optimizer.loss_scale`` may change on
-    resume): the dynamic scale then starts at ``optimizer.initial_loss_scale``. A static scaler loads it (it holds
-    nothing): kept, as without it Megatron logs "found an old checkpoint, will not load grad scaler"."""
-    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+    """A Megatron optimizer's state without a static loss scale's (empty) grad-scaler state unless ``optimizer``
+    has a static scaler too (``optimizer.loss_scale`` may change on resume): a dynamic scaler cannot load it
+    (``KeyError: 'scale'``; the dynamic scale then starts at ``optimizer.initial_loss_scale``), and where there is
+    none (bfloat16 without a loss scale) Megatron logs "fould the grad scaler in the checkpoint but it is None".
+    A static scaler loads it (it holds nothing): kept, as without it Megatron logs "found an old checkpoint, will
+    not load grad scaler"."""
+    from megatron.core.optimizer.grad_scaler import ConstantGradScaler
 
     from .nonfinite import grad_scaler
 
-    if not isinstance(grad_scaler(optimizer), DynamicGradScaler):
+    if isinstance(grad_scaler(optimizer), ConstantGradScaler):
         return state
     for s in state if isinstance(state, list) else [state]:
         if isinstance(s, dict) and s.get("grad_scaler") == {}:

@@ -61,15 +61,17 @@ def _steps(hf_dir: str, overrides: tuple[str, ...], steps: int, dtype: str = "fl
     return built, log
 
 
-def _static_resumed(hf_dir: str, overrides: tuple[str, ...]) -> tuple[dict, list[str]]:
+def _static_resumed(hf_dir: str, overrides: tuple[str, ...], dtype: str = "float16") -> tuple[dict | None, list[str]]:
     """A static scale's optimizer state (checkpoint part), loaded by a student built with ``overrides``: its
-    scaler, and what Megatron's optimizer logged (INFO and above) on the way."""
+    scaler (None without one: bfloat16 without optimizer.loss_scale), and what Megatron's optimizer logged
+    (INFO and above) on the way."""
     import logging
 
     from phf_megatron.training.checkpoint_parts import optimizer_part
+    from phf_megatron.training.nonfinite import grad_scaler
 
-    saved = optimizer_part(_student(hf_dir, ("--optimizer.loss_scale=8",))[1].optimizer).state()
-    _, resumed = _student(hf_dir, overrides)
+    saved = optimizer_part(_student(hf_dir, ("--optimizer.loss_scale=8",), dtype)[1].optimizer).state()
+    _, resumed = _student(hf_dir, overrides, dtype)
     logged: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: logged.append(record.getMessage())
@@ -82,7 +84,7 @@ def _static_resumed(hf_dir: str, overrides: tuple[str, ...]) -> tuple[dict, list
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    return _scaler(resumed), logged
+    return (_scaler(resumed) if grad_scaler(resumed.optimizer) is not None else None), logged
 
 
 def _runs(rank: int, world_size: int, hf_dir: str) -> dict:
@@ -133,6 +135,20 @@ def test_loss_scale_settings_reach_megatrons_grad_scaler_and_a_static_overflow_i
     # and with a static one, quietly (no "found an old checkpoint, will not load grad scaler" from Megatron)
     assert runs["static_resumed_static"] == ({**runs["static_resumed_static"][0], "kind": "ConstantGradScaler",
                                               "scale": 16.0}, [])
+
+
+def _bf16_static_resumed(rank: int, world_size: int, hf_dir: str) -> dict:
+    return {"none": _static_resumed(hf_dir, (), "bfloat16"),
+            "static": _static_resumed(hf_dir, ("--optimizer.loss_scale=16",), "bfloat16")}
+
+
+def test_a_bfloat16_run_saved_with_a_static_scale_resumes_quietly_with_or_without_one(small_hf):  # noqa: F811
+    """bfloat16 has a scaler only with optimizer.loss_scale (Megatron's rule), and a resume may drop it: the
+    saved (empty) grad-scaler state is then not loaded, and Megatron says nothing ("fould the grad scaler in
+    the checkpoint but it is None in the class" was logged when the state was kept for any non-dynamic scaler)."""
+    runs = run_ranks(_bf16_static_resumed, 1, small_hf)[0]
+    assert runs["none"] == (None, [])
+    assert runs["static"] == ({**runs["static"][0], "kind": "ConstantGradScaler", "scale": 16.0}, [])
 
 
 @pytest.mark.parametrize("override, key", [
