@@ -19,7 +19,9 @@ import os
 import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
-from phf_megatron.input_files import check_hf_model_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest
+from phf_megatron.input_files import (
+    LATEST_FILE, check_hf_model_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest,
+)
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -138,8 +140,15 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
 
 def latest_checkpoint(path: str) -> str:
     """A training run's checkpoints directory (``latest_checkpointed_iteration.txt``), or the run
-    directory above it: its latest ``iter_N``, as Megatron resumes from it; any other path as given."""
+    directory above it: its latest ``iter_N``, as Megatron resumes from it; any other path as given (one whose
+    latest file says ``release`` too: Megatron-LM's base model, no run's, which ``read_latest`` refuses naming
+    the trainer's flag)."""
     for save_dir in (path, os.path.join(path, "checkpoints")):
+        tracker = os.path.join(save_dir, LATEST_FILE)
+        if os.path.isfile(tracker):
+            with open(tracker) as f:
+                if f.read().strip() == "release":
+                    return path
         if (iteration := read_latest(save_dir)) is not None:
             return os.path.join(save_dir, iter_dir_name(iteration))
     return path

@@ -62,3 +62,15 @@ def test_a_latest_file_naming_a_missing_iteration_is_one_line(tmp_path, converte
     assert err.value.line == (f"--megatron_checkpoint: {run}: its latest checkpoint {run}/checkpoints/iter_0000003 "
                               "does not exist (checkpoints there: iter_0000002)")
     assert converted == [] and not (tmp_path / "eval").exists()
+
+
+def test_a_release_checkpoint_is_refused_naming_the_evals_flag(tmp_path, converted):
+    """Megatron-LM's base-model checkpoint (its latest file says ``release``) is no run: the line names
+    --megatron_checkpoint, not the trainer's --model.pretrained_checkpoint (read_latest's advice to a resume)."""
+    base = tmp_path / "megatron_lm_base"
+    (base / "release").mkdir(parents=True)
+    (base / "latest_checkpointed_iteration.txt").write_text("release")
+    with pytest.raises(ConfigError) as err:
+        models.convert_megatron(str(base), str(tmp_path / "eval"))
+    assert err.value.line.startswith(f"--megatron_checkpoint: {base} is neither hf_to_mcore's output"), err.value.line
+    assert converted == [] and not (tmp_path / "eval").exists()
