@@ -284,7 +284,9 @@ def paper_table(argv: list[str], quiet: bool) -> int:
     args = parse_args(argv)
     if args is None:
         return 0
-    if args.seeds is not None:
+    if args.table_only and not os.path.isdir(args.out):   # a mistyped --out made a table of "not run" rows, exit 0
+        raise fail("out", f"{args.out} does not exist (--table_only assembles the rows run into it)")
+    if args.seeds is not None:   # a seed not run yet: its rows are "not run", the summary over the others'
         return seeds_tables(args)
     return one_table(args)
 
@@ -319,8 +321,6 @@ def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
         _check_trainer_args(rows)
-    elif not os.path.isdir(args.out):   # a mistyped --out made a table of "not run" rows, exit 0
-        raise fail("out", f"{args.out} does not exist (--table_only assembles the rows run into it)")
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

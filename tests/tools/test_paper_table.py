@@ -311,6 +311,20 @@ def test_seeds_run_one_toy_table_per_seed(tmp_path, capsys):
     assert vars(args) == before and args.out == out and args.seed == seed   # each seed's table has its own args
 
 
+def test_table_only_over_seeds_assembles_the_seeds_run_so_far(tmp_path, capsys):
+    """``--seeds 0,3 --table_only`` with only seed 0 run: seed 3's rows are "not run" and the summary is over the
+    seeds that finished (it stopped on "--out: <out>/s3 does not exist", a directory the user never named)."""
+    out = str(tmp_path / "t")
+    argv = ["--toy", "--out", out, "--seeds", "0,3", "--rows", "base,opsd", "--table_only"]
+    base = paper_table.plan_row(paper_table.parse_args(["--toy", "--out", f"{out}/s0"]), "base")   # seed 0's
+    os.makedirs(os.path.dirname(base.eval_result))
+    json.dump({"noref_unseen": 0.5, "noref_seen": 1.0}, open(base.eval_result, "w"))
+    assert paper_table.main(argv) == 0, capsys.readouterr().err
+    summary = json.load(open(os.path.join(out, "table_seeds.json")))
+    assert summary["seeds"] == [0, 3] and summary["rows"]["base"]["average"]["values"] == {"0": 75.0}
+    assert summary["rows"]["opsd"]["average"]["n"] == 0
+
+
 def test_seed_summary_is_each_rows_mean_and_sample_sd_over_the_seeds_that_finished(tmp_path):
     import statistics
 
