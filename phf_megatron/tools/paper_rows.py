@@ -93,8 +93,8 @@ def plan_row(args, name: str) -> Row:
 
 
 def training_finished(row: Row, step: int) -> bool:
-    """As the trainer decides (training/export.py ``finished_step``): the latest checkpoint has
-    reached ``step`` and the export is written."""
+    """The latest checkpoint has reached ``step`` and the export is written (as ``training.export.finished_step``
+    decides; whether its settings are the row's is checked before any row runs: ``paper_table._check_trainer_args``)."""
     if row.train is None:
         return True
     latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")

@@ -122,18 +122,27 @@ def _check_eval_args(eval_args: str) -> None:
         raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
 
 
-def _check_trainer_args(rows: list[Row]) -> None:
+def _check_trainer_args(rows: list[Row], step: int) -> None:
     """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
-    a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it."""
-    from ..errors import UserError
+    a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
+    finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
+    settings), not scored again under flags it was not trained with."""
+    from ..errors import InputFileError, UserError
     from ..training.config_io import config_from_argv
+    from ..training.export import finished_step
 
     for row in rows:
         if row.train_flags:
             try:
-                config_from_argv(row.train_flags)
+                cfg = config_from_argv(row.train_flags)
             except UserError as err:
                 raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
+            try:
+                if training_finished(row, step):
+                    finished_step(cfg)
+            except InputFileError as err:
+                raise UserError(f"{err.line} (the {row.name} row, finished in {row.run_dir}, was trained with other "
+                                "settings: give a new --out to train it with these)") from None
 
 
 def parse_args(argv: list[str]):
@@ -320,7 +329,7 @@ def seeds_tables(args) -> int:
 def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
-        _check_trainer_args(rows)
+        _check_trainer_args(rows, args.step)
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

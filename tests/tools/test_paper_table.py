@@ -198,6 +198,30 @@ def test_one_line_errors(capsys, tmp_path, argv, line):
     assert err.startswith(line.format(tmp=tmp_path)) and "\n" not in err, err
 
 
+def test_a_finished_row_is_reused_only_with_the_settings_it_was_trained_with(capsys, tmp_path):
+    """A rerun into the same --out with other trainer flags after ``--`` skipped the finished rows and scored
+    them again as if trained with the new flags (the trainer itself refuses such a run: finished_step)."""
+    import json
+
+    from phf_megatron.tools.paper_rows import plan_row
+    from phf_megatron.training.config_io import config_from_argv, resume_fingerprint
+
+    argv = ["--toy", "--out", str(tmp_path), "--rows", "sft", "--step", "4", "--dry_run", "--"]
+    row = plan_row(paper_table.parse_args(argv), "sft")
+    iteration = tmp_path / "sft" / "checkpoints" / "iter_0000004"
+    iteration.mkdir(parents=True)
+    (tmp_path / "sft" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("4")
+    (tmp_path / "sft" / "export" / "peft_adapter").mkdir(parents=True)
+    trained = json.loads(json.dumps(resume_fingerprint(config_from_argv(row.train_flags)), default=str))
+    (iteration / "meta.json").write_text(json.dumps({"fingerprint": trained}))
+    assert paper_table.main(argv) == 0 and capsys.readouterr().err == ""   # its own settings: reused
+    assert paper_table.main([*argv, "--optimizer.lr=3e-5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {iteration}: the run's settings differ from the checkpoint's: ") and "lr" in err
+    assert err.endswith(f"(the sft row, finished in {tmp_path / 'sft'}, was trained with other settings: give a "
+                        "new --out to train it with these)") and "\n" not in err, err
+
+
 # ----------------------------------------------------------------------------- the toy, end to end
 
 #: the smallest toy that still trains: a short warm-up, 4 steps of 16 (GRPO: 2 prompts x G 8), a
