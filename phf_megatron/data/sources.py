@@ -8,8 +8,10 @@
 * another directory: every ``.jsonl`` / ``.parquet`` / ``.arrow`` file below it, in sorted
   order, restricted to the files whose name contains ``split`` when there are such files
   (a Hub snapshot such as ``data/train-00000-of-00002.parquet``);
-* anything else is taken as a HF Hub dataset name (needs ``datasets``), e.g. the official
-  ``siyanzhao/Openthoughts_math_30k_opsd`` (29,434 rows, split ``train``).
+* a missing path (a data file's suffix, a leading ``/``, ``.`` or ``~``, or two slashes or more) is
+  "does not exist";
+* anything else is taken as a HF Hub dataset name, ``owner/name`` (needs ``datasets``), e.g. the
+  official ``siyanzhao/Openthoughts_math_30k_opsd`` (29,434 rows, split ``train``).
 
 Every row is validated (:func:`phf_megatron.data.rows.validate_row`). A bad row raises
 :class:`BadRowError` naming its file and 1-based line (or row), unless ``skip_bad_rows`` is set:
