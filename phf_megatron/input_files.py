@@ -6,6 +6,7 @@ not say which file. These readers add the path and say what the file should have
 command lines print the result as one line (``phf_megatron.commands.run_command``).
 
     config = read_json(os.path.join(hf_dir, "config.json"))
+    lines = read_lines("metrics.jsonl")   # a line that is not UTF-8 named; a torn last one kept for the caller
     with open_safetensors(path) as f: ...
     check_hf_model_dir(hf_dir)   # config.json and every safetensors header, before an engine loads it
     read_latest(save_dir)        # Megatron's latest_checkpointed_iteration.txt (the trainer's, the evaluator's)
@@ -35,6 +36,25 @@ def read_json(path: str, what: str = "JSON") -> Any:
         empty = " (the file is empty)" if not data.strip() else ""
         raise InputFileError(path, f"not valid {what}{empty}: {err.msg} at line {err.lineno} column "
                                    f"{err.colno}") from None
+
+
+def read_lines(path: str) -> list[str]:
+    """The ``"\\n"``-separated lines of a UTF-8 text file that is appended to line by line (a JSONL log;
+    the last item is ``""`` when the file ends with a newline). A line that is not UTF-8 raises
+    ``InputFileError`` naming ``path:line``, except the last one: a write cut by a crash may end inside
+    a multi-byte character, so its cut bytes are decoded as U+FFFD for the caller's torn-last-line rule
+    (such a line is no complete JSON record)."""
+    with open(path, "rb") as f:
+        raw = f.read().split(b"\n")
+    lines = []
+    for number, line in enumerate(raw, start=1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            if number < len(raw):
+                raise InputFileError(f"{path}:{number}", f"not UTF-8 text at byte {err.start} of the line") from None
+            lines.append(line.decode("utf-8", errors="replace"))
+    return lines
 
 
 def open_safetensors(path: str, framework: str = "pt"):

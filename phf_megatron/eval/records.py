@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from importlib.metadata import version
 
 from ..errors import InputFileError
+from ..input_files import read_lines
 from ..output_files import writing
 from .grading import GRADERS, grade, official_boxed_answer
 
@@ -123,8 +124,7 @@ def load_records(run_dir: str) -> tuple[dict[tuple[str, str, int], dict], int]:
     records: dict[tuple[str, str, int], dict] = {}
     duplicates = 0
     for path in sorted(glob.glob(os.path.join(run_dir, SHARD_GLOB))):
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
+        lines = read_lines(path)                     # a kill may cut a line inside a character
         for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ..config_errors import fail
 from ..errors import InputFileError
+from ..input_files import read_lines
 from ..output_files import write_jsonl
 from ..parallel import loss as _loss
 from .config_io import to_dict
@@ -77,8 +78,7 @@ def to_json_value(value: Any) -> Any:
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """The records of a metrics file; a half-written last line is ignored, other bad lines raise."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = read_lines(path)   # loss_tokens.jsonl is not ASCII: a crash may cut a line inside a character
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

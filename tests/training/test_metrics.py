@@ -55,6 +55,27 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     assert truncate_jsonl(str(tmp_path / "absent.jsonl"), 3) == 0
 
 
+def test_a_loss_tokens_line_cut_inside_a_character_is_a_torn_line(tmp_path):
+    """loss_tokens.jsonl is written with ensure_ascii=False: a crash mid-write could cut a token's
+    multi-byte character, and the resume (and plot_run) stopped on a UnicodeDecodeError traceback."""
+    from phf_megatron.training.metrics import LOSS_TOKENS_FILE
+
+    tokens = [{"id": 1, "token": "≤π", "share": 0.5, "count": 2}]
+    with MetricsLogger(str(tmp_path), total_steps=10, progress_bar=False) as m:
+        for step in (1, 2, 3):
+            m.log_loss_tokens(step, tokens)
+    path = tmp_path / LOSS_TOKENS_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[:data.rindex("≤".encode()) + 1])  # step 3's line, cut inside its first character
+    assert [r["step"] for r in read_jsonl(str(path))] == [1, 2]
+    with MetricsLogger(str(tmp_path), total_steps=10, start_step=2, progress_bar=False) as m:  # the resume
+        m.log_loss_tokens(3, tokens)
+    assert [(r["step"], r["tokens"]) for r in read_jsonl(str(path))] == [(s, tokens) for s in (1, 2, 3)]
+    path.write_bytes(data.replace("≤".encode(), b"\xe2", 1))  # not UTF-8 in a whole line: named
+    with pytest.raises(InputFileError, match=r"loss_tokens.jsonl:1: not UTF-8 text at byte \d+ of the line$"):
+        read_jsonl(str(path))
+
+
 def test_tensorboard_events_and_purge_on_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
