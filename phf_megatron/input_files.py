@@ -49,12 +49,21 @@ def read_lines(path: str) -> list[str]:
     lines = []
     for number, line in enumerate(raw, start=1):
         try:
-            lines.append(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
+            lines.append(utf8_line(line))
+        except ValueError as err:
             if number < len(raw):
-                raise InputFileError(f"{path}:{number}", f"not UTF-8 text at byte {err.start} of the line") from None
+                raise InputFileError(f"{path}:{number}", str(err)) from None
             lines.append(line.decode("utf-8", errors="replace"))
     return lines
+
+
+def utf8_line(line: bytes) -> str:
+    """One line of a text file read in binary, decoded; bytes that are not UTF-8 raise
+    ``ValueError("not UTF-8 text at byte N of the line")`` (the caller names the file and line)."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"not UTF-8 text at byte {err.start} of the line") from None
 
 
 def open_safetensors(path: str, framework: str = "pt"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import InputFileError, UserError
+from ..input_files import utf8_line
 from .rows import BadRowError, FieldNames, MathRow, validate_row
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -67,8 +68,13 @@ def _require(module: str, what: str):
 
 def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
     """``(origin, record)`` per non-blank line; ``origin = "path:line"`` (1-based)."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:   # binary: a line that is not UTF-8 is a bad row, not a UnicodeDecodeError
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = utf8_line(raw)
+            except ValueError as err:
+                yield f"{path}:{line_no}", _Unreadable(str(err))
+                continue
             if not line.strip():
                 continue
             try:

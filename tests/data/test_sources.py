@@ -12,9 +12,10 @@ GOOD = {"problem": "What is 1+1?", "solution": "1+1=2, so \\boxed{2}.", "answer"
 
 
 def write_jsonl(path, lines):
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "wb") as f:   # a bytes line is written as it is (not UTF-8: a latin-1 file)
         for line in lines:
-            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+            f.write(line if isinstance(line, bytes) else (line if isinstance(line, str) else json.dumps(line)).encode())
+            f.write(b"\n")
     return str(path)
 
 
@@ -35,6 +36,7 @@ def test_good_rows_are_read_in_order_with_their_origin(tmp_path):
     ({"problem": "p", "solution": "s", "answer": True}, "got bool"),
     ([1, 2], "expected a JSON object"),
     ("{not json", "invalid JSON"),
+    ('{"problem": "caf\xe9", "solution": "s"}'.encode("latin-1"), "not UTF-8 text at byte 16 of the line"),
 ])
 def test_bad_row_error_names_file_and_line(tmp_path, bad, reason):
     path = write_jsonl(tmp_path / "train.jsonl", [GOOD, GOOD, GOOD, bad, GOOD])
