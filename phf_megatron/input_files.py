@@ -116,11 +116,12 @@ def read_latest(save_dir: str) -> int | None:
     path = os.path.join(save_dir, LATEST_FILE)
     if not os.path.isfile(path):
         return None
-    text = open(path).read().strip()
+    with open(path, "rb") as f:   # garbage bytes (a damaged disk) are shown, not a UnicodeDecodeError
+        text = f.read().decode("utf-8", errors="replace").strip()
     if text == "release":
         raise InputFileError(path, "a 'release' checkpoint is a base model, not a run to resume; "
                                    "pass it as --model.pretrained_checkpoint")
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):   # "²".isdigit(), and int() refuses it
         raise InputFileError(path, f"expected an iteration number, found {text!r}")
     return int(text)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from phf_megatron.errors import InputFileError
 from phf_megatron.training import checkpoint as ckpt
 from phf_megatron.training.checkpoint_parts import (
     Part, RankLayout, Scope, rng_part, stateful_part, tensors_part,
@@ -188,6 +189,16 @@ def test_config_fingerprint_mismatch_lists_the_settings(tmp_path):
     info = ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout(),
                                 fingerprint={"optimizer.lr": 1e-5, "lora.r": 64}, strict_config=False)
     assert info.iteration == 1
+
+
+@pytest.mark.parametrize("content, shown", [(b"\xff\xfe\x00", "'\ufffd\ufffd\\x00'"), ("\u00b2".encode(), "'\u00b2'"),
+                                            (b"", "''")])
+def test_a_damaged_latest_file_is_named(tmp_path, content, shown):
+    """Bytes that are not UTF-8 were a UnicodeDecodeError traceback, a superscript digit int()'s ValueError."""
+    (tmp_path / ckpt.LATEST_FILE).write_bytes(content)
+    with pytest.raises(InputFileError) as err:
+        ckpt.read_latest(str(tmp_path))
+    assert str(err.value) == f"{tmp_path / ckpt.LATEST_FILE}: expected an iteration number, found {shown}"
 
 
 def test_bad_requests_raise_clear_errors(tmp_path):
