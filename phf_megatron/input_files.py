@@ -176,6 +176,22 @@ def check_hf_model_dir(path: str, weights: bool = False) -> None:
             read_json(os.path.join(path, name))
 
 
+
+def check_peft_adapter_dir(path: str) -> None:
+    """A PEFT adapter directory's ``adapter_config.json`` parses to an object and its
+    ``adapter_model.safetensors`` header reads (or an ``adapter_model.bin`` is there), so a damaged
+    or missing file is named before peft loads it (peft's own errors name none, or a Hub repo id)."""
+    config = os.path.join(path, "adapter_config.json")
+    if not isinstance(read_json(config), dict):
+        raise InputFileError(config, "expected a JSON object")
+    weights = os.path.join(path, "adapter_model.safetensors")
+    if os.path.isfile(weights):
+        with open_safetensors(weights):
+            pass
+    elif not os.path.isfile(os.path.join(path, "adapter_model.bin")):
+        raise FileNotFoundError(f"{path}: no adapter_model.safetensors or adapter_model.bin (expected a PEFT "
+                                "adapter directory with its weights)")
+
 #: What a Megatron dist checkpoint's reader raises on a damaged file.
 _DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
 

@@ -20,7 +20,7 @@ import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
 from phf_megatron.input_files import (
-    LATEST_FILE, check_hf_model_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest,
+    LATEST_FILE, check_hf_model_dir, check_peft_adapter_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest,
 )
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
@@ -76,6 +76,7 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
         hint = (f"; a training run: did you mean {export}?" if os.path.isdir(export) else
                 "; a training checkpoint: give it as --megatron_checkpoint" if checkpoint else "")
         raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory{hint})")
+    check_peft_adapter_dir(adapter_dir)   # a damaged or missing file is named before peft loads it
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

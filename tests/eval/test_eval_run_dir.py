@@ -6,8 +6,8 @@
 * a start that failed before any sample (a model that is not a Qwen3: one line naming its
   ``config.json`` and its own model_type, 'mistral', not what transformers makes of it) leaves no
   ``run_config.json`` that blocks the corrected rerun;
-* a PEFT adapter of another shape and a truncated --megatron_checkpoint are one line naming the
-  file (the spawned conversion prints no traceback either);
+* a PEFT adapter of another shape, a damaged or missing adapter file and a truncated
+  --megatron_checkpoint are one line naming the file (the spawned conversion prints no traceback either);
 * a full disk (a real 8 KiB tmpfs) and a read-only output directory: one line naming the file
   and the cause ("No space left on device").
 
@@ -105,6 +105,35 @@ def test_an_adapter_of_another_shape_is_one_line(tmp_path, tiny_dir, problems):
     with pytest.raises(UserError, match=rf"{tmp_path / 'adapter'}: does not fit the base model {tiny_dir}: "
                                         r"size mismatch for .*q_proj.lora_A"):
         run_eval(config)
+
+
+@pytest.mark.parametrize("damage, culprit, detail", [
+    (lambda d: _cut(d / "adapter_config.json", 40), "adapter_config.json", "not valid JSON: "),
+    (lambda d: (d / "adapter_config.json").write_text("[]"), "adapter_config.json", "expected a JSON object"),
+    (lambda d: _cut(d / "adapter_model.safetensors", -100), "adapter_model.safetensors",
+     "not a readable safetensors file, truncated or corrupt"),
+    (lambda d: (d / "adapter_model.safetensors").unlink(), "", "no adapter_model.safetensors or adapter_model.bin"),
+])
+def test_a_damaged_adapter_file_is_named(tmp_path, tiny_dir, problems, damage, culprit, detail):
+    """peft's own errors were tracebacks naming no file: JSONDecodeError, SafetensorError ("invalid header
+    length"), a TypeError for a list, and for missing weights an HFValidationError about a Hub repo id."""
+    peft = pytest.importorskip("peft")
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+
+    adapter = tmp_path / "adapter"
+    peft.get_peft_model(build_tiny_qwen3(), peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])) \
+        .save_pretrained(str(adapter))
+    damage(adapter)
+    with pytest.raises((UserError, FileNotFoundError)) as err:   # the command line's one line (run_command)
+        run_eval(_config(str(tmp_path / "run"), tiny_dir, problems, adapter=str(adapter)))
+    assert str(err.value).startswith(f"{os.path.join(adapter, culprit) if culprit else adapter}: {detail}"), err.value
+    assert not os.path.exists(tmp_path / "run" / "merged_model")
+
+
+def _cut(path, size: int) -> None:
+    """Truncate ``path`` to ``size`` bytes (negative: that many fewer)."""
+    with open(path, "r+b") as f:
+        f.truncate(size if size >= 0 else os.path.getsize(path) + size)
 
 
 def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, tiny_dir, problems, capfd,
