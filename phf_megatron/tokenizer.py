@@ -42,8 +42,9 @@ def shipped_tokenizer_dir() -> str:
     return path
 
 
-def _raise_if_damaged(src: str) -> None:
-    """``InputFileError`` naming the first of ``src``'s tokenizer JSON files that does not parse."""
+def check_tokenizer_files(src: str) -> None:
+    """``InputFileError`` naming the first of ``src``'s tokenizer JSON files that does not parse (transformers'
+    own error names no file; the converters check before copying them on)."""
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "special_tokens_map.json",
                  "added_tokens.json"):
         path = os.path.join(src, name)
@@ -73,7 +74,7 @@ def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
     try:
         tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception:
-        _raise_if_damaged(src)   # a damaged file is named; anything else keeps its traceback
+        check_tokenizer_files(src)   # a damaged file is named; anything else keeps its traceback
         raise
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{src}: expected a fast tokenizer, got {type(tok).__name__}")

@@ -65,6 +65,8 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
         raise InputFileError(source.path, "no tokenizer files (tokenizer.json or tokenizer_config.json), which "
                                           "mcore_to_hf needs to export the checkpoint; copy them in, or pass "
                                           "--require_tokenizer=false and give mcore_to_hf --tokenizer_dir later")
+    from phf_megatron.tokenizer import check_tokenizer_files   # (transformers: imported when converting only)
+    check_tokenizer_files(source.path)   # a damaged one is named here, not copied into the checkpoint
     arch = source.arch
     try:
         arch.check_tensor_parallel(tp)
@@ -97,6 +99,8 @@ def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) 
         if path and os.path.isdir(path):
             files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
             if has_tokenizer(files):
+                from phf_megatron.tokenizer import check_tokenizer_files
+                check_tokenizer_files(path)   # named here, not copied into the export
                 return path, files
             if tokenizer_dir:
                 raise FileNotFoundError(f"tokenizer_dir: no tokenizer files in {tokenizer_dir}")

@@ -156,3 +156,24 @@ def test_a_long_list_of_checkpoints_shows_its_first_and_last(tmp_path):
     os.makedirs(tmp_path / "tmp-iter_0000013")   # an unfinished save: not one to pick
     assert checkpoint_names(str(tmp_path)) == "iter_0000001, ..., iter_0000010, iter_0000011, iter_0000012 (12 in all)"
     assert checkpoint_names(str(tmp_path / "nowhere")) == "none"
+
+
+def test_a_damaged_tokenizer_file_is_named_not_copied_on(tmp_path, hf_dir):
+    """Both converters copied a cut tokenizer.json on without reading it: the exported model then failed
+    to load far from the culprit (its copy named, or a JSONDecodeError traceback from transformers)."""
+    from phf_megatron.errors import InputFileError
+
+    from ..helpers.tiny_qwen3 import copy_tokenizer
+
+    hf = copy_tokenizer(_copy(hf_dir, str(tmp_path / "hf")))
+    mcore = str(tmp_path / "mcore")
+    convert_hf_to_mcore(hf, mcore, progress=False, require_tokenizer=True)
+    with open(os.path.join(hf, "tokenizer.json"), "r+b") as f:
+        f.truncate(1000)
+    _expect_no_output(tmp_path, hf, InputFileError, rf"^{hf}/tokenizer.json: not a valid tokenizer file \(")
+    stored = os.path.join(mcore, "hf_tokenizer", "tokenizer_config.json")
+    with open(stored, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(InputFileError, match=rf"^{stored}: not a valid tokenizer file \("):
+        convert_mcore_to_hf(mcore, str(tmp_path / "out"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
