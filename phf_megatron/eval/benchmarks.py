@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from ..errors import ConfigError, InputFileError
+from ..input_files import utf8_line
 
 #: name -> (HF dataset, split, id column) — as in OPSD's eval/evaluate_math.py.
 KNOWN_BENCHMARKS = {
@@ -117,11 +118,15 @@ def read_problems_jsonl(path: str, benchmark: str) -> list[Problem]:
     """Rows of a JSONL file, validated; blank lines are skipped."""
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:   # binary: a line that is not UTF-8 is named, not a UnicodeDecodeError
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = utf8_line(raw)
+            except ValueError as exc:
+                raise InputFileError(where, str(exc)) from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -50,7 +50,7 @@ def test_every_packaged_file_is_package_data():
 
 def _write(tmp_path, lines, name="set.jsonl"):
     path = tmp_path / name
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
     return str(path)
 
 
@@ -68,6 +68,8 @@ def test_any_jsonl_with_problem_and_answer_fields(tmp_path):
     ([json.dumps({"problem": "x", "answer": "  "})], r"set.jsonl:1: row has no answer"),
     ([json.dumps({"problem": "x", "answer": [1]})], r"set.jsonl:1: field 'answer' must be"),
     (["{not json"], r"set.jsonl:1: invalid JSON"),
+    ([json.dumps({"problem": "x", "answer": "1"}), '{"problem": "caf\xe9", "answer": "1"}'.encode("latin-1")],
+     r"set.jsonl:2: not UTF-8 text at byte 16 of the line$"),
     (["[1, 2]"], r"set.jsonl:1: expected a JSON object"),
     ([json.dumps({"id": "a", "problem": "x", "answer": 1})] * 2, r"set.jsonl:2: duplicate id 'a' \(first on line 1\)"),
     ([], r"set.jsonl: empty file"),
