@@ -13,7 +13,6 @@ missing sample and writes its own shard.
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing as mp
 import os
 import time
@@ -22,6 +21,7 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
+from ..input_files import read_json
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
@@ -85,8 +85,11 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
     path = os.path.join(out_dir, RUN_CONFIG)
     fingerprint = _same_path_form(fingerprint, out_dir)
     if os.path.isfile(path) and has_samples:
-        with open(path) as f:
-            old = _same_path_form(json.load(f), out_dir, stored=True)
+        old = read_json(path)   # damaged: named, not a JSONDecodeError traceback
+        if not isinstance(old, dict):
+            raise InputFileError(path, f"expected a JSON object (the settings of the samples beside it), "
+                                       f"got {type(old).__name__}")
+        old = _same_path_form(old, out_dir, stored=True)
         if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
             old["max_model_len"] = model_limit
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
@@ -194,7 +197,6 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
 def _check_qwen3(model_dir: str) -> None:
     """The model is a Qwen3 (the prompts and the tokenizer are Qwen3's), named from its own
     ``config.json`` before an engine loads it."""
-    from ..input_files import read_json
     from ..models.qwen3_arch import SUPPORTED_MODEL_TYPES
 
     path = os.path.join(model_dir, "config.json")

@@ -227,6 +227,19 @@ def test_a_run_directory_refuses_samples_of_another_hub_revision(tmp_path):
         _check_fingerprint(str(tmp_path), other.generation_fingerprint("/models/m", "hf"))
 
 
+@pytest.mark.parametrize("content, detail", [
+    ('{"model_dir": "/mod', "not valid JSON: Unterminated string"),
+    ("[1]", "expected a JSON object (the settings of the samples beside it), got list"),
+])
+def test_a_damaged_run_config_is_named(tmp_path, content, detail):
+    """The resume read run_config.json with json.load: a JSONDecodeError (or a TypeError) traceback."""
+    (tmp_path / "run_config.json").write_text(content)
+    fingerprint = EvalConfig(out_dir=str(tmp_path), model="m").generation_fingerprint("/models/m", "hf")
+    with pytest.raises(InputFileError) as err:
+        _check_fingerprint(str(tmp_path), fingerprint)
+    assert err.value.path == str(tmp_path / "run_config.json") and err.value.detail.startswith(detail), err.value
+
+
 def test_a_revision_without_the_hub_is_one_line(tmp_path, capsys):
     from phf_megatron.tools.eval_avg_at_k import main
 
