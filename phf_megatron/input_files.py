@@ -152,9 +152,9 @@ def kept(save_dir: str, redone: bool = False) -> str:
 
 
 def check_hf_model_dir(path: str, weights: bool = False) -> None:
-    """A HF model directory's ``config.json`` parses and every ``*.safetensors`` header reads
-    (cheap: no tensor data), so a damaged file is named before an engine or model loads it;
-    ``weights``: it must hold safetensors weights too."""
+    """A HF model directory's ``config.json`` parses, every ``*.safetensors`` header reads (cheap: no
+    tensor data) and every shard an index lists is there, so a damaged or missing file is named before
+    an engine or model loads it; ``weights``: it must hold safetensors weights too."""
     config = os.path.join(path, "config.json")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory (expected a HF model directory)")
@@ -172,8 +172,15 @@ def check_hf_model_dir(path: str, weights: bool = False) -> None:
         if name.endswith(".safetensors"):
             with open_safetensors(os.path.join(path, name)):
                 pass
-        elif name.endswith(".safetensors.index.json"):
-            read_json(os.path.join(path, name))
+        elif name.endswith(".safetensors.index.json"):   # every shard it lists is there (a download cut short)
+            index = os.path.join(path, name)
+            listing = read_json(index)
+            weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
+            if not isinstance(weight_map, dict):
+                raise InputFileError(index, "expected a JSON object with a 'weight_map' object")
+            for shard in sorted(set(map(str, weight_map.values()))):
+                if not os.path.isfile(os.path.join(path, shard)):
+                    raise FileNotFoundError(f"{os.path.join(path, shard)}: missing (listed in {index})")
 
 
 

@@ -77,6 +77,17 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
         check_hf_model_dir(str(hf), weights=True)
     torch.save({"w": torch.zeros(4)}, hf / "pytorch_model.bin")   # PyTorch weights: vLLM and transformers load them
     check_hf_model_dir(str(hf), weights=True)
+    # a shard its index lists is missing (a download cut short): the engine's EngineStartError traceback
+    save_file({"w": torch.zeros(4)}, str(hf / "model-00001-of-00002.safetensors"))
+    index = hf / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(FileNotFoundError) as err:
+        check_hf_model_dir(str(hf), weights=True)
+    assert str(err.value) == f"{hf / 'model-00002-of-00002.safetensors'}: missing (listed in {index})"
+    index.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(InputFileError, match=r"index.json: expected a JSON object with a 'weight_map' object"):
+        check_hf_model_dir(str(hf), weights=True)
 
 
 @pytest.mark.parametrize("content, detail", [
