@@ -94,14 +94,15 @@ def load_loss_tokens(run_dir: str) -> list[dict]:
 
 
 def run_settings(run_dir: str) -> dict:
-    """The run's settings as flat ``section.field`` keys (its ``config.yaml``), or {} without one."""
+    """The run's settings as flat ``section.field`` keys (its ``config.yaml``), or {} without a readable one
+    (the plots do not need it: it only says why a panel is empty)."""
     import yaml
 
     from ..training.config_io import CONFIG_FILE, flatten
 
     path = os.path.join(run_dir, CONFIG_FILE)
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:   # bytes that are not UTF-8: a YAMLError (in text mode a UnicodeDecodeError)
             tree = yaml.safe_load(f)
     except (OSError, yaml.YAMLError):
         return {}

@@ -137,6 +137,17 @@ def test_a_bad_input_or_output_is_one_line(tmp_path, capsys, damage, line):
     assert not any(p.suffix == ".png" for p in tmp_path.rglob("*"))
 
 
+@pytest.mark.parametrize("content", [b"model:\n  hf_dir: \xff\xfe\n", b"model:\n  hf_dir: [x\n", b"- 1\n"])
+def test_a_damaged_config_yaml_is_no_config(tmp_path, capsys, content):
+    """config.yaml only says why a panel is empty: a damaged one is as none (one that is not UTF-8 text
+    was a UnicodeDecodeError traceback)."""
+    run = tmp_path / "run"
+    write_run(str(run), steps=3, layers=2)
+    (run / "config.yaml").write_bytes(content)
+    assert _import_tool().run_settings(str(run)) == {}
+    assert _import_tool().main([str(run)]) == 0 and os.path.isfile(run / "plots" / "curves.png")
+
+
 @pytest.mark.parametrize("layers, ticks", [(2, ["0", "1"]), (3, ["0", "1", "2"]), (28, [str(i) for i in range(0, 28, 2)])])
 def test_layer_heatmap_ticks_are_whole_layers(tmp_path, layers, ticks):
     """A 2-layer model's heatmap once showed ticks at -0.5, 0.0, 0.5, ...: every tick is a layer."""
