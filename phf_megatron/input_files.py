@@ -34,8 +34,8 @@ def read_json(path: str, what: str = "JSON") -> Any:
         raise InputFileError(path, f"not valid {what} (not UTF-8 text at byte {err.start})") from None
     except json.JSONDecodeError as err:
         empty = " (the file is empty)" if not data.strip() else ""
-        raise InputFileError(path, f"not valid {what}{empty}: {err.msg} at line {err.lineno} column "
-                                   f"{err.colno}") from None
+        msg = err.msg.removesuffix(" at")   # "Unterminated string starting at" + " at line": one "at"
+        raise InputFileError(path, f"not valid {what}{empty}: {msg} at line {err.lineno} column {err.colno}") from None
 
 
 def read_lines(path: str) -> list[str]:

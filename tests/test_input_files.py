@@ -27,6 +27,7 @@ def _truncate(path, keep: float = 0.5) -> None:
     ("", "not valid JSON (the file is empty)"),
     ('{"model_type": "qwen3",', "not valid JSON: Expecting property name enclosed in double quotes at line 1"),
     (b'{"a": "\xff"}', "not valid JSON (not UTF-8 text at byte 7)"),
+    ('{"model_type": "qw', "not valid JSON: Unterminated string starting at line 1 column 16"),   # was "at at"
 ])
 def test_bad_json_names_the_file(tmp_path, content, detail):
     path = tmp_path / "config.json"
