@@ -8,12 +8,12 @@ launch it (the scale's preset plus the row's flags from ``paper_recipes``; ``tor
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass
 
+from ..input_files import read_json
 from .paper_recipes import PAPER_COMMON, SCALE_LAYERS, method_flags, toy_method_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -100,11 +100,12 @@ def training_finished(row: Row, step: int) -> bool:
     latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
     if not (os.path.isfile(latest) and os.path.isdir(row.adapter or "")):
         return False
-    text = open(latest).read().strip()
+    with open(latest, "rb") as f:   # bytes: garbage is not finished (the training rerun names it), not a traceback
+        text = f.read().strip()
     return text.isdigit() and int(text) >= step
 
 
 def eval_finished(row: Row, k: int, toy: bool) -> bool:
     if not os.path.isfile(row.eval_result):
         return False
-    return toy or json.load(open(row.eval_result)).get("k") == k
+    return toy or read_json(row.eval_result).get("k") == k   # damaged: one line naming it

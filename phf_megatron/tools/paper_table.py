@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from ..commands import command, parse_command_line
 from ..config_errors import check_choice, fail
+from ..input_files import read_json
 from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
 from .paper_rows import REPO, Row, eval_finished, plan_row, prepare_steps, training_finished
@@ -189,7 +190,7 @@ def read_scores(row: Row, toy: bool) -> dict | None:
     """Our numbers for a finished row: ``{benchmark: percent, ..., "average": percent}``."""
     if not os.path.isfile(row.eval_result):
         return None
-    data = json.load(open(row.eval_result))
+    data = read_json(row.eval_result)   # damaged: one line naming it
     if toy:  # greedy held-out no-reference accuracy (phf_megatron/toy/evaluate.py)
         scores = {b: 100.0 * data[f"noref_{b}"] for b in TOY_BENCHMARKS}
         return {**scores, "average": sum(scores.values()) / len(scores)}

@@ -317,6 +317,25 @@ def test_table_only_assembles_rows_run_as_separate_jobs(tmp_path, capsys):
     assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | not run |" in md
 
 
+def test_a_damaged_summary_or_latest_file_is_one_line_or_not_finished(tmp_path, capsys):
+    """A row's summary.json cut short was a JSONDecodeError traceback; a latest_checkpointed_iteration.txt of
+    garbage bytes a UnicodeDecodeError one: it is now a training not finished (the rerun trainer names the file)."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "sft"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "sft")
+    os.makedirs(os.path.dirname(row.eval_result))
+    open(row.eval_result, "w").write('{"k": 12, "suite_aver')
+    latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
+    os.makedirs(os.path.dirname(latest))
+    open(latest, "w").write("100")
+    os.makedirs(row.adapter)
+    assert paper_table.main([*argv, "--table_only"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {row.eval_result}: not valid JSON: Unterminated string "
+                                               "starting at line 1 column 11")
+    open(latest, "wb").write(b"\xff\xfe")
+    assert not paper_rows.training_finished(row, 100)
+
+
 # ----------------------------------------------------------------------------- the toy over seeds
 
 
