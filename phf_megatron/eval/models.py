@@ -20,7 +20,8 @@ import sys
 
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
 from phf_megatron.input_files import (
-    LATEST_FILE, check_hf_model_dir, check_peft_adapter_dir, checkpoint_names, iter_dir_name, missing_dir, read_latest,
+    LATEST_FILE, check_hf_model_dir, check_peft_adapter_dir, checkpoint_names, iter_dir_name, missing_dir, read_json,
+    read_latest,
 )
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
@@ -51,8 +52,10 @@ def _reusable(final: str, marker: dict) -> bool:
     path = os.path.join(final, MARKER)
     if not os.path.isfile(path):
         return False
-    with open(path) as f:
-        return json.load(f) == marker
+    try:
+        return read_json(path) == marker
+    except InputFileError:   # damaged (was a JSONDecodeError traceback): the output is made again
+        return False
 
 
 def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:

@@ -130,6 +130,24 @@ def test_a_damaged_adapter_file_is_named(tmp_path, tiny_dir, problems, damage, c
     assert not os.path.exists(tmp_path / "run" / "merged_model")
 
 
+def test_a_damaged_marker_of_the_merged_model_remerges(tmp_path, tiny_dir):
+    """merged_model/phf_source.json (what the merge was made from) damaged: merged again, not a traceback."""
+    peft = pytest.importorskip("peft")
+    from phf_megatron.eval.models import MARKER, merge_adapter
+
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+
+    adapter = str(tmp_path / "adapter")
+    peft.get_peft_model(build_tiny_qwen3(), peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])) \
+        .save_pretrained(adapter)
+    merged = merge_adapter(tiny_dir, adapter, str(tmp_path / "run"), dtype="float32")
+    marker = os.path.join(merged, MARKER)
+    first = open(marker).read()
+    _cut(marker, 10)
+    assert merge_adapter(tiny_dir, adapter, str(tmp_path / "run"), dtype="float32") == merged
+    assert open(marker).read() == first
+
+
 def _cut(path, size: int) -> None:
     """Truncate ``path`` to ``size`` bytes (negative: that many fewer)."""
     with open(path, "r+b") as f:
