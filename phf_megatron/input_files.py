@@ -152,9 +152,10 @@ def kept(save_dir: str, redone: bool = False) -> str:
 
 
 def check_hf_model_dir(path: str, weights: bool = False) -> None:
-    """A HF model directory's ``config.json`` parses, every ``*.safetensors`` header reads (cheap: no
-    tensor data) and every shard an index lists is there, so a damaged or missing file is named before
-    an engine or model loads it; ``weights``: it must hold safetensors weights too."""
+    """A HF model directory's ``config.json`` (and ``generation_config.json``) parses, every
+    ``*.safetensors`` header reads (cheap: no tensor data) and every shard an index lists is there, so a
+    damaged or missing file is named before an engine or model loads it; ``weights``: it must hold
+    safetensors weights too."""
     config = os.path.join(path, "config.json")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: not a directory (expected a HF model directory)")
@@ -162,6 +163,9 @@ def check_hf_model_dir(path: str, weights: bool = False) -> None:
         raise FileNotFoundError(f"{path}: no config.json (expected a HF model directory)")
     if not isinstance(read_json(config), dict):
         raise InputFileError(config, "expected a JSON object")
+    generation = os.path.join(path, "generation_config.json")   # transformers and vLLM skip a damaged one silently
+    if os.path.isfile(generation) and not isinstance(read_json(generation), dict):   # (its stop tokens lost)
+        raise InputFileError(generation, "expected a JSON object")
     names = sorted(os.listdir(path))
     # PyTorch .bin weights count too: vLLM and transformers load them (an older or TRL-saved model)
     if weights and not any(n.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json"))

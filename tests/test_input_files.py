@@ -72,6 +72,10 @@ def test_hf_model_dir_check_names_the_damaged_file(tmp_path):
     with pytest.raises(InputFileError, match=r"/hf/config.json: not valid JSON"):
         check_hf_model_dir(str(hf))
     (hf / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    (hf / "generation_config.json").write_text('{"eos_token_id": [1')   # transformers, vLLM: skipped in silence
+    with pytest.raises(InputFileError, match=r"/hf/generation_config.json: not valid JSON"):
+        check_hf_model_dir(str(hf))
+    os.remove(hf / "generation_config.json")
     os.remove(hf / "model.safetensors")   # the eval's engine raised EngineStartError with its traceback
     check_hf_model_dir(str(hf))
     with pytest.raises(FileNotFoundError, match=r"/hf: no model.safetensors or model.safetensors.index.json"):
