@@ -150,8 +150,8 @@ def latest_checkpoint(path: str) -> str:
     for save_dir in (path, os.path.join(path, "checkpoints")):
         tracker = os.path.join(save_dir, LATEST_FILE)
         if os.path.isfile(tracker):
-            with open(tracker) as f:
-                if f.read().strip() == "release":
+            with open(tracker, "rb") as f:   # bytes: garbage is read_latest's to name, not a UnicodeDecodeError
+                if f.read().strip() == b"release":
                     return path
         if (iteration := read_latest(save_dir)) is not None:
             return os.path.join(save_dir, iter_dir_name(iteration))

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from phf_megatron.errors import ConfigError
+from phf_megatron.errors import ConfigError, InputFileError
 from phf_megatron.eval import models
 
 
@@ -73,4 +73,17 @@ def test_a_release_checkpoint_is_refused_naming_the_evals_flag(tmp_path, convert
     with pytest.raises(ConfigError) as err:
         models.convert_megatron(str(base), str(tmp_path / "eval"))
     assert err.value.line.startswith(f"--megatron_checkpoint: {base} is neither hf_to_mcore's output"), err.value.line
+    assert converted == [] and not (tmp_path / "eval").exists()
+
+
+def test_a_latest_file_of_garbage_bytes_is_one_line(tmp_path, converted):
+    """latest_checkpoint read the tracker as text to spot 'release': bytes that are not UTF-8 were a
+    UnicodeDecodeError traceback (for --megatron_checkpoint, and for --adapter's hint)."""
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoints", 2)
+    tracker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker.write_bytes(b"\xff\xfe2")
+    with pytest.raises(InputFileError) as err:
+        models.convert_megatron(str(run), str(tmp_path / "eval"))
+    assert str(err.value) == f"{tracker}: expected an iteration number, found '\ufffd\ufffd2'"
     assert converted == [] and not (tmp_path / "eval").exists()
