@@ -30,7 +30,7 @@ def _body(argv: list[str], quiet: bool) -> int:
     ev.add_argument("--json", default=None, help="also write the table here")
     args = p.parse_args(argv)
     from ..errors import ConfigError
-    from ..input_files import check_hf_model_dir, missing_dir
+    from ..input_files import check_hf_model_dir, check_peft_adapter_dir, missing_dir
 
     if args.command == "prepare":   # was a FileExistsError traceback
         given = [("--out", args.out)] if os.path.exists(args.out) else []
@@ -46,6 +46,8 @@ def _body(argv: list[str], quiet: bool) -> int:
             raise ConfigError("hf-dir", str(err)) from None
         if args.adapter and not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
             raise ConfigError("adapter", f"{args.adapter} has no adapter_config.json (not a PEFT adapter directory)")
+        if args.adapter:   # a damaged or missing file named (was PEFT's traceback: JSONDecodeError, SafetensorError)
+            check_peft_adapter_dir(args.adapter)
 
     from ..startup import hf_progress_bars_off
 

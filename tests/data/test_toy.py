@@ -1,5 +1,7 @@
 """The embedded toy task: deterministic splits, correct references, the grader, the sub-vocabulary."""
 
+import json
+
 import pytest
 
 from phf_megatron.data import (
@@ -126,11 +128,14 @@ def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layo
     (["evaluate", "--hf-dir", "{tmp}"], "error: --hf-dir: {tmp}: no config.json (expected a HF model directory)"),
     (["evaluate", "--hf-dir", "{tmp}/hf", "--adapter", "{tmp}"],
      "error: --adapter: {tmp} has no adapter_config.json (not a PEFT adapter directory)"),
+    (["evaluate", "--hf-dir", "{tmp}/hf", "--adapter", "{tmp}/cut"],   # was PEFT's JSONDecodeError traceback
+     "error: {tmp}/cut/adapter_config.json: not valid JSON: Expecting property name enclosed in double quotes at "
+     "line 1 column 2"),
 ])
 def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line):
     """``python -m phf_megatron.toy``: a wrong path was "usage: ...\\n...: error: <path>: not a directory" for
     --hf-dir and --adapter alike (a missing one too), and a FileExistsError traceback for --out; a directory
-    without a model, or without an adapter, was transformers' or PEFT's traceback."""
+    without a model, or without an adapter (or with a damaged one), was transformers' or PEFT's traceback."""
     import torch
     from safetensors.torch import save_file
 
@@ -138,8 +143,12 @@ def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line
 
     (tmp_path / "file").write_text("x")
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text("{}")
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({   # tiny: a check that lets one through loads it
+        "model_type": "qwen3", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+        "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 8}))
     save_file({"w": torch.zeros(1)}, str(tmp_path / "hf" / "model.safetensors"))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "adapter_config.json").write_text("{")
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     assert capsys.readouterr().err.splitlines() == [line.format(tmp=tmp_path)]
 
