@@ -78,7 +78,7 @@ def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip("\r\n"))   # its column, not "line 2 column 1" past the newline
             except json.JSONDecodeError as err:
                 record = _Unreadable(f"invalid JSON ({err.msg} at column {err.colno})")
             yield f"{path}:{line_no}", record

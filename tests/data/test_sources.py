@@ -36,6 +36,7 @@ def test_good_rows_are_read_in_order_with_their_origin(tmp_path):
     ({"problem": "p", "solution": "s", "answer": True}, "got bool"),
     ([1, 2], "expected a JSON object"),
     ("{not json", "invalid JSON"),
+    ('{"problem": "p",', "invalid JSON (Expecting property name enclosed in double quotes at column 17)"),  # was 1
     ('{"problem": "caf\xe9", "solution": "s"}'.encode("latin-1"), "not UTF-8 text at byte 16 of the line"),
 ])
 def test_bad_row_error_names_file_and_line(tmp_path, bad, reason):
