@@ -187,7 +187,6 @@ def check_hf_model_dir(path: str, weights: bool = False) -> None:
                     raise FileNotFoundError(f"{os.path.join(path, shard)}: missing (listed in {index})")
 
 
-
 def check_peft_adapter_dir(path: str) -> None:
     """A PEFT adapter directory's ``adapter_config.json`` parses to an object and its
     ``adapter_model.safetensors`` header reads (or an ``adapter_model.bin`` is there), so a damaged
