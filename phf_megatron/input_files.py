@@ -14,12 +14,13 @@ command lines print the result as one line (``phf_megatron.commands.run_command`
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import pickle
 import re
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any, Iterator
 
 from .errors import InputFileError
 
@@ -55,6 +56,14 @@ def read_lines(path: str) -> list[str]:
                 raise InputFileError(f"{path}:{number}", str(err)) from None
             lines.append(line.decode("utf-8", errors="replace"))
     return lines
+
+
+def numbered_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(1-based number, bytes)`` per line of a text file opened in binary, a UTF-8 byte order mark at the
+    start of the file dropped (a file saved by Windows Notepad or Excel: ``json.loads`` refuses it with
+    "Unexpected UTF-8 BOM"); one anywhere else is the line's data."""
+    for number, line in enumerate(f, start=1):
+        yield number, line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
 
 
 def utf8_line(line: bytes) -> str:

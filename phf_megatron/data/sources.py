@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from ..errors import InputFileError, UserError
-from ..input_files import utf8_line
+from ..input_files import numbered_lines, utf8_line
 from .rows import BadRowError, FieldNames, MathRow, validate_row
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -69,7 +69,7 @@ def _require(module: str, what: str):
 def iter_jsonl(path: str) -> Iterator[tuple[str, Any]]:
     """``(origin, record)`` per non-blank line; ``origin = "path:line"`` (1-based)."""
     with open(path, "rb") as f:   # binary: a line that is not UTF-8 is a bad row, not a UnicodeDecodeError
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw in numbered_lines(f):   # a BOM (a file saved by Excel) dropped
             try:
                 line = utf8_line(raw)
             except ValueError as err:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from ..errors import ConfigError, InputFileError
-from ..input_files import utf8_line
+from ..input_files import numbered_lines, utf8_line
 
 #: name -> (HF dataset, split, id column) — as in OPSD's eval/evaluate_math.py.
 KNOWN_BENCHMARKS = {
@@ -119,7 +119,7 @@ def read_problems_jsonl(path: str, benchmark: str) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     with open(path, "rb") as f:   # binary: a line that is not UTF-8 is named, not a UnicodeDecodeError
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in numbered_lines(f):   # a BOM (a file saved by Excel) dropped
             where = f"{path}:{lineno}"
             try:
                 line = utf8_line(raw)

@@ -46,6 +46,18 @@ def test_bad_row_error_names_file_and_line(tmp_path, bad, reason):
     assert str(err.value).startswith(f"{path}:4: ") and reason in str(err.value)
 
 
+def test_a_utf8_bom_at_the_start_is_dropped(tmp_path):
+    """A file saved by Windows Notepad or Excel starts with a BOM: json.loads refused the first row
+    ("Unexpected UTF-8 BOM"). Only the file's start is a BOM's place: inside a line it is data."""
+    path = write_jsonl(tmp_path / "train.jsonl", [b"\xef\xbb\xbf" + json.dumps(GOOD).encode(), GOOD])
+    plain = write_jsonl(tmp_path / "plain.jsonl", [GOOD, GOOD])
+    assert [(r.problem, r.solution, r.answer) for r in load_math_dataset(path)] == \
+           [(r.problem, r.solution, r.answer) for r in load_math_dataset(plain)]
+    path = write_jsonl(tmp_path / "train.jsonl", [GOOD, b"\xef\xbb\xbf" + json.dumps(GOOD).encode()])
+    with pytest.raises(BadRowError, match=f"{path}:2: .*BOM"):
+        load_math_dataset(path)
+
+
 def test_skip_bad_rows_counts_and_reports(tmp_path):
     lines = [GOOD, {"problem": "p"}, "garbage", GOOD, {"problem": "", "solution": "s"}, GOOD]
     path = write_jsonl(tmp_path / "train.jsonl", lines)

@@ -61,6 +61,13 @@ def test_any_jsonl_with_problem_and_answer_fields(tmp_path):
     assert name == "set" and [(p.id, p.answer) for p in problems] == [("set-1", "2"), ("q2", "4")]
 
 
+def test_a_utf8_bom_at_the_start_is_dropped(tmp_path):
+    """A set saved by Windows Notepad or Excel starts with a BOM: it was refused ("Unexpected UTF-8 BOM")."""
+    rows = [json.dumps({"problem": "1+1?", "answer": 2}), json.dumps({"problem": "2+2?", "answer": 4})]
+    with_bom = read_problems_jsonl(_write(tmp_path, [b"\xef\xbb\xbf" + rows[0].encode(), rows[1]]), "set")
+    assert with_bom == read_problems_jsonl(_write(tmp_path, rows, "plain.jsonl"), "set")
+
+
 @pytest.mark.parametrize("lines,message", [
     ([json.dumps({"problem": "x", "answer": "1"}), json.dumps({"answer": "2"})], r"set.jsonl:2: missing or empty field 'problem'"),
     ([json.dumps({"problem": "x"})], r"set.jsonl:1: row has no answer"),
