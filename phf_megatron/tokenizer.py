@@ -42,6 +42,19 @@ def shipped_tokenizer_dir() -> str:
     return path
 
 
+#: What makes a directory a HF tokenizer, for messages (``has_tokenizer_files``).
+TOKENIZER_RULE = "tokenizer.json, or vocab.json and merges.txt"
+
+
+def has_tokenizer_files(path: str) -> bool:
+    """``path`` holds a tokenizer's vocabulary: ``tokenizer.json`` (the fast tokenizer), or Qwen's slow BPE
+    files ``vocab.json`` and ``merges.txt`` (transformers builds the fast one from them). The one rule of
+    the converters, the export and the eval: ``tokenizer_config.json`` alone is settings, no vocabulary."""
+    def present(name: str) -> bool:
+        return os.path.isfile(os.path.join(path, name))
+    return present("tokenizer.json") or (present("vocab.json") and present("merges.txt"))
+
+
 def check_tokenizer_files(src: str) -> None:
     """``InputFileError`` naming the first of ``src``'s tokenizer JSON files that does not parse (transformers'
     own error names no file; the converters check before copying them on)."""
@@ -69,8 +82,8 @@ def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
     src = shipped_tokenizer_dir() if path is None else os.fspath(path)
     if not os.path.isdir(src):
         raise FileNotFoundError(f"tokenizer path {src!r} is not a directory")
-    if not any(os.path.isfile(os.path.join(src, f)) for f in ("tokenizer.json", "vocab.json")):
-        raise FileNotFoundError(f"{src}: no tokenizer.json or vocab.json (not a HF tokenizer directory)")
+    if not has_tokenizer_files(src):
+        raise FileNotFoundError(f"{src}: no tokenizer files ({TOKENIZER_RULE}; not a HF tokenizer directory)")
     try:
         tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception:

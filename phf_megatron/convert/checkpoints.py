@@ -44,11 +44,6 @@ def _check_new_dir(path: str) -> None:
         raise FileNotFoundError(f"out_dir: parent directory {parent} does not exist")
 
 
-def has_tokenizer(files) -> bool:
-    """Tokenizer files enough for ``AutoTokenizer`` (what the export copies)."""
-    return "tokenizer.json" in files or "tokenizer_config.json" in files
-
-
 def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
                         dtype: Optional[torch.dtype] = None, progress: bool = True,
                         require_tokenizer: bool = False) -> None:
@@ -59,13 +54,13 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
     ``require_tokenizer``: refuse an ``hf_dir`` without tokenizer files (the export needs them).
     """
     from phf_megatron.models import build_qwen3_model
+    from phf_megatron.tokenizer import TOKENIZER_RULE, check_tokenizer_files, has_tokenizer_files  # transformers
 
     source = HFCheckpoint(hf_dir)  # validates names, shards and shapes against config.json
-    if require_tokenizer and not has_tokenizer(source.tokenizer_files()):
-        raise InputFileError(source.path, "no tokenizer files (tokenizer.json or tokenizer_config.json), which "
+    if require_tokenizer and not has_tokenizer_files(source.path):
+        raise InputFileError(source.path, f"no tokenizer files ({TOKENIZER_RULE}), which "
                                           "mcore_to_hf needs to export the checkpoint; copy them in, or pass "
                                           "--require_tokenizer=false and give mcore_to_hf --tokenizer_dir later")
-    from phf_megatron.tokenizer import check_tokenizer_files   # (transformers: imported when converting only)
     check_tokenizer_files(source.path)   # a damaged one is named here, not copied into the checkpoint
     arch = source.arch
     try:
@@ -93,15 +88,15 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
 
 
 def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) -> tuple[str, list[str]]:
+    from phf_megatron.tokenizer import check_tokenizer_files, has_tokenizer_files
+
     candidates = [tokenizer_dir] if tokenizer_dir else [
         os.path.join(mcore_dir, meta.get("tokenizer_dir") or TOKENIZER_DIR), meta.get("source_hf_dir")]
     for path in candidates:
         if path and os.path.isdir(path):
-            files = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
-            if has_tokenizer(files):
-                from phf_megatron.tokenizer import check_tokenizer_files
+            if has_tokenizer_files(path):
                 check_tokenizer_files(path)   # named here, not copied into the export
-                return path, files
+                return path, [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
             if tokenizer_dir:
                 raise FileNotFoundError(f"tokenizer_dir: no tokenizer files in {tokenizer_dir}")
     raise FileNotFoundError(f"mcore_dir: no tokenizer found (looked in {[c for c in candidates if c]}); "

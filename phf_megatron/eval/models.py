@@ -25,7 +25,7 @@ from phf_megatron.input_files import (
 )
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
-from phf_megatron.tokenizer import load_qwen3_tokenizer
+from phf_megatron.tokenizer import has_tokenizer_files, load_qwen3_tokenizer
 
 #: What a finished output was made from (a rerun reuses the output when it matches).
 MARKER = "phf_source.json"
@@ -59,9 +59,9 @@ def _reusable(final: str, marker: dict) -> bool:
 
 
 def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
-    """The first source directory holding tokenizer files, else the shipped Qwen3 tokenizer."""
+    """The first source directory holding tokenizer files (``has_tokenizer_files``), else the shipped Qwen3 tokenizer."""
     for d in src_dirs:
-        if os.path.isfile(os.path.join(d, "tokenizer.json")) or os.path.isfile(os.path.join(d, "vocab.json")):
+        if has_tokenizer_files(d):
             load_qwen3_tokenizer(d).save_pretrained(out_dir)
             return
     load_qwen3_tokenizer().save_pretrained(out_dir)

@@ -10,7 +10,8 @@ intended layout). ``torchrun --nproc-per-node TP*PP tools/convert/hf_to_mcore.py
 same checkpoint from a truly sharded model. On a GPU machine the model is built on the GPU; set
 ``CUDA_VISIBLE_DEVICES=`` to convert on the CPU. Peak memory ≈ the model once in ``--dtype``.
 Writes ``OUT.tmp`` and renames it to ``OUT`` when complete. Also stores the HF config and
-tokenizer files (for ``mcore_to_hf.py``); a ``--hf_dir`` without tokenizer files is refused
+tokenizer files (for ``mcore_to_hf.py``); a ``--hf_dir`` without tokenizer files (``tokenizer.json``,
+or ``vocab.json`` and ``merges.txt``: a ``tokenizer_config.json`` alone is no tokenizer) is refused
 unless ``--require_tokenizer=false``.
 """
 

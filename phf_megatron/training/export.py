@@ -225,6 +225,7 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
     from ..convert.checkpoints import _check_new_dir  # the converters' own refusal of an existing --out_dir
     from ..lora import adapter_parameters
     from ..models.qwen3_arch import Qwen3Arch
+    from ..tokenizer import TOKENIZER_RULE, has_tokenizer_files
 
     layout = ckpt.meta.get("layout", {})
     tp, pp = int(layout.get("tp_size", 1)), int(layout.get("pp_size", 1))
@@ -236,9 +237,9 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
         raise ConfigError("adapter_only", "the run trained every weight (lora.enabled=false): it has no adapter; "
                                           "leave the flag out for the HF model")
     cfg = _with_base_model(ckpt.cfg, base_model)
-    if not adapter and not {"tokenizer.json", "vocab.json"} & set(_tokenizer_files(cfg.model.hf_dir)):  # vLLM needs it
-        raise ConfigError("base_model", f"{cfg.model.hf_dir} holds no tokenizer files (tokenizer.json, vocab.json, "
-                                        "...): give the base model directory with its tokenizer")
+    if not adapter and not has_tokenizer_files(cfg.model.hf_dir):  # vLLM needs it
+        raise ConfigError("base_model", f"{cfg.model.hf_dir} holds no tokenizer files ({TOKENIZER_RULE}): "
+                                        "give the base model directory with its tokenizer")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tensor_model_parallel_size=tp,
                                                              pipeline_model_parallel_size=pp))
     _check_new_dir(out_dir)

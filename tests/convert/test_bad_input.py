@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -156,6 +157,20 @@ def test_a_long_list_of_checkpoints_shows_its_first_and_last(tmp_path):
     os.makedirs(tmp_path / "tmp-iter_0000013")   # an unfinished save: not one to pick
     assert checkpoint_names(str(tmp_path)) == "iter_0000001, ..., iter_0000010, iter_0000011, iter_0000012 (12 in all)"
     assert checkpoint_names(str(tmp_path / "nowhere")) == "none"
+
+
+def test_a_tokenizer_config_alone_is_no_tokenizer(tmp_path, hf_dir):
+    """hf_to_mcore counted tokenizer_config.json alone as a tokenizer: a --hf_dir whose vocabulary files
+    were gone converted, and mcore_to_hf exported a model without them (transformers loads 26 tokens)."""
+    from phf_megatron.errors import InputFileError
+    from phf_megatron.tokenizer import shipped_tokenizer_dir
+
+    hf = _copy(hf_dir, str(tmp_path / "hf"))
+    for name in ("tokenizer_config.json", "vocab.json"):   # merges.txt lost
+        shutil.copy(os.path.join(shipped_tokenizer_dir(), name), hf)
+    _expect_no_output(tmp_path, hf, InputFileError,
+                      rf"^{hf}: no tokenizer files \(tokenizer.json, or vocab.json and merges.txt\)",
+                      require_tokenizer=True)
 
 
 def test_a_damaged_tokenizer_file_is_named_not_copied_on(tmp_path, hf_dir):

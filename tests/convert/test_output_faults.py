@@ -103,7 +103,7 @@ def test_converter_errors_name_the_flag(tmp_path, dirs, tool, argv, line):
 def test_hf_to_mcore_refuses_a_dir_without_tokenizer_unless_told(tmp_path, dirs):
     out = str(tmp_path / "out")
     line = _one_line("hf_to_mcore", ["--hf_dir", dirs["bare"], "--out_dir", out])
-    assert line.startswith(f"error: {dirs['bare']}: no tokenizer files (tokenizer.json or tokenizer_config.json)")
+    assert line.startswith(f"error: {dirs['bare']}: no tokenizer files (tokenizer.json, or vocab.json and merges.txt)")
     assert "--require_tokenizer=false" in line
     _nothing_left(out)
     proc = run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf_dir", dirs["bare"],
