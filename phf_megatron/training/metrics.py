@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -151,9 +152,21 @@ class WandbRun:
                    config=to_dict(cfg))
 
 
-def _open_wandb(run: WandbRun, id_path: str, continuing: bool):
-    """The W&B run: a fresh run gets a new id, kept in ``id_path``; ``continuing`` (a resume) continues
-    the run of the id kept there (``resume="allow"``) instead of opening a second run."""
+def _kept_wandb_id(path: str) -> str | None:
+    """The W&B run id a killed run kept in ``path``; None when there is none (no file, or an empty one: the
+    resume starts a new W&B run, as a fresh run does). Garbage (a damaged disk) raises ``InputFileError``."""
+    if not os.path.isfile(path):
+        return None
+    text = "\n".join(read_lines(path)).strip()   # bytes that are not UTF-8 are named, or shown as U+FFFD
+    if text and not re.fullmatch(r"[A-Za-z0-9_-]+", text):
+        raise InputFileError(path, f"expected a W&B run id (letters, digits, - and _), found {ascii(text[:40])}; "
+                                   "fix it, or delete the file to log the resume to a new W&B run")
+    return text or None
+
+
+def _open_wandb(run: WandbRun, id_path: str, run_id: str | None):
+    """The W&B run: ``run_id`` (a resume's, ``_kept_wandb_id``) continues that run (``resume="allow"``)
+    instead of opening a second one; None: a fresh run gets a new id, kept in ``id_path``."""
     try:
         import wandb
     except ImportError as err:
@@ -163,10 +176,6 @@ def _open_wandb(run: WandbRun, id_path: str, continuing: bool):
     # A parent's W&B service (wandb sets WANDB_SERVICE in a process that used it: a notebook, a test session)
     # still holds a killed run's id, so the resume's init fails "run ID ... is in use": start our own.
     os.environ.pop("WANDB_SERVICE", None)
-    run_id = None
-    if continuing:
-        with open(id_path, encoding="utf-8") as f:
-            run_id = f.read().strip() or None
     if run_id is None:
         run_id = secrets.token_hex(8)  # 16 hex digits: W&B accepts any id of letters and digits
         with open(id_path, "w", encoding="utf-8") as f:
@@ -213,7 +222,8 @@ class MetricsLogger:
         # A resume continues the killed run's W&B run, which keeps its steps start_step+1..k and drops a
         # step below its last one: log from k+1 (k: the last step of the killed run's metrics.jsonl, or W&B's).
         wandb_id = os.path.join(run_dir, WANDB_ID_FILE)
-        continuing = wandb is not None and start_step > 0 and os.path.isfile(wandb_id)
+        kept_id = _kept_wandb_id(wandb_id) if wandb is not None and start_step > 0 else None   # before any write
+        continuing = kept_id is not None
         self._wandb_from = _last_step(self.path) + 1 if continuing else 0
         if jsonl:
             truncate_jsonl(self.path, start_step)
@@ -223,7 +233,7 @@ class MetricsLogger:
             self._tb = _open_tensorboard(tensorboard_dir or os.path.join(run_dir, "tensorboard"),
                                          purge_step=start_step + 1)
         if wandb is not None:
-            self._wandb = _open_wandb(wandb, wandb_id, continuing)
+            self._wandb = _open_wandb(wandb, wandb_id, kept_id)
             if continuing:
                 self._wandb_from = max(self._wandb_from, int(self._wandb.step))
         if progress_bar:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -225,6 +226,48 @@ def test_wandb_first_used_on_a_resume_gets_every_step_it_logs(tmp_path, monkeypa
     _log_steps(tmp_path, range(3, 8), start_step=2, wandb=WandbRun(project="p", name="n", offline=True,
                                                                    save_dir=str(tmp_path / "wb")))
     assert fake.logged == [3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("kept, detail", [
+    (b"\x9c\xf3\x00\x01", r"expected a W&B run id \(letters, digits, - and _\), found '\\ufffd\\ufffd\\x00\\x01'"),
+    (b"\xff\xfe\n\x00\x01\n", r":1: not UTF-8 text at byte 0 of the line"),
+    (b"3f2a 9c01\n", r"expected a W&B run id \(letters, digits, - and _\), found '3f2a 9c01'; fix it, or delete"),
+])
+def test_a_damaged_wandb_id_file_is_named(tmp_path, monkeypatch, kept, detail):
+    """wandb_run_id.txt holding garbage bytes was a UnicodeDecodeError traceback on the resume: one line naming
+    it, before metrics.jsonl is cut to the checkpoint's step (the refused resume leaves the run as it was)."""
+    import sys
+
+    from phf_megatron.training.metrics import WANDB_ID_FILE, WandbRun
+
+    monkeypatch.setitem(sys.modules, "wandb", _FakeWandb())
+    run = WandbRun(project="p", name="n", offline=True, save_dir=str(tmp_path / "wb"))
+    _log_steps(tmp_path, range(1, 6), wandb=run)
+    metrics = (tmp_path / METRICS_FILE).read_bytes()
+    (tmp_path / WANDB_ID_FILE).write_bytes(kept)
+    with pytest.raises(InputFileError) as err:
+        _log_steps(tmp_path, range(3, 8), start_step=2, wandb=run)
+    assert str(err.value).startswith(str(tmp_path / WANDB_ID_FILE)), err.value
+    assert re.search(detail, str(err.value)) and "\n" not in str(err.value), err.value
+    assert (tmp_path / METRICS_FILE).read_bytes() == metrics
+
+
+def test_an_empty_wandb_id_file_is_no_id(tmp_path, monkeypatch):
+    """An empty wandb_run_id.txt (a crash as it was written) is as none: the resume opens a new W&B run,
+    its id kept, and logs every step from the resume on (as a run that first used W&B on its resume)."""
+    import sys
+
+    from phf_megatron.training.metrics import WANDB_ID_FILE, WandbRun
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    _log_steps(tmp_path, range(1, 6))
+    (tmp_path / WANDB_ID_FILE).write_bytes(b" \n")
+    _log_steps(tmp_path, range(3, 8), start_step=2, wandb=WandbRun(project="p", name="n", offline=True,
+                                                                   save_dir=str(tmp_path / "wb")))
+    [init] = fake.inits
+    assert fake.logged == [3, 4, 5, 6, 7] and len(init["id"]) == 16
+    assert (tmp_path / WANDB_ID_FILE).read_text() == init["id"] + "\n"
 
 
 def test_wandb_offline_resume_writes_the_same_run_id(tmp_path, monkeypatch):
