@@ -41,8 +41,8 @@ import torch.distributed as dist
 from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
 from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, read_latest: re-exported
-    ITER_RE, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir, read_json,
-    read_latest,
+    ITER_RE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir,
+    read_json, read_latest,
 )
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
@@ -340,6 +340,7 @@ def load_checkpoint(
     parts were saved with this layout, and (``strict_config``) the fingerprints agree. Parts are
     restored in the dict's order (put the RNG part last). DIST parts load collectively.
     """
+    named = iteration is None   # by the latest file: a user can write another iteration in it
     if iteration is None:
         iteration = read_latest(load_dir)
         if iteration is None:
@@ -347,7 +348,10 @@ def load_checkpoint(
     path = os.path.join(load_dir, iter_dir_name(iteration))
     meta_path = os.path.join(path, META_FILE)
     if not os.path.isfile(meta_path):
-        raise FileNotFoundError(f"{path}: no complete checkpoint here ({META_FILE} missing)")
+        latest = os.path.join(load_dir, LATEST_FILE)
+        hint = (f"; {latest} names it, the checkpoints there: {checkpoint_names(load_dir)} (write the iteration of "
+                "one into it, or delete it to start afresh)" if named else "")
+        raise FileNotFoundError(f"{path}: no complete checkpoint here ({META_FILE} missing){hint}")
     meta = read_json(meta_path)
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
         raise InputFileError(meta_path, f"format_version {meta.get('format_version') if isinstance(meta, dict) else meta!r}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -218,3 +219,20 @@ def test_bad_requests_raise_clear_errors(tmp_path):
     (tmp_path / ckpt.LATEST_FILE).write_text("9")
     with pytest.raises(FileNotFoundError, match="iter_0000009: no complete checkpoint"):
         ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout())
+
+
+def test_a_latest_file_naming_a_deleted_checkpoint_names_those_there(tmp_path):
+    """A resume whose latest_checkpointed_iteration.txt names a deleted iteration: the line named only the
+    missing one; it also names the checkpoints there, so the user can write one into the latest file."""
+    run = ToyRun(seed=0)
+    for iteration in (2, 4, 6):
+        ckpt.save_checkpoint(str(tmp_path), iteration, run.parts(), RankLayout())
+    shutil.rmtree(tmp_path / "iter_0000006")   # deleted by hand (a full disk)
+    latest = tmp_path / ckpt.LATEST_FILE
+    with pytest.raises(FileNotFoundError) as err:
+        ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout())
+    assert str(err.value) == (f"{tmp_path}/iter_0000006: no complete checkpoint here (meta.json missing); {latest} "
+                              "names it, the checkpoints there: iter_0000002, iter_0000004 (write the iteration of "
+                              "one into it, or delete it to start afresh)")
+    latest.write_text("4")   # as the line says: the resume goes on from there
+    assert ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout()).iteration == 4
