@@ -39,6 +39,17 @@ def read_json(path: str, what: str = "JSON") -> Any:
         raise InputFileError(path, f"not valid {what}{empty}: {msg} at line {err.lineno} column {err.colno}") from None
 
 
+def load_yaml(path: str) -> Any:
+    """``yaml.safe_load`` of ``path``; a file that is not valid YAML (or not UTF-8 text) raises ``InputFileError``."""
+    import yaml
+
+    with open(path, "rb") as f:   # bytes that are not UTF-8: a YAMLError (in text mode a UnicodeDecodeError)
+        try:
+            return yaml.safe_load(f)
+        except yaml.YAMLError as err:
+            raise InputFileError(path, f"not valid YAML ({' '.join(str(err).split())})") from None
+
+
 def read_lines(path: str) -> list[str]:
     """The ``"\\n"``-separated lines of a UTF-8 text file that is appended to line by line (a JSONL log;
     the last item is ``""`` when the file ends with a newline). A line that is not UTF-8 raises
@@ -118,6 +129,27 @@ ITER_RE = re.compile(r"^iter_(\d{7})$")
 
 def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
+
+
+#: A training run's resolved settings, in its run directory (``training.config_io`` writes it).
+RUN_CONFIG_FILE = "config.yaml"
+
+
+def run_checkpoints_dir(run_dir: str, save: str | None) -> str:
+    """Where a training run saves its checkpoints: its ``checkpoint.save``, else ``<run_dir>/checkpoints``."""
+    return save or os.path.join(run_dir, "checkpoints")
+
+
+def saved_checkpoints_dir(run_dir: str) -> str | None:
+    """``run_checkpoints_dir`` of the run whose ``config.yaml`` is in ``run_dir`` (read as plain YAML, for the
+    layers below ``training``); None when there is none. One that is not YAML raises ``InputFileError``."""
+    path = os.path.join(run_dir, RUN_CONFIG_FILE)
+    if not os.path.isfile(path):
+        return None
+    tree = load_yaml(path)
+    section = tree.get("checkpoint") if isinstance(tree, dict) else None
+    save = section.get("save") if isinstance(section, dict) else None
+    return run_checkpoints_dir(run_dir, save if isinstance(save, str) else None)
 
 
 def read_latest(save_dir: str) -> int | None:

@@ -29,7 +29,8 @@ class EvalConfig:
     """PEFT adapter directory, merged into ``model`` (into <out_dir>/merged_model) before evaluation."""
     megatron_checkpoint: str | None = None
     """Megatron-Core checkpoint converted to HF on the fly into <out_dir>/converted_model: hf_to_mcore's,
-    or a training run's (runs/x/checkpoints/iter_N; runs/x or runs/x/checkpoints: its latest; LoRA merged;
+    or a training run's (runs/x/checkpoints/iter_N; runs/x or runs/x/checkpoints: its latest, also where the
+    run's checkpoint.save put them; LoRA merged;
     ``model``, else the run's model.hf_dir, is its base)."""
     benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
     """names (aime24, aime25, hmmt25) or paths to .jsonl files with problem/answer fields."""

@@ -21,7 +21,7 @@ import sys
 from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
 from phf_megatron.input_files import (
     LATEST_FILE, check_hf_model_dir, check_peft_adapter_dir, checkpoint_names, iter_dir_name, missing_dir, read_json,
-    read_latest,
+    read_latest, saved_checkpoints_dir,
 )
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
@@ -144,18 +144,19 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
 
 def latest_checkpoint(path: str) -> str:
     """A training run's checkpoints directory (``latest_checkpointed_iteration.txt``), or the run
-    directory above it: its latest ``iter_N``, as Megatron resumes from it; any other path as given (one whose
-    latest file says ``release`` too: Megatron-LM's base model, no run's, which ``read_latest`` refuses naming
-    the trainer's flag)."""
-    for save_dir in (path, os.path.join(path, "checkpoints")):
-        tracker = os.path.join(save_dir, LATEST_FILE)
-        if os.path.isfile(tracker):
-            with open(tracker, "rb") as f:   # bytes: garbage is read_latest's to name, not a UnicodeDecodeError
-                if f.read().strip() == b"release":
-                    return path
-        if (iteration := read_latest(save_dir)) is not None:
-            return os.path.join(save_dir, iter_dir_name(iteration))
-    return path
+    directory above it (its checkpoints where its ``config.yaml``'s ``checkpoint.save`` put them, as
+    ``mcore_to_hf`` finds them): its latest ``iter_N``, as Megatron resumes from it; any other path as given
+    (one whose latest file says ``release`` too: Megatron-LM's base model, no run's, which ``read_latest``
+    refuses naming the trainer's flag)."""
+    save_dir = path if os.path.isfile(os.path.join(path, LATEST_FILE)) else (
+        saved_checkpoints_dir(path) or os.path.join(path, "checkpoints"))
+    tracker = os.path.join(save_dir, LATEST_FILE)
+    if os.path.isfile(tracker):
+        with open(tracker, "rb") as f:   # bytes: garbage is read_latest's to name, not a UnicodeDecodeError
+            if f.read().strip() == b"release":
+                return path
+    iteration = read_latest(save_dir)
+    return path if iteration is None else os.path.join(save_dir, iter_dir_name(iteration))
 
 
 def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None = None) -> str:

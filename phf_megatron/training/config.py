@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from phf_megatron.input_files import LATEST_FILE, missing_dir  # noqa: F401 - LATEST_FILE: re-exported
+from phf_megatron.input_files import LATEST_FILE, missing_dir, run_checkpoints_dir  # noqa: F401 - LATEST_FILE: re-exported
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
 from ..config_errors import check_choice, fail
@@ -172,7 +172,7 @@ class TrainConfig:
 
     @property
     def save_dir(self) -> str:
-        return self.checkpoint.save or f"{self.run_dir}/checkpoints"
+        return run_checkpoints_dir(self.run_dir, self.checkpoint.save)
 
     @property
     def load_dir(self) -> str:

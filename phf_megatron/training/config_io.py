@@ -22,6 +22,7 @@ import yaml
 
 from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
+from ..input_files import RUN_CONFIG_FILE, load_yaml
 from ..output_files import write_text
 from .config import ABLATIONS, TrainConfig
 
@@ -105,11 +106,7 @@ def read_yaml(path: str) -> dict[str, Any]:
     """The YAML file as flat ``section.field`` keys; unknown keys raise naming the file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} {'is not a file' if os.path.exists(path) else 'does not exist'}")
-    with open(path, "rb") as f:
-        try:
-            tree = yaml.safe_load(f) or {}
-        except yaml.YAMLError as err:   # bytes that are not UTF-8 text included
-            raise InputFileError(path, f"not valid YAML ({' '.join(str(err).split())})") from None
+    tree = load_yaml(path) or {}
     if not isinstance(tree, dict):
         raise InputFileError(path, f"expected a mapping of sections, got {type(tree).__name__}")
     sections = {name for name, _, _ in SETTINGS.sections if name}
@@ -184,7 +181,7 @@ def config_from_argv(argv: Sequence[str]) -> TrainConfig:
 
 # ----------------------------------------------------------------------------- output
 
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = RUN_CONFIG_FILE
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:

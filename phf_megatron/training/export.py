@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
-from ..input_files import checkpoint_names, list_checkpoints, missing_dir, read_json
+from ..input_files import checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import CONFIG_FILE, load_config, resume_fingerprint
@@ -170,7 +170,7 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
                                     os.path.join(path, CONFIG_FILE)], path)
     elif os.path.isfile(os.path.join(path, CONFIG_FILE)) or run_config:
         cfg = _run_config(given or [os.path.join(path, CONFIG_FILE)], path)
-        save_dir = cfg.checkpoint.save or os.path.join(path, "checkpoints")
+        save_dir = run_checkpoints_dir(path, cfg.checkpoint.save)   # the eval's rule too (saved_checkpoints_dir)
     elif list_checkpoints(path):   # iter_N directories, but no latest file to name one
         raise _no_latest(path)
     else:

@@ -87,3 +87,32 @@ def test_a_latest_file_of_garbage_bytes_is_one_line(tmp_path, converted):
         models.convert_megatron(str(run), str(tmp_path / "eval"))
     assert str(err.value) == f"{tracker}: expected an iteration number, found '\ufffd\ufffd2'"
     assert converted == [] and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("saved", ["elsewhere", "default"])
+def test_a_run_saving_its_checkpoints_elsewhere_is_found_as_mcore_to_hf_finds_it(tmp_path, converted, saved):
+    """A run whose config.yaml sets checkpoint.save: mcore_to_hf (find_run_checkpoint) took its run directory,
+    the eval refused it. Both now read the checkpoints where the run put them, the same iteration."""
+    from phf_megatron.training.export import find_run_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_dir = tmp_path / "scratch" / "ckpts" if saved == "elsewhere" else run / "checkpoints"
+    (run / "config.yaml").write_text(f"checkpoint:\n  save: {save_dir}\n" if saved == "elsewhere" else
+                                     "checkpoint:\n  save: null\n")
+    _checkpoint(save_dir, 2)
+    latest = _checkpoint(save_dir, 4)
+    models.convert_megatron(str(run), str(tmp_path / "eval"))
+    exported = find_run_checkpoint(str(run))
+    assert converted == [latest] == [os.path.join(exported.save_dir, f"iter_{exported.iteration:07d}")]
+
+
+def test_a_damaged_run_config_is_named(tmp_path, converted):
+    run = tmp_path / "run"
+    _checkpoint(tmp_path / "elsewhere", 2)
+    (run / "config.yaml").parent.mkdir()
+    (run / "config.yaml").write_bytes(b"checkpoint:\n  save: \xff\xfe\n")
+    with pytest.raises(InputFileError) as err:
+        models.convert_megatron(str(run), str(tmp_path / "eval"))
+    assert str(err.value).startswith(f"{run / 'config.yaml'}: not valid YAML (") and "\n" not in str(err.value)
+    assert converted == [] and not (tmp_path / "eval").exists()
