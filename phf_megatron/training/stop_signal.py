@@ -26,15 +26,17 @@ from .config_sections import CheckpointConfig
 def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[None]:
     """Inside (the run's start): ``checkpoint.exit_signal`` raises ``StoppedAtStart`` at once, its line said
     by rank 0 as it comes (the cleanup after it, the engines' stop, may outlast a scheduler's grace), the
-    signal ignored while it unwinds (Slurm's and torchrun's both reach a worker). Ctrl-C (SIGINT) keeps its
-    own line; nothing changes with ``exit_signal_handler`` off."""
+    signal ignored from then on, to the exit (Slurm's and torchrun's both reach a worker, ms apart). Ctrl-C
+    (SIGINT) keeps its own line; nothing changes with ``exit_signal_handler`` off."""
     if not checkpoint.exit_signal_handler or checkpoint.exit_signal == "SIGINT":
         yield
         return
     signum = int(getattr(signal, checkpoint.exit_signal))
+    stopped = []
 
     def stop(received, frame) -> None:
         signal.signal(signum, signal.SIG_IGN)
+        stopped.append(received)
         err = StoppedAtStart(f"{checkpoint.exit_signal} received while the run was starting: stopped before its "
                              f"first step; {kept(save_dir)}; rerun the same command to resume", 128 + signum)
         if process_rank() == 0:
@@ -45,7 +47,8 @@ def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[No
     try:
         yield
     finally:
-        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if not stopped:  # once stopped, the signal stays ignored to the exit: a repeat must not kill the teardown
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 class StopSignal:

@@ -221,3 +221,37 @@ def test_sigterm_while_the_run_starts_is_one_line_and_143(tiny_inputs, tmp_path)
         f"error: SIGTERM received while the run was starting: stopped before its first step; the last checkpoint is "
         f"{checkpoint}; rerun the same command to resume"], proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr and [m["step"] for m in read_metrics(run)] == [1, 2]
+
+
+#: ``python -c``: as ``_SIGTERM_WHILE_STARTING``, with the second SIGTERM (torchrun's, passed on after Slurm's)
+#: coming as the stopped run tears down its process group, after the stop was raised.
+_SECOND_SIGTERM_IN_THE_TEARDOWN = """
+import os, signal, sys, time
+from phf_megatron.training import distributed, loop
+def build_student(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(120)
+loop.build_student = build_student
+shutdown = distributed.shutdown_distributed
+def shutdown_distributed():
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)
+    shutdown()
+distributed.shutdown_distributed = shutdown_distributed
+from phf_megatron.train import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_second_sigterm_while_a_stopped_start_unwinds_is_ignored(tiny_inputs, tmp_path):
+    """Slurm's SIGTERM and torchrun's reach a worker a few ms apart: the second one, coming once the first has
+    stopped the start, must not kill the process by the signal on its way out (the handler's signal was restored
+    to the default as the stop left ``stopping_at_once``: rc -15, not 143)."""
+    hf, data = tiny_inputs
+    argv, env = train_command(hf, data, str(tmp_path / "run"), "--training.train_iters=2")
+    proc = subprocess.run([sys.executable, "-c", _SECOND_SIGTERM_IN_THE_TEARDOWN, *argv[3:]], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-4000:]
+    assert proc.stderr.splitlines()[-1:] == [
+        "error: SIGTERM received while the run was starting: stopped before its first step; no checkpoint was "
+        "saved; rerun the same command to resume"], proc.stderr[-4000:]
