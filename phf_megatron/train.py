@@ -39,32 +39,34 @@ def train(argv: list[str], quiet: bool = True) -> int:
         from .startup import quiet_start
 
         quiet_start(cfg.logging.verbose)
-    from .training.export import finished_step, outputs_message
+    from .training.stop_signal import stopping_at_once   # (imports no torch)
 
-    if (step := finished_step(cfg)) is not None:
-        if process_rank() == 0:
-            print(f"phf_megatron.train: {cfg.run_dir} is finished (step {step} of {cfg.training.train_iters}): "
-                  f"nothing to train; raise --training.train_iters to go on. The run's outputs:\n"
-                  f"{outputs_message(cfg, step)}", flush=True)
-        return 0
-
-    from .training.checkpoint import require_checkpoint
-
-    require_checkpoint(cfg)
-    from .training.distributed import shutdown_distributed
-    from .training.stop_signal import stopping_at_once
-
-    trainer = None
+    trainer, started = None, False
     try:
         with stopping_at_once(cfg.checkpoint, cfg.save_dir):  # a preemption before the first step: one line
+            from .training.export import finished_step, outputs_message
+
+            if (step := finished_step(cfg)) is not None:
+                if process_rank() == 0:
+                    print(f"phf_megatron.train: {cfg.run_dir} is finished (step {step} of "
+                          f"{cfg.training.train_iters}): nothing to train; raise --training.train_iters to go on. "
+                          f"The run's outputs:\n{outputs_message(cfg, step)}", flush=True)
+                return 0
+            from .training.checkpoint import require_checkpoint
+
+            require_checkpoint(cfg)
             from .training.loop import Trainer
 
+            started = True  # from here the process group may be up: shut down below
             trainer = Trainer(cfg)
         return trainer.run()  # 0, or 128 + signal number: stopped by checkpoint.exit_signal (saved)
     finally:
         if trainer is not None:
             trainer.close()
-        shutdown_distributed()
+        if started:
+            from .training.distributed import shutdown_distributed
+
+            shutdown_distributed()
 
 
 main = command(train)

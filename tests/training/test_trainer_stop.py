@@ -189,32 +189,33 @@ def test_sigterm_between_weight_pushes_stops_after_the_next_push(tiny_inputs, tm
     assert [m["rollout_staleness"] for m in read_metrics(run)] == [0, 1] * (stopped // 2 + 1)
 
 
-#: ``python -c``: the trainer's command line (``sys.argv[1:]``), with SIGTERM sent twice (Slurm's and torchrun's) as
-#: the student's model is being built, after the process group is up: a preemption while the run starts.
+#: ``python -c``: the trainer's command line (``sys.argv[3:]``), with SIGTERM sent twice (Slurm's and torchrun's) as
+#: the function ``sys.argv[2]`` of the module ``sys.argv[1]`` runs: a preemption while the run starts.
 _SIGTERM_WHILE_STARTING = """
-import os, signal, sys, time
-from phf_megatron.training import loop
-def build_student(*args, **kwargs):
+import importlib, os, signal, sys, time
+def preempted(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(120)  # what a long model build would be: the signal must not wait for it
-loop.build_student = build_student
+setattr(importlib.import_module(sys.argv[1]), sys.argv[2], preempted)
 from phf_megatron.train import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[3:]))
 """
 
 
-def test_sigterm_while_the_run_starts_is_one_line_and_143(tiny_inputs, tmp_path):
-    """A preemption before the first step (model build, resume, the engines' start: minutes at 8B) killed the
-    process without a word; now it stops at once, one line naming what is kept, exit code 128 + 15, as a stop
-    after a step, and the same command resumes."""
+@pytest.mark.parametrize("during", ["phf_megatron.training.loop.build_student",   # the process group is up
+                                    "phf_megatron.training.checkpoint.require_checkpoint"])   # before it
+def test_sigterm_while_the_run_starts_is_one_line_and_143(tiny_inputs, tmp_path, during):
+    """A preemption before the first step (the checkpoint's checks, model build, resume, the engines' start:
+    minutes at 8B) killed the process without a word; now it stops at once, one line naming what is kept, exit
+    code 128 + 15, as a stop after a step, and the same command resumes."""
     hf, data = tiny_inputs
     run = str(tmp_path / "run")
     assert_ok(train(hf, data, run, "--training.train_iters=2"))
     argv, env = train_command(hf, data, run, "--training.train_iters=4")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_STARTING, *argv[3:]], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_WHILE_STARTING, *during.rsplit(".", 1), *argv[3:]],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - t0 < 100, proc.stderr[-4000:]
     checkpoint = os.path.join(run, "checkpoints", "iter_0000002")
     assert proc.stderr.splitlines()[-1:] == [
