@@ -78,6 +78,10 @@ class InputFileError(UserError):
         self.path, self.detail = path, detail
 
 
+class SettingsDiffer(InputFileError):
+    """A checkpoint saved with other settings than the run's (``checkpoint.strict_config``): its path, what differs."""
+
+
 class NonFiniteError(UserError):
     """A NaN or inf where a run needs finite numbers: ``training.max_nonfinite_steps`` consecutive
     steps with a non-finite loss or gradient (``training.nonfinite``), or a tensor about to be

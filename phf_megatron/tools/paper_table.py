@@ -128,7 +128,7 @@ def _check_trainer_args(rows: list[Row], step: int) -> None:
     a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
     finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
     settings), not scored again under flags it was not trained with."""
-    from ..errors import InputFileError, UserError
+    from ..errors import SettingsDiffer, UserError
     from ..training.config_io import config_from_argv
     from ..training.export import finished_step
 
@@ -141,7 +141,7 @@ def _check_trainer_args(rows: list[Row], step: int) -> None:
             try:
                 if training_finished(row, step):
                     finished_step(cfg)
-            except InputFileError as err:
+            except SettingsDiffer as err:  # a damaged file of the run is its own line, naming it
                 raise UserError(f"{err.line} (the {row.name} row, finished in {row.run_dir}, was trained with other "
                                 "settings: give a new --out to train it with these)") from None
 

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..config_errors import fail
-from ..errors import InputFileError, NonFiniteError, OutputFileError, write_failure
+from ..errors import InputFileError, NonFiniteError, OutputFileError, SettingsDiffer, write_failure
 from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, read_latest: re-exported
     ITER_RE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir,
     read_json, read_latest,
@@ -322,7 +322,7 @@ def check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str)
         return
     diffs = fingerprint_diff(saved, json.loads(json.dumps(fingerprint, default=str)))  # tuples -> lists, as saved
     if diffs:
-        raise InputFileError(path, f"the run's settings differ from the checkpoint's: {'; '.join(diffs)}. Use a new "
+        raise SettingsDiffer(path, f"the run's settings differ from the checkpoint's: {'; '.join(diffs)}. Use a new "
                                    "--checkpoint.save directory, or --checkpoint.strict_config=false to resume anyway")
 
 

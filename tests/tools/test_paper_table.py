@@ -220,6 +220,10 @@ def test_a_finished_row_is_reused_only_with_the_settings_it_was_trained_with(cap
     assert err.startswith(f"error: {iteration}: the run's settings differ from the checkpoint's: ") and "lr" in err
     assert err.endswith(f"(the sft row, finished in {tmp_path / 'sft'}, was trained with other settings: give a "
                         "new --out to train it with these)") and "\n" not in err, err
+    (iteration / "meta.json").write_text('{"fingerprint": {"lr"')   # damaged: named as such, no settings said
+    assert paper_table.main(argv) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {iteration / 'meta.json'}: not valid JSON: Expecting ':' "
+                                               "delimiter at line 1 column 22")
 
 
 # ----------------------------------------------------------------------------- the toy, end to end
