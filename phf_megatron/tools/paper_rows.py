@@ -97,7 +97,10 @@ def training_finished(row: Row, step: int) -> bool:
     decides; whether its settings are the row's is checked before any row runs: ``paper_table._check_trainer_args``)."""
     if row.train is None:
         return True
-    latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
+    from ..training.config_io import config_from_argv   # (no torch)
+
+    # its checkpoints directory as the trainer sees it: --checkpoint.save after -- moves it out of the row's
+    latest = os.path.join(config_from_argv(row.train_flags).save_dir, "latest_checkpointed_iteration.txt")
     if not (os.path.isfile(latest) and os.path.isdir(row.adapter or "")):
         return False
     with open(latest, "rb") as f:   # bytes: garbage is not finished (the training rerun names it), not a traceback

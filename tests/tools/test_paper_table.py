@@ -340,6 +340,26 @@ def test_a_damaged_summary_or_latest_file_is_one_line_or_not_finished(tmp_path, 
     assert not paper_rows.training_finished(row, 100)
 
 
+def test_a_row_saved_elsewhere_by_checkpoint_save_is_finished_where_it_saved(capsys, tmp_path):
+    """``-- --checkpoint.save=DIR``: the rows' checkpoints are in DIR; training_finished looked only at
+    <row>/checkpoints, so a row that trained there was 'training failed' (rc 0) and one finished there was
+    trained again, its settings never compared with the row's (f73716f's check reads the row's own save dir)."""
+    from phf_megatron.training.config_io import config_from_argv, resume_fingerprint
+
+    argv = ["--toy", "--out", str(tmp_path), "--rows", "sft", "--step", "4", "--dry_run", "--",
+            f"--checkpoint.save={tmp_path / 'elsewhere'}"]
+    row = paper_rows.plan_row(paper_table.parse_args(argv), "sft")
+    iteration = tmp_path / "elsewhere" / "iter_0000004"
+    iteration.mkdir(parents=True)
+    (tmp_path / "elsewhere" / "latest_checkpointed_iteration.txt").write_text("4")
+    os.makedirs(row.adapter)
+    assert paper_rows.training_finished(row, 4) and not paper_rows.training_finished(row, 5)
+    trained = json.loads(json.dumps(resume_fingerprint(config_from_argv(row.train_flags)), default=str))
+    (iteration / "meta.json").write_text(json.dumps({"fingerprint": trained}))
+    assert paper_table.main([*argv, "--optimizer.lr=3e-5"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {iteration}: the run's settings differ")
+
+
 # ----------------------------------------------------------------------------- the toy over seeds
 
 
