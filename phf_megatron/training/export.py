@@ -45,7 +45,10 @@ def finished_step(cfg: TrainConfig) -> int | None:
         return None
     meta = os.path.join(cfg.load_dir, iter_dir_name(step), META_FILE)
     if cfg.checkpoint.strict_config and os.path.isfile(meta):   # another run's directory: refused as a resume is
-        check_fingerprint(read_json(meta), resume_fingerprint(cfg), os.path.dirname(meta))
+        saved = read_json(meta)
+        if not isinstance(saved, dict):
+            raise InputFileError(meta, "expected a JSON object")
+        check_fingerprint(saved, resume_fingerprint(cfg), os.path.dirname(meta))
     return step
 
 

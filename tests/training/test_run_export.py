@@ -89,6 +89,10 @@ def test_a_finished_run_with_other_settings_is_refused_as_its_resume_would_be(tm
     assert err.value.path == str(ckpt) and err.value.detail.startswith(
         "the run's settings differ from the checkpoint's: lora.r: 32 -> 8. Use a new --checkpoint.save directory")
     assert finished_step(config("--lora.r=8", "--training.train_iters=2", "--checkpoint.strict_config=false")) == 2
+    (ckpt / "meta.json").write_text("[2]")   # damaged, though JSON: named (was an AttributeError traceback)
+    with pytest.raises(InputFileError) as err:
+        finished_step(saved)
+    assert err.value.line == f"{ckpt / 'meta.json'}: expected a JSON object"
 
 
 def _modes(directory: str) -> set[int]:
