@@ -45,7 +45,7 @@ class RolloutConfig:
     """Fraction of GPU memory vLLM may take (official: 0.6 on 143 GB H20s)."""
     colocate: bool = True
     """The engines run on the trainer's own GPUs, in or beside its processes (official vllm_mode
-    colocate): the only placement of the vllm and hf backends, so false is refused with them. An engine
+    colocate): the only placement of the vllm and hf backends, so a run refuses false with them. An engine
     on GPUs of its own is a separate server: backend vllm_server (there this setting is not read)."""
     enable_sleep_mode: bool = False
     """Free vLLM's weights and KV cache while training (official default off)."""
@@ -83,6 +83,15 @@ class RolloutConfig:
     the rows' solutions as completions (TRL GOLD training_step; training.policy_mix). 1 (paper,
     official scripts' --lmbda 1; the official OPSD trainer ignores the flag and always samples)."""
 
+    def check_placement(self) -> None:
+        """``colocate`` false with an engine that can only run on the trainer's GPUs: refused when a run starts
+        (``TrainConfig.require_inputs``), not when a config loads: a run saved with it (it was accepted and
+        ignored) still converts and evaluates."""
+        if not self.colocate and self.backend != "vllm_server":
+            raise fail("rollout.colocate", f"false is not supported with rollout.backend={self.backend}: its engines "
+                       "run on the trainer's GPUs; for an engine elsewhere start a vLLM server and use "
+                       "--rollout.backend=vllm_server --rollout.server_url=...")
+
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, rollout_choices.BACKENDS)
         check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)
@@ -90,10 +99,6 @@ class RolloutConfig:
             check_positive("rollout.probe_atol", self.probe_atol)
         if not 0.0 <= self.lmbda <= 1.0:
             raise fail("rollout.lmbda", f"must lie in [0, 1], got {self.lmbda}")
-        if not self.colocate and self.backend != "vllm_server":   # was accepted and ignored
-            raise fail("rollout.colocate", f"false is not supported with rollout.backend={self.backend}: its engines "
-                       "run on the trainer's GPUs; for an engine elsewhere start a vLLM server and use "
-                       "--rollout.backend=vllm_server --rollout.server_url=...")
         if self.backend == "vllm_server" and not self.server_url:
             raise fail("rollout.server_url", "is required with rollout.backend=vllm_server")
         check_choice("rollout.server_weight_transport", self.server_weight_transport, rollout_choices.WEIGHT_TRANSPORTS)

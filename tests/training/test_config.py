@@ -348,3 +348,17 @@ def test_config_from_argv_and_run_dir_dump(tmp_path):
     assert path == str(tmp_path / "run" / "config.yaml") and load_config(path) == cfg
     with pytest.raises(ValueError, match="--config: missing a file name"):
         config_from_argv(["--config"])
+
+
+def test_colocate_false_is_refused_by_a_run_not_by_a_saved_config(tmp_path):
+    """A run saved with ``rollout.colocate: false`` (accepted and ignored before 4d27446) still loads, so
+    mcore_to_hf and the eval read its config.yaml; a run that would start with it is refused, one line."""
+    from phf_megatron.errors import ConfigError
+    from phf_megatron.training.config_io import load_config
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text("model:\n  hf_dir: configs\nrollout:\n  colocate: false\n")
+    cfg = load_config(str(saved))
+    assert cfg.rollout.colocate is False
+    with pytest.raises(ConfigError, match=r"^rollout\.colocate: false is not supported with rollout\.backend=auto"):
+        cfg.require_inputs()
