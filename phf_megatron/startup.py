@@ -11,13 +11,18 @@ libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is n
 Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by
 this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore`` too).
 ``hf_progress_bars_off`` hides transformers' own bars for the span of a command that prints its own
-progress (``python -m phf_megatron.toy``), and restores them after.
+progress (``python -m phf_megatron.toy``), and restores them after. ``progress_bar`` is every bar
+of ours (conversion, evaluation, training): tqdm's on a terminal; in a log file (stderr not a
+terminal: Slurm, ``2> log``) plain lines instead of ``\\r`` redraws, at most one per percent of the
+total and per ``LOG_INTERVAL_S`` seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 import warnings
 from contextlib import contextmanager
 
@@ -28,6 +33,10 @@ OWN_MODULES = r"(phf_megatron|__main__)\b"
 FOREIGN_MESSAGES = (
     r"Please use DTensor instead",   # torch's ShardedTensor deprecation, through our CPU shim of Megatron
 )
+
+
+#: In a log file, a progress bar writes a line at most this often (and at most once per percent).
+LOG_INTERVAL_S = 30.0
 
 
 def quiet_start(verbose: bool = False) -> None:
@@ -66,3 +75,59 @@ def hf_progress_bars_off():
             hf_logging.enable_progress_bar()   # enables the hub's too: as they were
             if hub_off:
                 hub.disable_progress_bars()
+
+
+class _LogLines:
+    """A log file as a tqdm bar's stream: each redraw (``\\r`` + the bar) is a line of its own, and
+    the newline ``close()`` adds after the last one is dropped (that line has ended)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.encoding = getattr(stream, "encoding", None)
+
+    def write(self, text: str) -> None:
+        if text.startswith("\r"):
+            text = text[1:].rstrip()
+            if text:
+                self._stream.write(text + "\n")
+        elif text.strip():
+            self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+def _has_width(stream) -> bool:
+    """The terminal says its size (a pseudo-terminal of 0 x 0, as ``script`` or ``docker -t`` may open,
+    showed no bar at all: tqdm hid it as a row past the last; 80 x 20 then)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return size.columns > 0 and size.lines > 0
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def progress_bar(iterable=None, *, total: int, desc: str, unit: str, initial: int = 0, enabled: bool = True,
+                 mininterval: float = 0.1):
+    """A tqdm bar on stderr with a count, a total, a rate and an ETA (``initial``: done before, as a
+    resume). On a terminal it redraws in place; otherwise each redraw is a line, at most one per percent
+    of ``total`` and per ``LOG_INTERVAL_S`` seconds, plus the first and the last (a log file of a run of
+    hours gets about a hundred lines, not one carriage-return update per step)."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        def update(self, n=1):
+            if self.total is not None and self.n + n >= self.total:   # the last: close() draws it (drawn
+                self.n += n                                             # here too, 100% was twice in a log)
+                return None
+            return super().update(n)
+
+    stream = sys.stderr
+    if not enabled or stream.isatty():
+        wide = _has_width(stream)
+        return Bar(iterable, total=total, initial=initial, desc=desc, unit=unit, disable=not enabled,
+                   dynamic_ncols=wide, ncols=None if wide else 80, nrows=None if wide else 20,
+                   mininterval=mininterval)
+    return Bar(iterable, total=total, initial=initial, desc=desc, unit=unit, file=_LogLines(stream),
+                mininterval=max(mininterval, LOG_INTERVAL_S), miniters=max(1, math.ceil(total / 100)),
+                maxinterval=math.inf)   # (tqdm's monitor would redraw every 10 s, and then at every update)

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from phf_megatron.convert.hf_checkpoint import TOKENIZER_FILES, HFCheckpoint
 from phf_megatron.convert.hf_writer import DTYPE_NAMES, write_hf_checkpoint
@@ -24,6 +23,7 @@ from phf_megatron.runtime.megatron_session import megatron_session
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError, as_config_error
+from phf_megatron.startup import progress_bar
 
 
 def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
@@ -74,7 +74,8 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
     with megatron_session(run_tp, run_pp):
         model = build_qwen3_model(arch, dtype=dtype, perform_initialization=False)
         names = [n for n, _ in model.named_parameters()]
-        bar = tqdm(total=len(names), desc="hf->mcore load", disable=not progress or dist.get_rank() != 0)
+        bar = progress_bar(total=len(names), desc="hf->mcore load", unit="tensor",
+                           enabled=progress and dist.get_rank() == 0)
         load_hf_weights(model, source.get, arch, on_tensor=lambda name: bar.update())
         bar.close()
 
@@ -130,7 +131,7 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
         if dist.get_rank() == 0:
             names = list(hf_shapes(arch))
             # closed on an error too, so the error's line starts a line of its own
-            with tqdm(items, total=len(names), desc="mcore->hf", disable=not progress) as bar:
+            with progress_bar(items, total=len(names), desc="mcore->hf", unit="tensor", enabled=progress) as bar:
                 write_hf_checkpoint(bar, out_dir, hf_config=meta["hf_config"], dtype=dtype or stored,
                                     tokenizer_src=tok_src, tokenizer_files=tok_files,
                                     max_shard_bytes=max_shard_bytes, expected_names=names)

@@ -7,8 +7,7 @@ import os
 import time
 from collections.abc import Iterable
 
-from tqdm import tqdm
-
+from ..startup import progress_bar
 from .records import shard_path
 
 
@@ -16,7 +15,7 @@ class SampleProgress:
     """A bar over samples whose postfix shows generated tokens per second."""
 
     def __init__(self, total: int, *, enabled: bool = True, desc: str = "eval"):
-        self._bar = tqdm(total=total, unit="sample", desc=desc, disable=not enabled, dynamic_ncols=True)
+        self._bar = progress_bar(total=total, unit="sample", desc=desc, enabled=enabled)
         self._tokens = 0
         self._t0 = time.perf_counter()
 
@@ -24,12 +23,7 @@ class SampleProgress:
         self._tokens += tokens
         elapsed = max(time.perf_counter() - self._t0, 1e-9)
         self._bar.set_postfix_str(f"{self._tokens / elapsed:,.0f} tok/s", refresh=False)
-        if self._bar.total is not None and self._bar.n + samples >= self._bar.total:
-            # the last samples: close() draws the full bar; tqdm's update would draw it too, and
-            # a log file (where \r overwrites nothing) would show the 100% bar twice
-            self._bar.n += samples
-            return
-        self._bar.update(samples)
+        self._bar.update(samples)   # (the last samples: close() draws the full bar, once)
 
     def close(self) -> None:
         self._bar.close()

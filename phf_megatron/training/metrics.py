@@ -237,10 +237,9 @@ class MetricsLogger:
             if continuing:
                 self._wandb_from = max(self._wandb_from, int(self._wandb.step))
         if progress_bar:
-            from tqdm.auto import tqdm
+            from ..startup import progress_bar
 
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                             desc="train", mininterval=1.0)
+            self._bar = progress_bar(total=total_steps, initial=start_step, unit="step", desc="train", mininterval=1.0)
 
     def progress(self, step: int, **postfix: float) -> None:
         """Move the bar to ``step`` and show ``postfix`` (e.g. loss=..., step_time=...)."""
@@ -248,10 +247,7 @@ class MetricsLogger:
             return
         shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items() if v is not None}
         self._bar.set_postfix(shown, refresh=False)
-        if step >= self._bar.total:  # the last step: end_progress draws the full bar once (a log file,
-            self._bar.n = step        # where \r overwrites nothing, would show it twice)
-            return
-        self._bar.update(step - self._bar.n)
+        self._bar.update(step - self._bar.n)   # (the last step: end_progress draws the full bar, once)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Write one record for ``step`` and advance the bar (shows ``loss`` and ``step_time``)."""
