@@ -14,8 +14,9 @@ from .records import shard_path
 class SampleProgress:
     """A bar over samples whose postfix shows generated tokens per second."""
 
-    def __init__(self, total: int, *, enabled: bool = True, desc: str = "eval"):
-        self._bar = progress_bar(total=total, unit="sample", desc=desc, enabled=enabled)
+    def __init__(self, total: int, *, done: int = 0, enabled: bool = True, desc: str = "eval"):
+        """``total``: every sample of the run; ``done``: those a resume found written already."""
+        self._bar = progress_bar(total=total, initial=done, unit="sample", desc=desc, enabled=enabled)
         self._tokens = 0
         self._t0 = time.perf_counter()
 
@@ -32,8 +33,8 @@ class SampleProgress:
 class ShardProgress(SampleProgress):
     """The parent's bar in data-parallel mode: tails the workers' shards for new records."""
 
-    def __init__(self, run_dir: str, *, total: int, ranks: Iterable[int]):
-        super().__init__(total)
+    def __init__(self, run_dir: str, *, total: int, ranks: Iterable[int], done: int = 0):
+        super().__init__(total, done=done)
         self._paths = [shard_path(run_dir, r) for r in ranks]
         self._offsets = {p: (os.path.getsize(p) if os.path.isfile(p) else 0) for p in self._paths}
 

@@ -101,8 +101,9 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
 
 
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
-                     show_progress: bool = True) -> None:
-    """Generate, grade and append ``items`` to shard ``rank`` (one engine in this process)."""
+                     show_progress: bool = True, done: int = 0) -> None:
+    """Generate, grade and append ``items`` to shard ``rank`` (one engine in this process); the bar
+    counts from ``done``, the samples a resume found written."""
     if not items:
         return
     tok = load_qwen3_tokenizer(model_dir)
@@ -111,7 +112,7 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype, seed=config.seed,
                                        max_model_len=max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
-    bar = SampleProgress(len(items), enabled=show_progress)
+    bar = SampleProgress(done + len(items), done=done, enabled=show_progress)
     try:
         with SampleWriter(shard_path(config.out_dir, rank)) as writer:
             for start in range(0, len(items), config.batch_size):
@@ -167,7 +168,7 @@ def _replica_gpus(config: EvalConfig) -> list[list[int]] | None:
 
 
 def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem],
-                      replicas: list[list[int] | None]) -> None:
+                      replicas: list[list[int] | None], done: int = 0) -> None:
     """One spawned engine per replica; the parent shows one bar by tailing the shards."""
     ctx = mp.get_context("spawn")
     size = len(replicas)
@@ -176,7 +177,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     for p in procs:
         p.start()
     reaper = Reaper([p.pid for p in procs])   # a SIGKILLed evaluator takes its replicas (and their GPUs) along
-    watch = ShardProgress(config.out_dir, total=len(items), ranks=range(size))
+    watch = ShardProgress(config.out_dir, total=done + len(items), ranks=range(size), done=done)
     try:
         while any(p.is_alive() for p in procs):
             watch.poll()
@@ -220,13 +221,14 @@ def run_eval(config: EvalConfig) -> Summary:
     _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend, limit), limit,
                        has_samples=bool(done))
     items = pending_work(problems, config.n, set(done))
+    written = sum(map(len, problems.values())) * config.n - len(items)   # a resume's bar starts there
     t0 = time.perf_counter()
     if items:
         replicas = _replica_gpus(config)
         if replicas is None or len(replicas) == 1:
-            generate_samples(config, model_dir, backend, items, rank=0)
+            generate_samples(config, model_dir, backend, items, rank=0, done=written)
         else:
-            run_data_parallel(config, model_dir, backend, items, replicas)
+            run_data_parallel(config, model_dir, backend, items, replicas, done=written)
     records, duplicates = load_records(config.out_dir)
     if not config.keep_model and (config.adapter or config.megatron_checkpoint):   # model_dir: the run's own
         remove(model_dir)                                # --no-keep_model: the merged / converted copy goes

@@ -15,7 +15,8 @@
     python tools/eval_avg_at_k.py ... --engine_kwargs "{gpu_memory_utilization: 0.8, tensor_parallel_size: 2}"
     phf-eval ...                              # the same command, installed by pip
 
-Rerunning the same command resumes: finished samples are kept, only missing ones are generated.
+Rerunning the same command resumes: finished samples are kept, only missing ones are generated
+(the progress bar counts on from those: 700/1080 samples).
 Outputs in --out_dir: samples.rank*.jsonl (one line per sample), summary.json (the scores, in
 percent), run_config.json (the generation settings a resume must match), merged_model/ (--adapter)
 or converted_model/ (--megatron_checkpoint): the HF model evaluated (--no-keep_model deletes it at

@@ -2,7 +2,7 @@
 
 * the same directory named relatively, absolutely and through a symlink (and the model named
   relatively and absolutely) resumes: nothing is regenerated (it was refused: "holds samples
-  generated with other settings {model_dir: ...}");
+  generated with other settings {model_dir: ...}"); a resume's bar counts from the samples written;
 * a start that failed before any sample (a model that is not a Qwen3: one line naming its
   ``config.json`` and its own model_type, 'mistral', not what transformers makes of it) leaves no
   ``run_config.json`` that blocks the corrected rerun;
@@ -37,8 +37,8 @@ def problems(tmp_path_factory) -> str:
     return str(path)
 
 
-def _config(out_dir: str, model: str | None, problems: str, **kw) -> EvalConfig:
-    return EvalConfig(out_dir=out_dir, model=model, benchmarks=(problems,), n=1, max_new_tokens=4, backend="hf",
+def _config(out_dir: str, model: str | None, problems: str, n: int = 1, **kw) -> EvalConfig:
+    return EvalConfig(out_dir=out_dir, model=model, benchmarks=(problems,), n=n, max_new_tokens=4, backend="hf",
                       dtype="float32", batch_size=2, pass_ks=(1,), **kw)
 
 
@@ -52,6 +52,16 @@ def test_the_run_directory_resumes_under_any_name(tmp_path, tiny_dir, problems, 
         assert run_eval(_config(out_dir, model, problems)).generated == 0, (out_dir, model)
     with open(tmp_path / "run" / "run_config.json") as f:
         assert json.load(f)["model_dir"] == str(tmp_path / "model")          # resolved, as written
+
+
+def test_a_resumed_runs_bar_counts_the_samples_written_before(tmp_path, tiny_dir, problems, capsys):
+    """Two problems x 2 samples, 2 written before: the bar goes 2/4 -> 4/4 (it said 0/2 -> 2/2)."""
+    out_dir = str(tmp_path / "run")
+    assert run_eval(_config(out_dir, tiny_dir, problems)).generated == 2
+    capsys.readouterr()
+    assert run_eval(_config(out_dir, tiny_dir, problems, n=2)).generated == 2
+    bar = [line for line in capsys.readouterr().err.splitlines() if line.startswith("eval:")]
+    assert [line.split("|")[2].split()[0] for line in bar] == ["2/4", "4/4"], bar
 
 
 def test_a_failed_start_does_not_block_the_corrected_rerun(tmp_path, tiny_dir, problems):
