@@ -97,6 +97,7 @@ def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str,
     from ..convert.live_model import iter_hf_weights
     from ..convert.qwen3_mapping import hf_shapes
     from ..lora import merged_weight_selector
+    from ..startup import progress_bar
 
     hf_dir = cfg.model.hf_dir
     if adapter:
@@ -109,9 +110,11 @@ def write_student(chunks, arch, hf_config: dict, cfg: TrainConfig, out_dir: str,
              for item in iter_hf_weights(chunk, arch, pp_group=ps.get_pipeline_model_parallel_group(), select=select))
     if ps.get_data_parallel_rank() == 0:
         if dist.get_rank() == 0:
-            write_hf_checkpoint(items, out_dir, hf_config=hf_config, dtype=dtype or chunks[0].config.params_dtype,
-                                tokenizer_src=hf_dir, tokenizer_files=_tokenizer_files(hf_dir),
-                                max_shard_bytes=max_shard_bytes, expected_names=list(hf_shapes(arch)), replace=True)
+            names = list(hf_shapes(arch))
+            with progress_bar(items, total=len(names), desc="export", unit="tensor") as bar:   # minutes at 8B
+                write_hf_checkpoint(bar, out_dir, hf_config=hf_config, dtype=dtype or chunks[0].config.params_dtype,
+                                    tokenizer_src=hf_dir, tokenizer_files=_tokenizer_files(hf_dir),
+                                    max_shard_bytes=max_shard_bytes, expected_names=names, replace=True)
         else:
             for _ in items:  # the gathers and broadcasts are collective
                 pass

@@ -6,6 +6,7 @@ trainer's final student's."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 
@@ -108,6 +109,8 @@ def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_stu
     proc = run_python([MCORE_TO_HF, "--mcore_dir", run, "--out_dir", merged], timeout=300)
     assert_ok(proc)
     assert f"the HF model (LoRA merged) of {run}/checkpoints/iter_0000002 (step 2)" in proc.stdout
+    bar = [line for line in proc.stderr.splitlines() if line.startswith("export:")]   # minutes at 8B: a bar
+    assert len(bar) == 2 and re.search(r"\| (\d+)/\1 \[.*tensor/s\]$", bar[-1]), proc.stderr
     proc = run_python([MCORE_TO_HF, "--mcore_dir", os.path.join(run, "checkpoints", "iter_0000002"),
                        "--out_dir", adapter, "--adapter_only"], timeout=300)
     assert_ok(proc)
@@ -242,8 +245,6 @@ def test_the_eval_takes_the_runs_checkpoint_as_its_help_says(trained, tmp_path, 
 
 def _documented_metrics() -> set[str]:
     """The keys of docs/metrics.md's tables (first column, in backquotes)."""
-    import re
-
     with open(os.path.join(REPO, "docs", "metrics.md")) as f:
         return {m.group(1) for m in re.finditer(r"^\| `([a-z_]+)` \|", f.read(), re.M)}
 
