@@ -58,6 +58,11 @@ def _reusable(final: str, marker: dict) -> bool:
         return False
 
 
+def _say(what: str) -> None:
+    """A step that takes minutes at 8B, said before it starts (stderr: stdout is the table)."""
+    print(f"eval: {what}", file=sys.stderr, flush=True)
+
+
 def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
     """The first source directory holding tokenizer files (``has_tokenizer_files``), else the shipped Qwen3 tokenizer."""
     for d in src_dirs:
@@ -89,6 +94,7 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
               "adapter_mtime": os.path.getmtime(os.path.join(adapter_dir, "adapter_config.json"))}
     if _reusable(final, marker):
         return final
+    _say(f"merging {adapter_dir} into {base_dir} in {final} (a rerun reuses it)")
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
     try:
         merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
@@ -112,7 +118,7 @@ def _convert_entry(mcore_dir: str, out_dir: str, tokenizer_dir: str | None, erro
         os.environ.pop(name, None)
     try:
         from phf_megatron.convert.checkpoints import convert_mcore_to_hf
-        convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir, progress=False)
+        convert_mcore_to_hf(mcore_dir, out_dir, tokenizer_dir=tokenizer_dir)   # its bar: the parent's stderr
     except BaseException as exc:          # report to the parent, then fail the process
         user = exc if isinstance(exc, (UserError, FileNotFoundError, FileExistsError)) else write_failure(exc)
         if user is None:                  # a bug: its traceback stays
@@ -190,6 +196,7 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
         return final
     remove(final)                                     # another checkpoint's, or unfinished
     os.makedirs(run_dir, exist_ok=True)               # the converters refuse an out_dir whose parent is missing
+    _say(f"converting {mcore_dir} to HF into {final} (minutes at 8B; a rerun reuses it)")
     if training_checkpoint_error(mcore_dir) is not None:   # a training run's: its student, LoRA merged
         _convert_training_checkpoint(mcore_dir, final, base_model=tokenizer_dir)
         write_json(os.path.join(final, MARKER), marker, indent=1)

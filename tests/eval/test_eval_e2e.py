@@ -8,6 +8,7 @@ The random tiny model never answers correctly; the metric arithmetic is tested i
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -138,7 +139,7 @@ def test_data_parallel_replicas_split_the_work(tmp_path, tiny_dir, eval_sets, re
     assert all(os.path.getsize(shard_path(config.out_dir, r)) > 0 for r in (0, 1))
 
 
-def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets):
+def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets, capsys):
     peft = pytest.importorskip("peft")
     import torch
     from transformers import AutoModelForCausalLM
@@ -152,17 +153,21 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets):
     want = lora.merge_and_unload().state_dict()
     config = _config(tmp_path, tiny_dir, eval_sets, name="peft", adapter=str(tmp_path / "adapter"),
                      n=1, max_new_tokens=2)
+    capsys.readouterr()
     run_eval(config)
+    assert (f"eval: merging {tmp_path / 'adapter'} into {tiny_dir} in {config.out_dir}/merged_model (a rerun "
+            "reuses it)") in capsys.readouterr().err.splitlines()   # minutes at 8B: said, not silent
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(config.out_dir, "merged_model"), dtype=torch.float32)
     for name, t in merged.state_dict().items():
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
 
 
-def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_sets, monkeypatch):
+def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_sets, monkeypatch, capfd):
     """HF -> Megatron (the converter tool) -> eval with --megatron-checkpoint: the same greedy
     samples as evaluating the HF directory (the conversion round trip is bit-exact). The evaluator
     runs as in a process that holds a one-process group of its own (its rendezvous variables set,
-    their port taken): the converter's process forms its own group, not the parent's."""
+    their port taken): the converter's process forms its own group, not the parent's. The conversion
+    (minutes at 8B) says so, and shows its bar (it was silent)."""
     pytest.importorskip("phf_megatron.convert.checkpoints")
     mcore = str(tmp_path / "mcore")
     run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_dir, "--out-dir",
@@ -176,7 +181,13 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_se
         for name, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                                 MASTER_PORT=str(held.getsockname()[1])).items():
             monkeypatch.setenv(name, value)
+        capfd.readouterr()
         converted = run_eval(from_mcore)
+    err = capfd.readouterr().err.splitlines()
+    assert f"eval: converting {mcore} to HF into {from_mcore.out_dir}/converted_model (minutes at 8B; a rerun " \
+           "reuses it)" in err, err
+    bar = [line for line in err if line.startswith("mcore->hf:")]
+    assert len(bar) == 2 and re.search(r"\| (\d+)/\1 \[", bar[-1]), err
     assert _check_run(from_mcore, converted) == _check_run(from_hf, run_eval(from_hf))
     (tmp_path / "not_mcore" / "checkpoints").mkdir(parents=True)   # a run directory: named, not as the converter's
     with pytest.raises(ConfigError) as err:                       # "mcore_dir: ... pass --hf_config"
