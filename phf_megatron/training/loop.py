@@ -104,6 +104,7 @@ class Trainer:
         """Builds every piece (``__init__``: the engines stop if one fails; a lost rank is one line)."""
         cfg = self.cfg
         self.ctx: DistributedContext = init_distributed(cfg)
+        self._starting(f"loading the data ({cfg.data.path})")
         self.tokenizer = load_qwen3_tokenizer(cfg.model.hf_dir)
         self.dataset = _load_dataset(cfg)
         if cfg.data.max_rows:
@@ -113,6 +114,7 @@ class Trainer:
                                           teacher_enable_thinking=cfg.data.teacher_enable_thinking,
                                           align_generation_prompt=cfg.data.align_generation_prompt,
                                           teacher_prompt=cfg.data.teacher_prompt)
+        self._starting(f"building the student from {cfg.model.pretrained_checkpoint or cfg.model.hf_dir}")
         self.student: StudentModel = build_student(cfg, len(self.dataset))
         self.method = build_method(cfg, self.student)
         self.layout = RankLayout.from_parallel_state()
@@ -129,6 +131,7 @@ class Trainer:
         """Of them, how many in a row up to the current step."""
         self.faults = faults_from_env()  # testing only (nonfinite.ENV_VAR); none in a real run
         # The engines start first: an in-process vLLM reseeds the global RNGs, which the resume restores.
+        self._starting(f"starting the rollout engines (rollout.backend={cfg.rollout.backend})")
         self.rollouts = self.method.rollout_driver(cfg, self.student, cfg.model.hf_dir, eos_token_ids(self.tokenizer))
         self.prefetch = RolloutPrefetch(self.rollouts, cfg.rollout.timeout_s) if cfg.rollout.async_steps else None
         self.resumed_from = self._maybe_resume()
@@ -147,6 +150,11 @@ class Trainer:
                                      jsonl=cfg.logging.jsonl, tensorboard=cfg.logging.tensorboard,
                                      tensorboard_dir=cfg.logging.tensorboard_dir,
                                      progress_bar=cfg.logging.progress_bar, wandb=WandbRun.of(cfg))
+
+    def _starting(self, what: str) -> None:
+        """Rank 0 says what the start is doing (minutes at 8B, silent until its implementations line)."""
+        if self.ctx.is_rank0:
+            print(f"phf_megatron.train: starting: {what}", flush=True)
 
     # ----------------------------------------------------------------- checkpoints
 
