@@ -82,6 +82,11 @@ class SettingsDiffer(InputFileError):
     """A checkpoint saved with other settings than the run's (``checkpoint.strict_config``): its path, what differs."""
 
 
+class ReleaseCheckpoint(InputFileError):
+    """A checkpoints directory whose latest file says ``release``: Megatron-LM's base model, not a run's
+    checkpoint (``input_files.read_latest``); a reader that takes both catches it."""
+
+
 class NonFiniteError(UserError):
     """A NaN or inf where a run needs finite numbers: ``training.max_nonfinite_steps`` consecutive
     steps with a non-finite loss or gradient (``training.nonfinite``), or a tensor about to be

@@ -22,7 +22,7 @@ import re
 from contextlib import contextmanager
 from typing import IO, Any, Iterator
 
-from .errors import InputFileError
+from .errors import InputFileError, ReleaseCheckpoint
 
 
 def read_json(path: str, what: str = "JSON") -> Any:
@@ -160,7 +160,7 @@ def read_latest(save_dir: str) -> int | None:
     with open(path, "rb") as f:   # garbage bytes (a damaged disk) are shown, not a UnicodeDecodeError
         text = f.read().decode("utf-8", errors="replace").strip()
     if text == "release":
-        raise InputFileError(path, "a 'release' checkpoint is a base model, not a run to resume; "
+        raise ReleaseCheckpoint(path, "a 'release' checkpoint is a base model, not a run to resume; "
                                    "pass it as --model.pretrained_checkpoint")
     if not (text.isascii() and text.isdigit()):   # "²".isdigit(), and int() refuses it
         raise InputFileError(path, f"expected an iteration number, found {text!r}")
@@ -242,6 +242,7 @@ def check_peft_adapter_dir(path: str) -> None:
     elif not os.path.isfile(os.path.join(path, "adapter_model.bin")):
         raise FileNotFoundError(f"{path}: no adapter_model.safetensors or adapter_model.bin (expected a PEFT "
                                 "adapter directory with its weights)")
+
 
 #: What a Megatron dist checkpoint's reader raises on a damaged file.
 _DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError)

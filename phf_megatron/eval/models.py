@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from phf_megatron.errors import ConfigError, InputFileError, UserError, write_failure
+from phf_megatron.errors import ConfigError, InputFileError, ReleaseCheckpoint, UserError, write_failure
 from phf_megatron.input_files import (
     LATEST_FILE, check_hf_model_dir, check_peft_adapter_dir, checkpoint_names, iter_dir_name, missing_dir, read_json,
     read_latest, saved_checkpoints_dir,
@@ -156,12 +156,10 @@ def latest_checkpoint(path: str) -> str:
     refuses naming the trainer's flag)."""
     save_dir = path if os.path.isfile(os.path.join(path, LATEST_FILE)) else (
         saved_checkpoints_dir(path) or os.path.join(path, "checkpoints"))
-    tracker = os.path.join(save_dir, LATEST_FILE)
-    if os.path.isfile(tracker):
-        with open(tracker, "rb") as f:   # bytes: garbage is read_latest's to name, not a UnicodeDecodeError
-            if f.read().strip() == b"release":
-                return path
-    iteration = read_latest(save_dir)
+    try:
+        iteration = read_latest(save_dir)
+    except ReleaseCheckpoint:
+        return path
     return path if iteration is None else os.path.join(save_dir, iter_dir_name(iteration))
 
 

@@ -8,12 +8,14 @@ launch it (the scale's preset plus the row's flags from ``paper_recipes``; ``tor
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
 from dataclasses import dataclass
 
-from ..input_files import read_json
+from ..errors import InputFileError
+from ..input_files import read_json, read_latest
 from .paper_recipes import PAPER_COMMON, SCALE_LAYERS, method_flags, toy_method_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -97,15 +99,22 @@ def training_finished(row: Row, step: int) -> bool:
     decides; whether its settings are the row's is checked before any row runs: ``paper_table._check_trainer_args``)."""
     if row.train is None:
         return True
+    if not os.path.isdir(row.adapter or ""):
+        return False
+    try:
+        latest = read_latest(_save_dir(tuple(row.train_flags)))
+    except InputFileError:   # garbage is not finished (the training rerun names it), not a traceback
+        return False
+    return latest is not None and latest >= step
+
+
+@functools.lru_cache(maxsize=None)
+def _save_dir(train_flags: tuple[str, ...]) -> str:
+    """The row's checkpoints directory as the trainer sees it (``--checkpoint.save`` after ``--`` moves it out of
+    the row's); parsed once per command line, as a table asks each row many times."""
     from ..training.config_io import config_from_argv   # (no torch)
 
-    # its checkpoints directory as the trainer sees it: --checkpoint.save after -- moves it out of the row's
-    latest = os.path.join(config_from_argv(row.train_flags).save_dir, "latest_checkpointed_iteration.txt")
-    if not (os.path.isfile(latest) and os.path.isdir(row.adapter or "")):
-        return False
-    with open(latest, "rb") as f:   # bytes: garbage is not finished (the training rerun names it), not a traceback
-        text = f.read().strip()
-    return text.isdigit() and int(text) >= step
+    return config_from_argv(list(train_flags)).save_dir
 
 
 def eval_finished(row: Row, k: int, toy: bool) -> bool:

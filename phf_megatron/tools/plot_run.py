@@ -26,7 +26,7 @@ import numpy as np
 
 from ..commands import command, parse_command_line
 from ..errors import ConfigError, InputFileError, UserError
-from ..input_files import missing_dir
+from ..input_files import RUN_CONFIG_FILE, load_yaml, missing_dir
 from ..training import metrics as M
 
 CURVES = (
@@ -96,15 +96,11 @@ def load_loss_tokens(run_dir: str) -> list[dict]:
 def run_settings(run_dir: str) -> dict:
     """The run's settings as flat ``section.field`` keys (its ``config.yaml``), or {} without a readable one
     (the plots do not need it: it only says why a panel is empty)."""
-    import yaml
+    from ..training.config_io import flatten
 
-    from ..training.config_io import CONFIG_FILE, flatten
-
-    path = os.path.join(run_dir, CONFIG_FILE)
     try:
-        with open(path, "rb") as f:   # bytes that are not UTF-8: a YAMLError (in text mode a UnicodeDecodeError)
-            tree = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+        tree = load_yaml(os.path.join(run_dir, RUN_CONFIG_FILE))
+    except (OSError, InputFileError):
         return {}
     return flatten(tree) if isinstance(tree, dict) else {}
 
