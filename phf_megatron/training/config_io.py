@@ -181,9 +181,6 @@ def config_from_argv(argv: Sequence[str]) -> TrainConfig:
 
 # ----------------------------------------------------------------------------- output
 
-CONFIG_FILE = RUN_CONFIG_FILE
-
-
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     """Nested plain dict (tuples become lists) for YAML/JSON."""
     def plain(x):
@@ -211,7 +208,7 @@ def save_run_config(cfg: TrainConfig) -> str | None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return None
-    path = os.path.join(cfg.run_dir, CONFIG_FILE)
+    path = os.path.join(cfg.run_dir, RUN_CONFIG_FILE)
     dump_config(cfg, path)
     return path
 

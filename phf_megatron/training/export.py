@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
-from ..input_files import checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir
+from ..input_files import (
+    RUN_CONFIG_FILE, checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir)
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
-from .config_io import CONFIG_FILE, load_config, resume_fingerprint
+from .config_io import load_config, resume_fingerprint
 
 #: Where ``Trainer.export`` writes, below the run directory.
 ADAPTER_DIR = os.path.join("export", "peft_adapter")
@@ -142,7 +143,7 @@ def _run_config(candidates: list[str], where: str) -> TrainConfig:
     for path in candidates:
         if os.path.isfile(path):
             return load_config(path)
-    raise FileNotFoundError(f"{where}: no {CONFIG_FILE} of the training run found (looked at "
+    raise FileNotFoundError(f"{where}: no {RUN_CONFIG_FILE} of the training run found (looked at "
                             f"{', '.join(candidates)}); give it with --run_config")
 
 
@@ -164,18 +165,18 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
                                 f"{checkpoint_names(os.path.dirname(path))})")
     if training_checkpoint_error(path) is not None:   # iter_N: meta.json, not a model checkpoint
         save_dir = os.path.dirname(path)
-        cfg = _run_config(given or [os.path.join(os.path.dirname(save_dir), CONFIG_FILE),
-                                    os.path.join(save_dir, CONFIG_FILE)], path)
+        cfg = _run_config(given or [os.path.join(os.path.dirname(save_dir), RUN_CONFIG_FILE),
+                                    os.path.join(save_dir, RUN_CONFIG_FILE)], path)
         meta = read_json(os.path.join(path, META_FILE))
         if not isinstance(meta, dict) or not isinstance(meta.get("iteration"), int):
             raise InputFileError(os.path.join(path, META_FILE), "no iteration: not a checkpoint of phf_megatron.train")
         return RunCheckpoint(cfg, save_dir, meta["iteration"], meta)
     if os.path.isfile(os.path.join(path, LATEST_FILE)):
         save_dir = path
-        cfg = _run_config(given or [os.path.join(os.path.dirname(path), CONFIG_FILE),
-                                    os.path.join(path, CONFIG_FILE)], path)
-    elif os.path.isfile(os.path.join(path, CONFIG_FILE)) or run_config:
-        cfg = _run_config(given or [os.path.join(path, CONFIG_FILE)], path)
+        cfg = _run_config(given or [os.path.join(os.path.dirname(path), RUN_CONFIG_FILE),
+                                    os.path.join(path, RUN_CONFIG_FILE)], path)
+    elif os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)) or run_config:
+        cfg = _run_config(given or [os.path.join(path, RUN_CONFIG_FILE)], path)
         save_dir = run_checkpoints_dir(path, cfg.checkpoint.save)   # the eval's rule too (saved_checkpoints_dir)
     elif list_checkpoints(path):   # iter_N directories, but no latest file to name one
         raise _no_latest(path)
