@@ -32,11 +32,9 @@ def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[No
         yield
         return
     signum = int(getattr(signal, checkpoint.exit_signal))
-    stopped = []
 
     def stop(received, frame) -> None:
         signal.signal(signum, signal.SIG_IGN)
-        stopped.append(received)
         err = StoppedAtStart(f"{checkpoint.exit_signal} received while the run was starting: stopped before its "
                              f"first step; {kept(save_dir)}; rerun the same command to resume", 128 + signum)
         if process_rank() == 0:
@@ -47,7 +45,9 @@ def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[No
     try:
         yield
     finally:
-        if not stopped:  # once stopped, the signal stays ignored to the exit: a repeat must not kill the teardown
+        # Only this handler is undone: once stopped, the signal stays ignored to the exit (a repeat must not kill
+        # the teardown), and so does one set inside (``distributed.lost_rank``'s SIG_IGN: torchrun's SIGTERM)
+        if signal.getsignal(signum) is stop:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 

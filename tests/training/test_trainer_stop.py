@@ -8,6 +8,7 @@
 * SIGTERM with ``rollout.sync_interval`` = 2: the stop waits for the step after which the weights are
   pushed, so the resumed run's engine holds the weights the uninterrupted run's would;
 * Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
+* a rank lost while the run starts, then torchrun's SIGTERM in the teardown: ignored (exit code 1, its line);
 * ``--checkpoint.load`` naming a directory without a checkpoint: one line, before any model is built.
 """
 
@@ -224,12 +225,17 @@ def test_sigterm_while_the_run_starts_is_one_line_and_143(tiny_inputs, tmp_path,
     assert "Traceback" not in proc.stderr and [m["step"] for m in read_metrics(run)] == [1, 2]
 
 
-#: ``python -c``: as ``_SIGTERM_WHILE_STARTING``, with the second SIGTERM (torchrun's, passed on after Slurm's)
-#: coming as the stopped run tears down its process group, after the stop was raised.
-_SECOND_SIGTERM_IN_THE_TEARDOWN = """
+#: ``python -c``: the model build fails as ``sys.argv[1]`` says (``stop``: a SIGTERM, which stops the start; ``lost``:
+#: another rank gone, a collective's ``DistNetworkError``, which ``distributed.lost_rank`` makes the ``LostRank``),
+#: then a second SIGTERM (torchrun's, passed on after Slurm's, or sent to the survivors as a worker died) comes as
+#: the run tears down its process group.
+_SIGTERM_IN_THE_TEARDOWN = """
 import os, signal, sys, time
+import torch.distributed as dist
 from phf_megatron.training import distributed, loop
 def build_student(*args, **kwargs):
+    if sys.argv[1] == "lost":
+        raise dist.DistNetworkError("Connection reset by peer")
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(120)
 loop.build_student = build_student
@@ -240,19 +246,24 @@ def shutdown_distributed():
     shutdown()
 distributed.shutdown_distributed = shutdown_distributed
 from phf_megatron.train import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 
-def test_a_second_sigterm_while_a_stopped_start_unwinds_is_ignored(tiny_inputs, tmp_path):
+@pytest.mark.parametrize("start, code, line", [
+    ("stop", 128 + signal.SIGTERM, "SIGTERM received while the run was starting: stopped before its first step"),
+    ("lost", 1, "lost contact with another rank (starting: Connection reset by peer); a process or node of the run "
+                "died or stopped answering")])
+def test_a_second_sigterm_while_a_stopped_start_unwinds_is_ignored(tiny_inputs, tmp_path, start, code, line):
     """Slurm's SIGTERM and torchrun's reach a worker a few ms apart: the second one, coming once the first has
     stopped the start, must not kill the process by the signal on its way out (the handler's signal was restored
-    to the default as the stop left ``stopping_at_once``: rc -15, not 143)."""
+    to the default as the stop left ``stopping_at_once``: rc -15, not 143). Nor torchrun's after another rank was
+    lost as the run started: ``lost_rank`` ignores it to the exit, and ``stopping_at_once``, left by the
+    ``LostRank``, set its own ``previous`` back over that (rc -15, not 1)."""
     hf, data = tiny_inputs
     argv, env = train_command(hf, data, str(tmp_path / "run"), "--training.train_iters=2")
-    proc = subprocess.run([sys.executable, "-c", _SECOND_SIGTERM_IN_THE_TEARDOWN, *argv[3:]], env=env,
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_IN_THE_TEARDOWN, start, *argv[3:]], env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-4000:]
+    assert proc.returncode == code, proc.stderr[-4000:]
     assert proc.stderr.splitlines()[-1:] == [
-        "error: SIGTERM received while the run was starting: stopped before its first step; no checkpoint was "
-        "saved; rerun the same command to resume"], proc.stderr[-4000:]
+        f"error: {line}; no checkpoint was saved; rerun the same command to resume"], proc.stderr[-4000:]
