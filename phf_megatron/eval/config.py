@@ -31,7 +31,8 @@ class EvalConfig:
     """Megatron-Core checkpoint converted to HF on the fly into <out_dir>/converted_model: hf_to_mcore's,
     or a training run's (runs/x/checkpoints/iter_N; runs/x or runs/x/checkpoints: its latest, also where the
     run's checkpoint.save put them; LoRA merged;
-    ``model``, else the run's model.hf_dir, is its base)."""
+    ``model``, else the run's model.hf_dir, is its base). A resume must find the same iteration: samples of a
+    run's earlier latest are not mixed with a later one's."""
     benchmarks: tuple[str, ...] = PAPER_BENCHMARKS
     """names (aime24, aime25, hmmt25) or paths to .jsonl files with problem/answer fields."""
     data_dir: str | None = None

@@ -214,6 +214,12 @@ def convert_megatron(mcore_dir: str, run_dir: str, *, tokenizer_dir: str | None 
     return final
 
 
+def converted_checkpoint(model_dir: str) -> str:
+    """The checkpoint ``convert_megatron`` made ``model_dir`` from (its marker): for a run or its checkpoints
+    directory the iteration that was its latest then, which a run still training moves on from."""
+    return read_json(os.path.join(model_dir, MARKER))["megatron_checkpoint"]
+
+
 def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkpoint: str | None,
                       run_dir: str, dtype: str = "bfloat16") -> str:
     """The HF directory to evaluate (see the module docstring)."""

@@ -26,7 +26,7 @@ from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
-from .models import model_context_limit, resolve_model_dir
+from .models import converted_checkpoint, model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
 from .records import SampleWriter, grade_record, load_records, shard_path
@@ -218,8 +218,10 @@ def run_eval(config: EvalConfig) -> Summary:
     backend = resolve_backend(config.backend)
     limit = model_context_limit(model_dir)
     done, _ = load_records(config.out_dir)
-    _check_fingerprint(config.out_dir, config.generation_fingerprint(model_dir, backend, limit), limit,
-                       has_samples=bool(done))
+    fingerprint = config.generation_fingerprint(model_dir, backend, limit)
+    if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the
+        fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
+    _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
     items = pending_work(problems, config.n, set(done))
     written = sum(map(len, problems.values())) * config.n - len(items)   # a resume's bar starts there
     t0 = time.perf_counter()

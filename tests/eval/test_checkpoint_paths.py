@@ -3,18 +3,21 @@
 A user passes what training printed (``runs/x``, ``runs/x/checkpoints``), not only one
 ``iter_N``: the eval converts the iteration ``latest_checkpointed_iteration.txt`` names (as
 Megatron resumes from it) and marks the converted model with it, so a later checkpoint is converted
-afresh, not the earlier one reused. The conversion itself (the converter's command) is replaced by a
+afresh, not the earlier one reused, and a resume into the same ``--out_dir`` is refused rather than mixing the
+two iterations' samples. The conversion itself (the converter's command) is replaced by a
 recorder here; tests/training/test_run_export.py runs the real one.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import pytest
 
 from phf_megatron.errors import ConfigError, InputFileError
-from phf_megatron.eval import models
+from phf_megatron.eval import EvalConfig, models, run_eval
 
 
 def _checkpoint(save_dir, iteration: int) -> str:
@@ -116,3 +119,27 @@ def test_a_damaged_run_config_is_named(tmp_path, converted):
         models.convert_megatron(str(run), str(tmp_path / "eval"))
     assert str(err.value).startswith(f"{run / 'config.yaml'}: not valid YAML (") and "\n" not in str(err.value)
     assert converted == [] and not (tmp_path / "eval").exists()
+
+
+def test_a_resume_after_the_run_saved_a_later_checkpoint_is_refused_not_mixed(tmp_path, tiny_dir, monkeypatch):
+    """--megatron_checkpoint RUN into the same --out_dir after the run saved a later checkpoint: the converted model
+    is the new iteration's, so the samples of the old one must not be kept beside its new ones (the fingerprint
+    held the path as typed, the same for both: a silent mix of two models' samples in one score)."""
+    monkeypatch.setattr(models, "_convert_training_checkpoint",
+                        lambda ckpt_dir, out_dir, *, base_model: shutil.copytree(tiny_dir, out_dir))
+    problems = tmp_path / "two.jsonl"
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)})
+                                + "\n" for i in (1, 2)))
+    run = tmp_path / "run"
+    _checkpoint(run / "checkpoints", 2)
+
+    def evaluate(n: int):
+        return run_eval(EvalConfig(out_dir=str(tmp_path / "eval"), megatron_checkpoint=str(run), model=tiny_dir,
+                                   benchmarks=(str(problems),), n=n, max_new_tokens=4, backend="hf", dtype="float32",
+                                   batch_size=2, pass_ks=(1,)))
+
+    assert evaluate(1).generated == 2
+    assert evaluate(2).generated == 2   # the same checkpoint: resumed
+    _checkpoint(run / "checkpoints", 4)
+    with pytest.raises(InputFileError, match="holds samples generated with other settings.*iter_0000004"):
+        evaluate(3)
