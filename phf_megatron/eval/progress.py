@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 
 from ..startup import progress_bar
-from .records import shard_path
+from .records import complete_size, shard_path
 
 
 class SampleProgress:
@@ -36,7 +36,8 @@ class ShardProgress(SampleProgress):
     def __init__(self, run_dir: str, *, total: int, ranks: Iterable[int], done: int = 0):
         super().__init__(total, done=done)
         self._paths = [shard_path(run_dir, r) for r in ranks]
-        self._offsets = {p: (os.path.getsize(p) if os.path.isfile(p) else 0) for p in self._paths}
+        # past the samples written before; not past a torn last line (a kill), which the worker cuts as it starts
+        self._offsets = {p: complete_size(p) for p in self._paths}
 
     def poll(self) -> None:
         samples = tokens = 0

@@ -59,29 +59,37 @@ def shard_path(run_dir: str, rank: int) -> str:
     return os.path.join(run_dir, f"samples.rank{rank}.jsonl")
 
 
+def _complete_size(f) -> tuple[int, int]:
+    """``(size, bytes up to and with the last newline)`` of a shard open in binary: what is left of it once a
+    trailing partial line (a kill mid-write) is cut."""
+    size = f.seek(0, os.SEEK_END)
+    pos = size
+    while pos > 0:                                   # scan back for the last newline
+        step = min(1 << 16, pos)
+        f.seek(pos - step)
+        nl = f.read(step).rfind(b"\n")
+        if nl >= 0:
+            return size, pos - step + nl + 1
+        pos -= step
+    return size, 0
+
+
+def complete_size(path: str) -> int:
+    """The bytes of shard ``path`` before its torn tail, if any (``repair_torn_tail`` cuts there); 0 without it."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, "rb") as f:
+        return _complete_size(f)[1]
+
+
 def repair_torn_tail(path: str) -> int:
     """Drop a trailing partial line (no final newline); returns the bytes removed."""
     if not os.path.isfile(path):
         return 0
     with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size == 0:
+        size, keep = _complete_size(f)
+        if keep == size:
             return 0
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        pos = size - 1
-        while pos > 0:                               # scan back for the last newline
-            step = min(1 << 16, pos)
-            f.seek(pos - step)
-            chunk = f.read(step)
-            nl = chunk.rfind(b"\n")
-            if nl >= 0:
-                keep = pos - step + nl + 1
-                break
-            pos -= step
-        else:
-            keep = 0
         f.truncate(keep)
         f.flush()
         os.fsync(f.fileno())
