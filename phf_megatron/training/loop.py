@@ -266,7 +266,7 @@ class Trainer:
                 raise RuntimeError(f"step {self.step}: the sampler moved while the step was planned")
         t2 = time.perf_counter()
         metrics.update(time_rollout_s=t1 - t0, time_update_s=t2 - t1, step_time=t2 - t0,
-                       time_engine_s=max(self.rollouts.last_engine_s, default=None),
+                       time_engine_s=max(self.rollouts.last_engine_s, default=None) if iteration == 0 else 0.0,
                        rollout_staleness=self.step - samples.policy_version,
                        **rollout_stats(self.rollouts.gather(local_rollout_record(completions, dp_rank, dp_size))))
         if cfg.rollout.lmbda < 1:
@@ -284,7 +284,7 @@ class Trainer:
     def sync(self, metrics: dict) -> None:
         """Push the weights of the steps done into every engine (every ``rollout.sync_interval`` steps)."""
         t0 = time.perf_counter()
-        wait = 0.0
+        wait, pushed = 0.0, False
         if self.at_push():
             if self.prefetch is not None:  # the prefetch in flight read the version it samples with
                 self.prefetch.settle()
@@ -293,9 +293,12 @@ class Trainer:
                 self.rollouts.policy_version = self.step
             else:
                 self.rollouts.sync(self.step)
-                self._engines_current = True
+                self._engines_current = pushed = True
         seconds = time.perf_counter() - t0
-        metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **self.rollouts.sync_metrics())
+        report = self.rollouts.sync_metrics()
+        if report and not pushed:  # no push: the last push's verification stays, its time is not this step's
+            report["time_engine_sync_s"] = 0.0
+        metrics.update(time_sync_s=seconds, step_time=metrics["step_time"] + seconds, **report)
         if self.prefetch is not None:
             metrics["time_prefetch_wait_s"] = wait
 

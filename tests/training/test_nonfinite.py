@@ -127,7 +127,8 @@ def test_the_trainer_counts_skipped_steps_saves_finite_checkpoints_and_stops_aft
     assert metrics[1]["lr"] == metrics[2]["lr"] == metrics[3]["lr"]  # the schedule did not move on the skipped steps
     # no push of the unchanged weights after a skipped step (the last sync's report stays), a verified one after step 4
     pushes = [m["time_engine_sync_s"] for m in metrics]
-    assert pushes[1] == pushes[2] == pushes[0] != pushes[3] and metrics[3]["sync_probe_diff"] <= 1e-4, metrics
+    assert pushes[1] == pushes[2] == 0 < min(pushes[0], pushes[3]) and metrics[3]["sync_probe_diff"] <= 1e-4, metrics
+    assert metrics[1]["sync_probe_diff"] == metrics[2]["sync_probe_diff"] == metrics[0]["sync_probe_diff"], metrics
     saved = torch.load(os.path.join(run, "checkpoints", "iter_0000002", "model_parallel_tp00_pp000.pt"),
                        weights_only=True)
     assert _all_finite(saved) and saved["adapters"]
