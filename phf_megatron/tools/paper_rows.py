@@ -9,6 +9,7 @@ launch it (the scale's preset plus the row's flags from ``paper_recipes``; ``tor
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shlex
 import sys
@@ -120,4 +121,30 @@ def _save_dir(train_flags: tuple[str, ...]) -> str:
 def eval_finished(row: Row, k: int, toy: bool) -> bool:
     if not os.path.isfile(row.eval_result):
         return False
-    return toy or read_json(row.eval_result).get("k") == k   # damaged: one line naming it
+    data = read_json(row.eval_result)   # damaged: one line naming it
+    return toy or result_value(data, row.eval_result, number=False).get("k") == k
+
+
+def result_value(data, path: str, *keys: str, number: bool = True):
+    """``data[keys[0]][keys[1]]...`` of a row's eval result: a number (``number=False``: a JSON object); a file
+    of another shape (a list, a key missing, a number where an object goes) is an ``InputFileError`` naming it."""
+    from ..errors import InputFileError
+
+    what = ("a summary.json of tools/eval_avg_at_k.py" if path.endswith("summary.json")
+            else "a toy evaluate --json file")
+
+    def wrong(expected: str, at: str, found) -> InputFileError:
+        return InputFileError(path, f"expected {expected} at {at or 'the top level'}, "
+                              f"found {json.dumps(found)[:40]} (not {what}?)")
+
+    for depth, key in enumerate(keys):
+        if not isinstance(data, dict):
+            raise wrong("a JSON object", ".".join(keys[:depth]), data)
+        if key not in data:
+            raise InputFileError(path, f"no {'.'.join(keys[:depth + 1])} in the file (not {what}?)")
+        data = data[key]
+    if number and not (isinstance(data, (int, float)) and not isinstance(data, bool)):
+        raise wrong("a number", ".".join(keys), data)
+    if not number and not isinstance(data, dict):
+        raise wrong("a JSON object", ".".join(keys), data)
+    return data

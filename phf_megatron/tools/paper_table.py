@@ -37,7 +37,7 @@ from ..config_errors import check_choice, fail
 from ..input_files import read_json
 from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
-from .paper_rows import REPO, Row, eval_finished, plan_row, prepare_steps, training_finished
+from .paper_rows import REPO, Row, eval_finished, plan_row, prepare_steps, result_value, training_finished
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -187,15 +187,18 @@ def _failed(what: str, rc: int, log: str) -> int:
 
 
 def read_scores(row: Row, toy: bool) -> dict | None:
-    """Our numbers for a finished row: ``{benchmark: percent, ..., "average": percent}``."""
+    """Our numbers for a finished row: ``{benchmark: percent, ..., "average": percent}``; a file of another
+    shape (a list, a key missing, a number where an object goes) is one line naming it and the key."""
     if not os.path.isfile(row.eval_result):
         return None
     data = read_json(row.eval_result)   # damaged: one line naming it
     if toy:  # greedy held-out no-reference accuracy (phf_megatron/toy/evaluate.py)
-        scores = {b: 100.0 * data[f"noref_{b}"] for b in TOY_BENCHMARKS}
+        scores = {b: 100.0 * result_value(data, row.eval_result, f"noref_{b}") for b in TOY_BENCHMARKS}
         return {**scores, "average": sum(scores.values()) / len(scores)}
-    scores = {b: data["benchmarks"][b]["average_at_k_by_grader"]["official"] for b in BENCHMARKS if b in data["benchmarks"]}
-    return {**scores, "average": data["suite_average_at_k_by_grader"]["official"]}
+    benchmarks = result_value(data, row.eval_result, "benchmarks", number=False)
+    scores = {b: result_value(data, row.eval_result, "benchmarks", b, "average_at_k_by_grader", "official")
+              for b in BENCHMARKS if b in benchmarks}
+    return {**scores, "average": result_value(data, row.eval_result, "suite_average_at_k_by_grader", "official")}
 
 
 def build_table(args, rows: list[Row]) -> dict:

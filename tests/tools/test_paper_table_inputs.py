@@ -1,0 +1,62 @@
+"""``tools/paper_table.py`` on damaged or unusual inputs from the rows' directories: each is one line naming
+the file (and the key), never a traceback, and a row whose results are not there is "not run"."""
+
+import json
+import os
+
+import pytest
+
+from phf_megatron.tools import paper_rows, paper_table
+
+
+def _fake_model(tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"num_hidden_layers": 36}))
+    return str(d)
+
+
+@pytest.mark.parametrize("text,line", [
+    ("[1, 2]", "expected a JSON object at the top level, found [1, 2]"),
+    ('{"k": 12}', "no benchmarks in the file"),
+    ('{"k": 12, "benchmarks": 5}', "expected a JSON object at benchmarks, found 5"),
+    ('{"k": 12, "benchmarks": {"aime24": 3}}', "expected a JSON object at benchmarks.aime24, found 3"),
+    ('{"k": 12, "benchmarks": {"aime24": {"average_at_k_by_grader": {}}}}',
+     "no benchmarks.aime24.average_at_k_by_grader.official in the file"),
+    ('{"k": 12, "benchmarks": {}, "suite_average_at_k_by_grader": {"official": "x"}}',
+     'expected a number at suite_average_at_k_by_grader.official, found "x"'),
+    ('{"k": 12, "benchmarks": {}, "suite_average_at_k_by_grader": [60]}',
+     "expected a JSON object at suite_average_at_k_by_grader, found [60]"),
+    ("7", "expected a JSON object at the top level, found 7"),
+    ("", "not valid JSON (the file is empty)"),
+])
+def test_a_summary_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys, text, line):
+    """A row's summary.json that is valid JSON of another shape was a TypeError or KeyError traceback
+    (read_scores indexed it blindly); an empty one was already a line."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    os.makedirs(os.path.dirname(row.eval_result))
+    open(row.eval_result, "w").write(text)
+    assert paper_table.main([*argv, "--table_only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {row.eval_result}: {line}") and "\n" not in err, err
+    if text.startswith("["):   # the run's own check of a finished eval (run_rows) reads it too: an AttributeError
+        with pytest.raises(Exception, match="expected a JSON object at the top level"):
+            paper_rows.eval_finished(row, 12, False)
+
+
+@pytest.mark.parametrize("data,line", [
+    ({"noref_unseen": 0.5}, "no noref_seen in the file (not a toy evaluate --json file?)"),
+    ({"noref_unseen": 0.5, "noref_seen": None}, "expected a number at noref_seen, found null"),
+    ([0.5, 1.0], "expected a JSON object at the top level"),
+])
+def test_a_toy_result_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys, data, line):
+    out = str(tmp_path / "t")
+    argv = ["--toy", "--out", out, "--rows", "base"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    os.makedirs(os.path.dirname(row.eval_result))
+    json.dump(data, open(row.eval_result, "w"))
+    assert paper_table.main([*argv, "--table_only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {row.eval_result}: {line}") and "\n" not in err, err
