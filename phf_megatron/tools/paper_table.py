@@ -13,7 +13,8 @@ Each row runs the trainer as the examples do (the scale's preset configs/phf_qwe
 the row's flags from ``paper_recipes``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
 eval (``tools/eval_avg_at_k.py``, Average@k, official grader) of the run's PEFT adapter at --step into
 <out>/<row>/eval_step<step>/ (Base: the HF model itself). The rows run one after the other; a row
-whose training is finished and whose eval summary is present is skipped, an unfinished one resumes
+whose training is finished and whose eval summary is present, made with the row's eval settings (k, benchmarks,
+--limit, sampling: ``paper_rows.eval_differs``), is skipped, an unfinished one resumes
 (the trainer and the eval resume their directories), so a rerun after a kill completes the table.
 Rows can also run as separate jobs (``--rows sft`` each) and be assembled with ``--table_only``.
 Writes <out>/table.md and <out>/table.json: our Average@k per benchmark and suite mean beside the
@@ -37,7 +38,7 @@ from ..config_errors import check_choice, fail
 from ..input_files import read_json
 from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
-from .paper_rows import REPO, Row, eval_finished, plan_row, prepare_steps, result_value, training_finished
+from .paper_rows import REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, training_finished
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -206,10 +207,15 @@ def build_table(args, rows: list[Row]) -> dict:
     out = {"scale": args.scale, "step": args.step, "k": args.k, "toy": args.toy,
            "benchmarks": list(TOY_BENCHMARKS if args.toy else BENCHMARKS), "rows": {}}
     for row in rows:
-        ours = read_scores(row, args.toy) if training_finished(row, args.step) else None
+        ours, status = None, "not run"
+        if training_finished(row, args.step) and os.path.isfile(row.eval_result):
+            differs = eval_differs(row, args.k, args.toy)   # a --limit smoke, another --n: not the row's numbers
+            if differs:
+                status = f"evaluated with other settings ({differs})"
+            else:
+                ours, status = read_scores(row, args.toy), "done"
         ref = None if args.toy else paper.row(args.scale, row.name)
-        entry = {"ours": ours, "paper": ref, "run_dir": row.run_dir, "eval": row.eval_result,
-                 "status": "done" if ours is not None else "not run"}
+        entry = {"ours": ours, "paper": ref, "run_dir": row.run_dir, "eval": row.eval_result, "status": status}
         if args.toy:
             entry["paper_note"] = TOY_NOTE
         if ours is not None and ref is not None:

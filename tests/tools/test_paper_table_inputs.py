@@ -60,3 +60,36 @@ def test_a_toy_result_of_the_wrong_shape_is_one_line_naming_it(tmp_path, capsys,
     assert paper_table.main([*argv, "--table_only"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {row.eval_result}: {line}") and "\n" not in err, err
+
+
+def _summary(path, score, **config):
+    from phf_megatron.eval.config import EvalConfig
+
+    cfg = EvalConfig(out_dir=os.path.dirname(path), model="m", **config).to_json()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    json.dump({"k": cfg["n"], "suite_average_at_k_by_grader": {"official": score},
+               "benchmarks": {"aime24": {"average_at_k_by_grader": {"official": score}}}, "config": cfg},
+              open(path, "w"))
+
+
+def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path, capsys):
+    """A row's summary.json from a --limit smoke or another --n was read into the table as the row's
+    Average@k (--table_only did not even compare k; a run compared k alone and skipped the eval)."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base", "--table_only"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    for config, status in (({"n": 4}, "evaluated with other settings (k 4, not 12)"),
+                           ({"limit": 5}, "evaluated with other settings (limit 5, not null)"),
+                           ({"benchmarks": ("aime24",)}, 'evaluated with other settings (benchmarks ["aime24"], '
+                                                         'not ["aime24", "aime25", "hmmt25"])'),
+                           ({"max_new_tokens": 8}, "evaluated with other settings (max_new_tokens 8, not 38912)"),
+                           ({}, "done")):
+        _summary(row.eval_result, 55.0, **config)
+        assert paper_table.main(argv) == 0, capsys.readouterr().err
+        entry = json.load(open(os.path.join(out, "table.json")))["rows"]["base"]
+        assert entry["status"] == status and (entry["ours"] is None) == (status != "done"), config
+        assert paper_rows.eval_finished(row, 12, False) == (status == "done")   # a run evaluates it again
+    _summary(row.eval_result, 55.0, limit=5)            # the smoke's own table: its flags, its numbers
+    assert paper_table.main([*argv, "--eval_args=--limit 5"]) == 0
+    entry = json.load(open(os.path.join(out, "table.json")))["rows"]["base"]
+    assert entry["status"] == "done" and entry["ours"]["average"] == 55.0
