@@ -208,7 +208,9 @@ def build_table(args, rows: list[Row]) -> dict:
            "benchmarks": list(TOY_BENCHMARKS if args.toy else BENCHMARKS), "rows": {}}
     for row in rows:
         ours, status = None, "not run"
-        if training_finished(row, args.step) and os.path.isfile(row.eval_result):
+        if row.train and training_finished(row, args.step) and not os.path.isfile(row.eval_result):
+            status = "trained, not evaluated"   # was "not run": its eval (a separate job) is what is left
+        elif training_finished(row, args.step) and os.path.isfile(row.eval_result):
             differs = eval_differs(row, args.k, args.toy)   # a --limit smoke, another --n: not the row's numbers
             if differs:
                 status = f"evaluated with other settings ({differs})"

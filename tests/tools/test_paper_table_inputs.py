@@ -93,3 +93,20 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
     assert paper_table.main([*argv, "--eval_args=--limit 5"]) == 0
     entry = json.load(open(os.path.join(out, "table.json")))["rows"]["base"]
     assert entry["status"] == "done" and entry["ours"]["average"] == 55.0
+
+
+def test_a_trained_row_without_its_eval_is_said_to_be_trained(tmp_path, capsys):
+    """A row whose training finished but whose eval directory is missing was "not run" (as a row never
+    started): what is left is its eval. A row with neither stays "not run"."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,opsd", "--table_only"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "sft")
+    os.makedirs(os.path.join(row.run_dir, "checkpoints"))
+    open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
+    os.makedirs(row.adapter)
+    assert paper_table.main(argv) == 0, capsys.readouterr().err
+    rows = json.load(open(os.path.join(out, "table.json")))["rows"]
+    assert [rows[r]["status"] for r in ("base", "sft", "opsd")] == ["not run", "trained, not evaluated", "not run"]
+    assert rows["sft"]["ours"] is None
+    assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | trained, not evaluated |" in open(
+        os.path.join(out, "table.md")).read()
