@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import hashlib
 import json
 import os
 from collections.abc import Iterable
@@ -49,6 +50,20 @@ def needs_grading(record: dict, require_boxed: bool, gold: str | None = None) ->
     return (record.get("require_boxed") != require_boxed or not isinstance(correct, dict)
             or set(correct) != set(GRADERS) or (gold is not None and record.get("gold") != gold)
             or record.get("math_verify") != grader_version())
+
+
+def problem_digest(text: str) -> str:
+    """A record's ``problem_sha256``: the first 16 hex digits of its problem text's SHA-256 (a resume
+    keeps a sample only for the problem it was generated for: ``other_problems``)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def other_problems(records: dict, digests: dict[tuple[str, str], str]) -> list[tuple[str, str]]:
+    """The ``(benchmark, problem_id)`` whose records were generated for another problem text than
+    ``digests`` says (an edited file, another --data_dir: same ids, other problems); records written
+    before they stored the digest are taken as they are."""
+    return sorted({key[:2] for key, rec in records.items()
+                   if key[:2] in digests and rec.get("problem_sha256", digests[key[:2]]) != digests[key[:2]]})
 
 
 def sample_key(record: dict) -> tuple[str, str, int]:

@@ -29,7 +29,7 @@ from .config import EvalConfig, sample_seed
 from .models import converted_checkpoint, model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
-from .records import SampleWriter, grade_record, load_records, shard_path
+from .records import SampleWriter, grade_record, load_records, other_problems, problem_digest, shard_path
 from .report import Summary, summarize
 
 RUN_CONFIG = "run_config.json"
@@ -140,6 +140,7 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
 def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, require_boxed: bool) -> dict:
     return grade_record({
         "benchmark": item.problem.benchmark, "problem_id": item.problem.id, "sample_index": item.sample_index,
+        "problem_sha256": problem_digest(item.problem.problem),
         "seed": seed, "gold": item.problem.answer, "finish_reason": completion.finish_reason,
         "prompt_tokens": len(prompt), "completion_tokens": len(completion.token_ids),
         "output": tok.decode(completion.token_ids, skip_special_tokens=True),
@@ -222,6 +223,13 @@ def run_eval(config: EvalConfig) -> Summary:
     if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the
         fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
+    other = other_problems(done, {(p.benchmark, p.id): problem_digest(p.problem)
+                                  for ps in problems.values() for p in ps})
+    if other:   # were kept, and graded against the new answers: the scores of other problems' outputs
+        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+        raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other[0][0]} "
+                             f"{other[0][1]!r}{more}: the benchmark's file or --data_dir changed); "
+                             "use another --out_dir")
     items = pending_work(problems, config.n, set(done))
     written = sum(map(len, problems.values())) * config.n - len(items)   # a resume's bar starts there
     t0 = time.perf_counter()

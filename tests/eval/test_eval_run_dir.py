@@ -179,3 +179,22 @@ def test_a_truncated_megatron_checkpoint_is_named_without_a_traceback(tmp_path, 
     with pytest.raises(UserError, match=rf"{os.path.join(mcore, shard)}: truncated"):
         run_eval(config)
     assert "Traceback" not in capfd.readouterr().err            # nor from the spawned conversion
+
+
+def test_samples_of_another_problem_text_under_the_same_ids_are_refused(tmp_path, tiny_dir):
+    """A benchmark file edited (or another --data_dir) between two runs into one directory: its ids were the
+    same, so the first run's outputs were kept without a word (0 generated) and graded against the new
+    answers. It is one line naming the directory and a problem; a problem added to the file resumes."""
+    path, out_dir = tmp_path / "mine.jsonl", str(tmp_path / "run")
+
+    def write(*texts):
+        path.write_text("".join(json.dumps({"problem": t, "answer": "1"}) + "\n" for t in texts))
+
+    write("What is 0 + 1?", "What is 1 * 1?")
+    assert run_eval(_config(out_dir, tiny_dir, str(path))).generated == 2
+    write("What is 0 + 1?", "What is 5 - 4?")
+    with pytest.raises(UserError, match=rf"^{out_dir}: holds samples of other problems under the same ids \(mine "
+                                        r"'mine-2': the benchmark's file or --data_dir changed\); use another --out_dir$"):
+        run_eval(_config(out_dir, tiny_dir, str(path)))
+    write("What is 0 + 1?", "What is 1 * 1?", "What is 2 - 1?")
+    assert run_eval(_config(out_dir, tiny_dir, str(path))).generated == 1
