@@ -17,6 +17,7 @@ last record's top 20. A panel whose metric was never logged says so, and why, fr
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import sys
@@ -73,7 +74,34 @@ def load_run(run_dir: str) -> list[dict]:
     records = M.read_jsonl(path)
     if not records:
         raise InputFileError(path, "the metrics file has no records yet")
+    plotted = {key: "a number" for key, _, _ in CURVES}
+    plotted.update({key: "a number" for key in (*FLOW_ENERGY_KEYS[1:], *CLIP_KEYS, M.ON_POLICY_FRACTION)})
+    check_records(path, records, {**plotted, M.FLOW_ENERGY: "a list of numbers"})
     return records
+
+
+def _is(value, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "a number":
+        return value is None or number
+    if kind == "a step number":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "a list of numbers":
+        return value is None or isinstance(value, list) and all(_is(v, "a number") for v in value)
+    return isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("id"), int) and "token" in t
+                                           and _is(t.get("share"), "a number") for t in value)
+
+
+def check_records(path: str, records: list[dict], kinds: dict[str, str], required: tuple[str, ...] = ()) -> None:
+    """Each record has a step (and the ``required`` keys), and ``kinds``' keys where present hold what they
+    name: a record of another writer or edited by hand is an ``InputFileError`` naming the file, the record
+    and the key (it was a KeyError or ValueError traceback from the plotting)."""
+    for i, record in enumerate(records, start=1):
+        where = f"record {i} of {len(records)}"
+        for key, kind in (("step", "a step number"), *kinds.items()):
+            if (key in ("step", *required) or key in record) and not _is(record.get(key), kind):
+                found = "none" if key not in record else json.dumps(record[key])[:40]
+                raise InputFileError(path, f"{where}: expected {kind} at {key!r}, found {found}")
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +118,9 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 def load_loss_tokens(run_dir: str) -> list[dict]:
     """The records of ``loss_tokens.jsonl`` (none when the run wrote no such file)."""
     path = os.path.join(run_dir, M.LOSS_TOKENS_FILE)
-    return M.read_jsonl(path) if os.path.isfile(path) else []
+    records = M.read_jsonl(path) if os.path.isfile(path) else []
+    check_records(path, records, {"tokens": "a list of tokens ({id, token, share})"}, required=("tokens",))
+    return records
 
 
 def run_settings(run_dir: str) -> dict:
