@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..commands import command, parse_command_line
-from ..errors import ConfigError, InputFileError, UserError
+from ..errors import ConfigError, InputFileError, OutputFileError, UserError
 from ..input_files import RUN_CONFIG_FILE, load_yaml, missing_dir
 from ..training import metrics as M
 
@@ -203,12 +203,23 @@ def plot_clip_fractions(ax, records: list[dict], settings: dict) -> None:
         ax.set_title(title, fontsize=10)
 
 
+def save_figure(fig, path: str) -> None:
+    """``fig`` into ``path`` whole or not at all (``atomic_file``), in the format of its suffix, then closed; a
+    full disk or a read-only directory is one line naming ``path`` (matplotlib's OSError names no file)."""
+    from ..output_files import atomic_file
+
+    try:
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=110)
+    except OutputFileError as err:   # named by its temporary file: the plot's own name says which
+        raise OutputFileError(path, err.detail) from None
+    finally:
+        pyplot().close(fig)
+
+
 def plot_curves(records: list[dict], out: str, title: str, settings: dict | None = None) -> None:
     """The 3 x 3 panels of the run's curves into ``out`` (``settings``: the run's, to say why a panel is empty)."""
-    plt = pyplot()
-    fig = curves_figure(records, title, settings or {})
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(curves_figure(records, title, settings or {}), out)
 
 
 def curves_figure(records: list[dict], title: str, settings: dict):
@@ -281,8 +292,7 @@ def plot_loss_tokens(token_records: list[dict], out: str, title: str, lines: int
     right.set_xlabel("share of the step's OPSD loss")
     right.set_title(f"top {len(labels)} rollout tokens at step {last['step']}", fontsize=10)
     fig.suptitle(title, fontsize=12)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out)
     return True
 
 
@@ -329,8 +339,7 @@ def plot_layer_energy(records: list[dict], out: str, title: str) -> bool:
     fig = layer_energy_figure(records, title)
     if fig is None:
         return False
-    fig.savefig(out, dpi=110)
-    pyplot().close(fig)
+    save_figure(fig, out)
     return True
 
 

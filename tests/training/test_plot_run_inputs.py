@@ -45,3 +45,17 @@ def test_null_values_and_a_single_step_plot(tmp_path, capsys):
     printed = capsys.readouterr().out.split()
     assert [os.path.basename(p) for p in printed] == ["curves.png", "layer_energy.png", "loss_tokens.png"]
     assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in printed)
+
+
+def test_a_full_disk_names_the_plot_and_leaves_no_cut_file(tmp_path, capsys):
+    """matplotlib's OSError names no file: it was 'error: output: cannot write: No space left on device'."""
+    from tests.helpers.mounts import small_tmpfs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(GOOD + GOOD.replace('"step": 1', '"step": 2'))
+    with small_tmpfs(str(tmp_path / "disk"), size="40k") as disk:   # the curves PNG is ~100 KB
+        out = os.path.join(disk, "run.png")
+        assert main([str(run), "--out", out]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {out}: cannot write: No space left on device"
+        assert os.listdir(disk) == []
