@@ -210,7 +210,7 @@ def save_figure(fig, path: str) -> None:
 
     try:
         with atomic_file(path, "wb") as f:
-            fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", dpi=110)
+            fig.savefig(f, format=os.path.splitext(path)[1][1:].lower() or "png", dpi=110)
     except OutputFileError as err:   # named by its temporary file: the plot's own name says which
         raise OutputFileError(path, err.detail) from None
     finally:
@@ -366,6 +366,12 @@ def plot(argv: list[str], quiet: bool = False) -> int:
     folder = os.path.dirname(os.path.abspath(curves))
     if args.out and os.path.isdir(args.out):   # matplotlib wrote <out>.png beside it, not what was printed
         raise ConfigError("out", f"{args.out} is a directory (give the PNG file to write)")
+    suffix = os.path.splitext(curves)[1][1:]
+    pyplot()   # its backend: the formats it writes
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if suffix.lower() not in (formats := FigureCanvasBase.get_supported_filetypes()):   # a ValueError traceback
+        raise ConfigError("out", f"{args.out}: matplotlib writes no .{suffix} files ({', '.join(sorted(formats))})")
     if os.path.exists(folder) and not os.path.isdir(folder):   # was "[Errno 17] File exists"
         raise ConfigError("out" if args.out else "run_dir", f"{folder} is not a directory (where the plots go)")
     os.makedirs(folder, exist_ok=True)

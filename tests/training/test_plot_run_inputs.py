@@ -59,3 +59,35 @@ def test_a_full_disk_names_the_plot_and_leaves_no_cut_file(tmp_path, capsys):
         assert main([str(run), "--out", out]) == 2
         assert capsys.readouterr().err.strip() == f"error: {out}: cannot write: No space left on device"
         assert os.listdir(disk) == []
+
+
+@pytest.mark.parametrize("name,line", [("run.foo", "error: --out: {out}: matplotlib writes no .foo files (avif, eps"),
+                                       ("run.PDF", None), ("run.svg", None)])
+def test_out_in_a_format_matplotlib_does_not_write_is_one_line(tmp_path, capsys, name, line):
+    """--out run.foo was matplotlib's ValueError traceback ('Format 'foo' is not supported'), after the plotting."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(GOOD)
+    out = str(tmp_path / name)
+    if line is None:
+        assert main([str(run), "--out", out]) == 0
+        assert open(out, "rb").read(5) == (b"%PDF-" if name.endswith("PDF") else b"<?xml")
+        return
+    assert main([str(run), "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line.format(out=out)) and "\n" not in err, err
+    assert os.listdir(tmp_path) == ["run"]
+
+
+def test_without_matplotlib_it_is_one_line_and_nothing_is_made(tmp_path, capsys, monkeypatch):
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(GOOD)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib: ImportError
+    assert main([str(run)]) == 2
+    assert capsys.readouterr().err.strip() == "error: plotting needs matplotlib: pip install 'phf-megatron[plot]'"
+    assert os.listdir(run) == ["metrics.jsonl"]   # no empty plots/ left behind
