@@ -96,13 +96,18 @@ def hf_dir(tmp_path_factory):
 
 def test_the_converters_log_lines_end_with_every_tensor(tmp_path, hf_dir):
     """Through a pipe: no carriage return, the bar's first and last lines (35 tensors one way, 47
-    the other), and stdout only the command's one line."""
+    the other), and stdout only the command's one line. The dist checkpoint's save (hf_to_mcore) and load
+    (mcore_to_hf), which have no bar and take as long as it at 8B, are a line each (they were silent)."""
     mcore, back = str(tmp_path / "mcore"), str(tmp_path / "hf")
-    for script, args, total in (("hf_to_mcore.py", ["--hf_dir", hf_dir, "--out_dir", mcore], 35),
-                                ("mcore_to_hf.py", ["--mcore_dir", mcore, "--out_dir", back], 47)):
+    for script, args, total, phase in (
+            ("hf_to_mcore.py", ["--hf_dir", hf_dir, "--out_dir", mcore], 35,
+             f"hf->mcore save: writing the dist checkpoint into {mcore}.tmp (renamed when complete)"),
+            ("mcore_to_hf.py", ["--mcore_dir", mcore, "--out_dir", back], 47,
+             f"mcore->hf load: reading the dist checkpoint {mcore}")):
         proc = run_python([os.path.join(REPO, "tools", "convert", script), *args])
         assert proc.returncode == 0, proc.stderr[-3000:]
         lines = _lines(proc.stderr)
-        assert "\r" not in proc.stderr and len(lines) == 2, proc.stderr
+        assert "\r" not in proc.stderr and len(lines) == 3, proc.stderr
+        assert lines.pop(2 if script == "hf_to_mcore.py" else 0) == phase, proc.stderr   # after the load / before
         assert lines[-1].split("|")[2].startswith(f" {total}/{total} ") and "tensor/s" in lines[-1], lines
         assert proc.stdout.startswith("wrote ") and proc.stdout.count("\n") == 1

@@ -8,6 +8,7 @@ model once, in the stored dtype), and write atomically (``<out>.tmp`` renamed at
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional
 
 import torch
@@ -85,7 +86,16 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
                            source_hf_dir=source.path, tokenizer_src=source.path,
                            tokenizer_files=tuple(source.tokenizer_files()))
 
+        _phase(progress, f"hf->mcore save: writing the dist checkpoint into {os.path.abspath(out_dir)}.tmp "
+                         "(renamed when complete)")   # as long as the load at 8B, with no bar of its own
         save_checkpoint(model, out_dir, write_extra=extra)
+
+
+def _phase(enabled: bool, line: str) -> None:
+    """A converter's phase without a bar of its own (a dist checkpoint's save or load), said as it starts
+    (rank 0, stderr, as the bars)."""
+    if enabled and dist.get_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) -> tuple[str, list[str]]:
@@ -126,6 +136,7 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
     stored = checkpoint_dtype(mcore_dir)
     with megatron_session(run_tp, run_pp):
         model = build_qwen3_model(arch, dtype=stored, perform_initialization=False)
+        _phase(progress, f"mcore->hf load: reading the dist checkpoint {mcore_dir}")
         load_checkpoint(model, mcore_dir)
         items = iter_hf_weights(model, arch, pp_group=parallel_state.get_pipeline_model_parallel_group())
         if dist.get_rank() == 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
@@ -223,6 +224,7 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
     Launch with the checkpoint's layout: one process for TP = PP = 1 (any data-parallel size),
     else ``torchrun --nproc-per-node TP*PP``; every rank calls this.
     """
+    import torch.distributed as dist
     from megatron.core import parallel_state as ps  # noqa: F401 - Megatron before the model is built
 
     from .checkpoint import load_checkpoint
@@ -255,6 +257,10 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
         hf_config = read_hf_config(cfg)
         check_settings_fit_model(cfg, hf_config)
         arch = Qwen3Arch.from_hf(hf_config)
+        if dist.get_rank() == 0:   # the base weights' and the checkpoint's load: no bar, as long as the export at 8B
+            weights = "its LoRA adapters" if cfg.lora.enabled else "its weights"
+            print(f"export load: the base model {cfg.model.pretrained_checkpoint or cfg.model.hf_dir}, then "
+                  f"{weights} from {ckpt.path} (step {ckpt.iteration})", file=sys.stderr, flush=True)
         chunks = build_model_chunks(cfg, hf_config, arch)
         if cfg.lora.enabled:
             parts = {"adapters": tensors_part(dict(p for c in chunks for p in adapter_parameters(c)))}

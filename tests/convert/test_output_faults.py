@@ -36,8 +36,8 @@ def dirs(tmp_path_factory):
 def _one_line(tool: str, argv: list[str]) -> str:
     """The tool's command line as a user runs it (quiet start): its one line besides the progress bars."""
     proc = run_python([os.path.join(REPO, "tools", "convert", f"{tool}.py"), *argv], CUDA_VISIBLE_DEVICES="")
-    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines()
-             if line.strip() and not re.search(r"\d+%\|", line)]
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines()   # (the bars, the phases' lines)
+             if line.strip() and not re.search(r"\d+%\||^(hf->mcore save|mcore->hf load): ", line)]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     return lines[0]
 

@@ -12,6 +12,7 @@ import stat
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from phf_megatron.output_files import output_mode
@@ -111,6 +112,10 @@ def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_stu
     assert f"the HF model (LoRA merged) of {run}/checkpoints/iter_0000002 (step 2)" in proc.stdout
     bar = [line for line in proc.stderr.splitlines() if line.startswith("export:")]   # minutes at 8B: a bar
     assert len(bar) == 2 and re.search(r"\| (\d+)/\1 \[.*tensor/s\]$", bar[-1]), proc.stderr
+    cfg = yaml.safe_load(open(os.path.join(run, "config.yaml")))["model"]   # and the load before it (was silent)
+    assert [line for line in proc.stderr.splitlines() if line.startswith("export load:")] == [
+        f"export load: the base model {cfg['pretrained_checkpoint'] or cfg['hf_dir']}, then its LoRA adapters from "
+        f"{run}/checkpoints/iter_0000002 (step 2)"], proc.stderr
     proc = run_python([MCORE_TO_HF, "--mcore_dir", os.path.join(run, "checkpoints", "iter_0000002"),
                        "--out_dir", adapter, "--adapter_only"], timeout=300)
     assert_ok(proc)
