@@ -181,7 +181,8 @@ def _run(argv: list[str], log: str) -> tuple[int, float]:
 
 
 def _failed(what: str, rc: int, log: str) -> int:
-    tail = open(log).read().splitlines()[-15:]
+    with open(log, encoding="utf-8", errors="replace") as f:   # a child killed mid-character (OOM): its bytes cut
+        tail = f.read().splitlines()[-15:]
     print("\n".join(tail), file=sys.stderr)
     print(f"error: {what} failed (exit code {rc}); its log: {log}", file=sys.stderr)
     return 1

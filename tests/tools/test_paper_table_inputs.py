@@ -110,3 +110,14 @@ def test_a_trained_row_without_its_eval_is_said_to_be_trained(tmp_path, capsys):
     assert rows["sft"]["ours"] is None
     assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | trained, not evaluated |" in open(
         os.path.join(out, "table.md")).read()
+
+
+def test_a_log_cut_inside_a_character_is_still_shown(tmp_path, capsys):
+    """A trainer killed (SIGKILL, out of memory) while drawing its bar leaves train.log ending inside a UTF-8
+    character: the failed row's report was a UnicodeDecodeError traceback instead of the log's tail and its line."""
+    log = tmp_path / "train.log"
+    log.write_bytes("step 7 │ loss 0.5\n".encode() + "███".encode()[:4])
+    assert paper_table._failed("sft: training", -9, str(log)) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "step 7 │ loss 0.5" and err[1].startswith("█")
+    assert err[-1] == f"error: sft: training failed (exit code -9); its log: {log}"
