@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from ..commands import command, parse_command_line
 from ..config_errors import check_choice, fail
-from ..input_files import read_json
+from ..input_files import missing_dir, read_json
 from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
 from .paper_rows import REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, training_finished
@@ -306,8 +306,10 @@ def paper_table(argv: list[str], quiet: bool) -> int:
     args = parse_args(argv)
     if args is None:
         return 0
-    if args.table_only and not os.path.isdir(args.out):   # a mistyped --out made a table of "not run" rows, exit 0
-        raise fail("out", f"{args.out} does not exist (--table_only assembles the rows run into it)")
+    if args.table_only and (why := missing_dir(args.out)):   # a mistyped --out made a table of "not run" rows
+        raise fail("out", f"{why} (--table_only assembles the rows run into it)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):   # was "[Errno 17] File exists" at the first row
+        raise fail("out", f"{args.out} is not a directory (the table's: a directory per row)")
     if args.seeds is not None:   # a seed not run yet: its rows are "not run", the summary over the others'
         return seeds_tables(args)
     return one_table(args)

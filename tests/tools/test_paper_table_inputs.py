@@ -121,3 +121,14 @@ def test_a_log_cut_inside_a_character_is_still_shown(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "step 7 │ loss 0.5" and err[1].startswith("█")
     assert err[-1] == f"error: sft: training failed (exit code -9); its log: {log}"
+
+
+@pytest.mark.parametrize("extra", [[], ["--table_only"], ["--dry_run"]])
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys, extra):
+    """--out naming a file: a run said "toy model + data: running" and stopped on "[Errno 17] File exists";
+    --table_only said the file "does not exist"."""
+    out = tmp_path / "table"
+    out.write_text("")
+    assert paper_table.main(["--toy", "--out", str(out), "--rows", "base", *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().startswith(f"error: --out: {out} is not a directory (") and captured.out == ""
