@@ -90,7 +90,8 @@ def benchmark_file(spec: str, data_dir: str | None, benchmarks: tuple[str, ...] 
     naming the files and fields expected (``benchmarks``: all the names asked for, for the message)."""
     if _is_path(spec):
         if not os.path.isfile(spec):
-            raise InputFileError(spec, f"does not exist (a benchmark file: {ROW_FIELDS})")
+            what = "is a directory, not a file" if os.path.isdir(spec) else "does not exist"
+            raise InputFileError(spec, f"{what} (a benchmark file: {ROW_FIELDS})")
         return spec
     if spec not in KNOWN_BENCHMARKS:
         raise ConfigError("benchmarks", f"unknown benchmark {spec!r}: use one of {sorted(KNOWN_BENCHMARKS)} or a "
@@ -128,9 +129,10 @@ def read_problems_jsonl(path: str, benchmark: str) -> list[Problem]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputFileError(where, f"invalid JSON ({exc.msg})") from None
+                row = json.loads(line.rstrip("\r\n"))   # its column, not "line 2 column 1" past the newline
+            except json.JSONDecodeError as exc:   # "Unterminated string starting at": where, not a dangling "at"
+                msg = exc.msg.removesuffix(" at")
+                raise InputFileError(where, f"invalid JSON ({msg} at column {exc.colno})") from None
             if not isinstance(row, dict):
                 raise InputFileError(where, f"expected a JSON object, got {type(row).__name__}")
             problem = _field(row, _PROBLEM_KEYS)

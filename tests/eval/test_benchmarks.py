@@ -74,7 +74,10 @@ def test_a_utf8_bom_at_the_start_is_dropped(tmp_path):
     ([json.dumps({"problem": "x", "answer": None})], r"set.jsonl:1: row has no answer"),
     ([json.dumps({"problem": "x", "answer": "  "})], r"set.jsonl:1: row has no answer"),
     ([json.dumps({"problem": "x", "answer": [1]})], r"set.jsonl:1: field 'answer' must be"),
-    (["{not json"], r"set.jsonl:1: invalid JSON"),
+    (["{not json"], r"set.jsonl:1: invalid JSON \(Expecting property name enclosed in double quotes at column 2\)"),
+    # a file cut short: was "(Unterminated string starting at)", where it starts left out
+    ([json.dumps({"problem": "x", "answer": "1"}), '{"problem": "y", "ans'], r"set.jsonl:2: invalid JSON "
+                                                                           r"\(Unterminated string starting at column 18\)$"),
     ([json.dumps({"problem": "x", "answer": "1"}), '{"problem": "caf\xe9", "answer": "1"}'.encode("latin-1")],
      r"set.jsonl:2: not UTF-8 text at byte 16 of the line$"),
     (["[1, 2]"], r"set.jsonl:1: expected a JSON object"),
@@ -93,6 +96,9 @@ def test_unknown_benchmark_and_missing_file(tmp_path):
         load_benchmark("aime23", str(tmp_path))
     with pytest.raises(InputFileError, match=r"nope.jsonl: does not exist \(a benchmark file: .*problem and answer"):
         load_benchmark(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "dir.jsonl").mkdir()   # was "does not exist"
+    with pytest.raises(InputFileError, match=r"dir.jsonl: is a directory, not a file \(a benchmark file: "):
+        load_benchmark(str(tmp_path / "dir.jsonl"))
 
 
 @pytest.mark.parametrize("where", ["empty_dir", "no_dir"])
