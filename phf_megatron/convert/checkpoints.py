@@ -99,8 +99,11 @@ def _phase(enabled: bool, line: str) -> None:
 
 
 def _tokenizer_source(mcore_dir: str, meta: dict, tokenizer_dir: Optional[str]) -> tuple[str, list[str]]:
+    from phf_megatron.input_files import missing_dir
     from phf_megatron.tokenizer import check_tokenizer_files, has_tokenizer_files
 
+    if tokenizer_dir and (why := missing_dir(tokenizer_dir)):   # was "mcore_dir: no tokenizer found (looked in ...)"
+        raise FileNotFoundError(f"tokenizer_dir: {why}")
     candidates = [tokenizer_dir] if tokenizer_dir else [
         os.path.join(mcore_dir, meta.get("tokenizer_dir") or TOKENIZER_DIR), meta.get("source_hf_dir")]
     for path in candidates:

@@ -91,6 +91,11 @@ def test_mcore_to_hf_on_a_directory_that_is_not_a_dist_checkpoint(tmp_path, dirs
      "error: --out_dir: {hf} already exists (remove it or choose another)"),
     ("mcore_to_hf", ["--mcore_dir", "{mcore}", "--tokenizer_dir", "{bare}", "--out_dir", "{out}"],
      "error: --tokenizer_dir: no tokenizer files in {bare}"),
+    # a mistyped or file --tokenizer_dir was "--mcore_dir: no tokenizer found (looked in [...]); pass --tokenizer_dir"
+    ("mcore_to_hf", ["--mcore_dir", "{mcore}", "--tokenizer_dir", "{bare}x", "--out_dir", "{out}"],
+     "error: --tokenizer_dir: {bare}x does not exist"),
+    ("mcore_to_hf", ["--mcore_dir", "{mcore}", "--tokenizer_dir", "{bare}/config.json", "--out_dir", "{out}"],
+     "error: --tokenizer_dir: {bare}/config.json is not a directory"),
 ])
 def test_converter_errors_name_the_flag(tmp_path, dirs, tool, argv, line):
     paths = dict(dirs, out=str(tmp_path / "out"))
