@@ -103,6 +103,10 @@ class Qwen3Arch:
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act: expected 'silu', got {raw.get('hidden_act')!r}")
         rope_theta = _rope_theta(raw)
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:   # was a KeyError traceback
+            raise ValueError(f"{missing[0]}: missing from the config")
         heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         return cls(

@@ -117,6 +117,24 @@ def test_unsupported_configs(changes, match):
         Qwen3Arch.from_hf(raw)
 
 
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                 "num_attention_heads"])
+def test_a_config_missing_a_size_is_one_line(tmp_path, capsys, key):
+    """A config.json without one of the model's sizes (a hand-written or truncated-by-editor config) was a
+    KeyError traceback in Qwen3Arch.from_hf; it is a ValueError naming the key, which the converters name
+    with the file."""
+    from phf_megatron.tools.hf_to_mcore import main
+
+    raw = {k: v for k, v in tiny_config("gqa").to_dict().items() if k != key}
+    with pytest.raises(ValueError, match=rf"^{key}: missing from the config$"):
+        Qwen3Arch.from_hf(raw)
+    model = tmp_path / "hf"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(raw))
+    assert main(["--hf_dir", str(model), "--out_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {model / 'config.json'}: {key}: missing from the config"
+
+
 def _training_checkpoints(save_dir, iterations, latest=None):
     """What phf_megatron.train leaves: iter_N directories (meta.json) and the latest file naming one."""
     for i in iterations:
