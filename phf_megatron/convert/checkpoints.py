@@ -140,7 +140,15 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
     with megatron_session(run_tp, run_pp):
         model = build_qwen3_model(arch, dtype=stored, perform_initialization=False)
         _phase(progress, f"mcore->hf load: reading the dist checkpoint {mcore_dir}")
-        load_checkpoint(model, mcore_dir)
+        try:
+            load_checkpoint(model, mcore_dir)
+        except Exception as err:   # Megatron's CheckpointingException: a traceback of its planner
+            if hf_config is None or "shape mismatch" not in str(err):
+                raise
+            said = next(line for line in str(err).splitlines() if "shape mismatch" in line).strip()
+            said = said.partition("CheckpointingException: ")[2] or said
+            raise InputFileError("hf_config", f"not the model of {mcore_dir}: its tensors have other shapes "
+                                              f"({said[:240]})") from None
         items = iter_hf_weights(model, arch, pp_group=parallel_state.get_pipeline_model_parallel_group())
         if dist.get_rank() == 0:
             names = list(hf_shapes(arch))

@@ -104,9 +104,18 @@ def _convert(args: McoreToHf) -> int:
     from ..convert.checkpoints import convert_mcore_to_hf
     from ..input_files import read_json
 
+    from ..errors import InputFileError
+
     hf_config = read_json(args.hf_config) if args.hf_config else None
-    convert_mcore_to_hf(args.mcore_dir, args.out_dir, tokenizer_dir=args.tokenizer_dir, hf_config=hf_config,
-                        dtype=dtype, tp=args.tp, pp=args.pp, max_shard_bytes=shard_bytes)
+    if args.hf_config and not isinstance(hf_config, dict):   # was a TypeError traceback
+        raise InputFileError(args.hf_config, "expected a JSON object (a HF config.json)")
+    try:
+        convert_mcore_to_hf(args.mcore_dir, args.out_dir, tokenizer_dir=args.tokenizer_dir, hf_config=hf_config,
+                            dtype=dtype, tp=args.tp, pp=args.pp, max_shard_bytes=shard_bytes)
+    except InputFileError as err:   # the config is named by its file, not as "hf_config"
+        if err.path != "hf_config":
+            raise
+        raise InputFileError(args.hf_config, err.detail) from None
     if process_rank() == 0:
         print(f"wrote {os.path.abspath(args.out_dir)}")
     return 0

@@ -9,6 +9,7 @@ safetensors "os error 28"); the line must say "No space left on device".
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -115,3 +116,23 @@ def test_hf_to_mcore_refuses_a_dir_without_tokenizer_unless_told(tmp_path, dirs)
                        "--out_dir", out, "--require_tokenizer=false"], CUDA_VISIBLE_DEVICES="")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.isfile(os.path.join(out, "phf_megatron.json"))
+
+
+def test_a_wrong_hf_config_is_one_line_naming_it(tmp_path, dirs):
+    """mcore_to_hf --hf_config: a JSON list was a TypeError traceback, the config of another model (a layer
+    more) Megatron's CheckpointingException traceback, and a config missing a key was named 'hf_config', not its file."""
+    config = json.load(open(os.path.join(dirs["hf"], "config.json")))
+    lines = {"list.json": [config], "deeper.json": {**config, "num_hidden_layers": config["num_hidden_layers"] + 1},
+             "partial.json": {k: v for k, v in config.items() if k != "num_attention_heads"}}
+    for name, content in lines.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    out = str(tmp_path / "out")
+    argv = ["--mcore_dir", dirs["mcore"], "--out_dir", out, "--hf_config"]
+    assert _one_line("mcore_to_hf", [*argv, str(tmp_path / "list.json")]) == (
+        f"error: {tmp_path / 'list.json'}: expected a JSON object (a HF config.json)")
+    line = _one_line("mcore_to_hf", [*argv, str(tmp_path / "deeper.json")])
+    assert line.startswith(f"error: {tmp_path / 'deeper.json'}: not the model of {dirs['mcore']}: its tensors have "
+                           "other shapes (Global shape mismatch for loaded "), line
+    assert _one_line("mcore_to_hf", [*argv, str(tmp_path / "partial.json")]).startswith(
+        f"error: {tmp_path / 'partial.json'}: num_attention_heads: missing from the config")
+    _nothing_left(out)
