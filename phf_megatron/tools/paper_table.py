@@ -68,7 +68,8 @@ class PaperTable:
     data: str | None = None
     """the training set; None: the official OPSD set (toy: its train.jsonl)."""
     eval_args: str = ""
-    """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32")."""
+    """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32"); not --n (--k), --model,
+    --adapter, --megatron_checkpoint or --out_dir: the table sets them for each row."""
     seed: int = 0
     """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
     seeds: tuple[int, ...] | None = None
@@ -119,9 +120,15 @@ def _check_eval_args(eval_args: str) -> None:
     from ..eval.config import EvalConfig
 
     try:
-        Settings(EvalConfig).parse(shlex.split(eval_args))
+        given = Settings(EvalConfig).parse(shlex.split(eval_args))
     except (ValueError, UserError) as err:   # "No closing quotation", "--bogus: unknown setting"
         raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
+    # the eval's last flag wins: these replaced the row's own (every row scored as --model / --adapter X, or its
+    # result written elsewhere, or --n other than --k: each row's eval then "failed (exit code 0)")
+    for key, instead in (("n", "the table's --k"), ("model", "--hf_model"), ("adapter", "each row's own"),
+                         ("megatron_checkpoint", "each row's adapter"), ("out_dir", "<out>/<row>/eval_step<step>")):
+        if key in given:
+            raise fail("eval_args", f"--{key} is set by the table for each row ({instead}) (in {eval_args!r})")
 
 
 def _check_trainer_args(rows: list[Row], step: int) -> None:

@@ -132,3 +132,17 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys, extra):
     assert paper_table.main(["--toy", "--out", str(out), "--rows", "base", *extra]) == 2
     captured = capsys.readouterr()
     assert captured.err.strip().startswith(f"error: --out: {out} is not a directory (") and captured.out == ""
+
+
+@pytest.mark.parametrize("flag,instead", [("--n 4", "the table's --k"), ("--model /m", "--hf_model"),
+                                          ("--adapter /a", "each row's own"), ("--out_dir /o", "<out>/<row>/eval_step"),
+                                          ("--megatron_checkpoint=/c", "each row's adapter")])
+def test_eval_args_that_replace_a_rows_own_flag_are_refused(tmp_path, capsys, flag, instead):
+    """The eval takes the last of a repeated flag: --eval_args='--adapter X' scored every row as X, '--model Y'
+    every row as Y, '--n 4' or '--out_dir D' made each row's eval 'fail (exit code 0)' after it ran."""
+    argv = ["--hf_model", _fake_model(tmp_path), "--scale", "4b", "--out", str(tmp_path / "t"), "--dry_run",
+            f"--eval_args={flag}"]
+    assert paper_table.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    key = flag.split()[0].split("=")[0]
+    assert err.startswith(f"error: --eval_args: {key} is set by the table for each row ({instead}") and "\n" not in err
