@@ -10,7 +10,8 @@
     python tools/paper_table.py --toy --seeds 0,1,2,3,4 --out runs/table_toy  # per seed, then mean ± sd
 
 Each row runs the trainer as the examples do (the scale's preset configs/phf_qwen3_<scale>.yaml plus
-the row's flags from ``paper_recipes``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
+the row's flags from ``paper_recipes``, then the overrides after ``--``, which may not replace the row's
+run_dir, train_iters, model.hf_dir or method; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
 eval (``tools/eval_avg_at_k.py``, Average@k, official grader) of the run's PEFT adapter at --step into
 <out>/<row>/eval_step<step>/ (Base: the HF model itself). The rows run one after the other; a row
 whose training is finished and whose eval summary is present, made with the row's eval settings (k, benchmarks,
@@ -131,7 +132,19 @@ def _check_eval_args(eval_args: str) -> None:
             raise fail("eval_args", f"--{key} is set by the table for each row ({instead}) (in {eval_args!r})")
 
 
-def _check_trainer_args(rows: list[Row], step: int) -> None:
+#: trainer settings each row sets itself (``paper_rows.plan_row``), and the table's flag for them: one after ``--``
+#: replaced every row's (the last flag wins): rows trained on another base than evaluated, all rows one method
+ROW_SETTINGS = (("run_dir", "--out"), ("training.train_iters", "--step"), ("model.hf_dir", "--hf_model"),
+                ("method", "--rows"), ("ablation", "--rows"))
+
+
+def _setting(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = ()) -> None:
     """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
     a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
     finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
@@ -146,6 +159,12 @@ def _check_trainer_args(rows: list[Row], step: int) -> None:
                 cfg = config_from_argv(row.train_flags)
             except UserError as err:
                 raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
+            if overrides:   # the row's own flags come before the overrides (plan_row)
+                own = config_from_argv(row.train_flags[:len(row.train_flags) - len(overrides)])
+                for key, flag in ROW_SETTINGS:
+                    if _setting(cfg, key) != _setting(own, key):
+                        raise UserError(f"--{key}: set by the table for each row (the {row.name} row's: "
+                                        f"{_setting(own, key)}; the table's {flag}), not after --")
             try:
                 if training_finished(row, step):
                     finished_step(cfg)
@@ -351,7 +370,7 @@ def seeds_tables(args) -> int:
 def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
-        _check_trainer_args(rows, args.step)
+        _check_trainer_args(rows, args.step, args.overrides)
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

@@ -146,3 +146,23 @@ def test_eval_args_that_replace_a_rows_own_flag_are_refused(tmp_path, capsys, fl
     err = capsys.readouterr().err.strip()
     key = flag.split()[0].split("=")[0]
     assert err.startswith(f"error: --eval_args: {key} is set by the table for each row ({instead}") and "\n" not in err
+
+
+@pytest.mark.parametrize("override,line", [
+    ("--model.hf_dir=/other", "error: --model.hf_dir: set by the table for each row (the sft row's: {hf}; the table's "
+                              "--hf_model), not after --"),
+    ("--method=sft", "error: --method: set by the table for each row (the phf row's: phf; the table's --rows)"),
+    ("--run_dir=/one", "error: --run_dir: set by the table for each row (the sft row's: {out}/sft; the table's --out)"),
+    ("--training.train_iters=50", "error: --training.train_iters: set by the table for each row (the sft row's: 100; "
+                                  "the table's --step)"),
+])
+def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path, capsys, override, line):
+    """After ``--`` the last flag wins: --model.hf_dir trained every row on another base than the eval's --model
+    (silently), --method made every row one method, --run_dir put every row in one directory, and
+    --training.train_iters made each row's training 'fail (exit code 0)' short of --step. Other overrides pass."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,phf", "--dry_run", "--"]
+    assert paper_table.main([*argv, override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line.format(hf=hf, out=out)) and "\n" not in err, err
+    assert paper_table.main([*argv, "--training.micro_batch_size=2", f"--checkpoint.save={tmp_path / 's'}"]) == 0
