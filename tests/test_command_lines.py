@@ -116,6 +116,9 @@ def test_eval_cli_flags_come_from_eval_config():
         assert f"  --{f.name}=<" in proc.stdout, f.name
     for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
                        (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
+                       # pass@16 of 12 samples: was left out of the scores in silence, after the whole run
+                       (["--model", "m", "--out-dir", "o", "--pass_ks", "1,16"],
+                        "error: --pass_ks: each must lie in [1, n=12] (pass@k of n samples), got 16"),
                        (["--model", "m", "--out_dir", "README.md"], "error: --out_dir: README.md is not a directory"),
                        (["--out_dir=o", "--temprature=1"], "error: --temprature: unknown setting; did you mean temperature?")]:
         proc = run_python([os.path.join(TOOLS, "eval_avg_at_k.py"), *argv])

@@ -108,6 +108,9 @@ class EvalConfig:
             raise ValueError(f"data_parallel: must be >= 0 (0 = all GPUs), got {self.data_parallel}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        self.pass_ks = tuple(self.pass_ks)
+        if bad := [k for k in self.pass_ks if not 1 <= k <= self.n]:   # was left out of the scores in silence
+            raise ValueError(f"pass_ks: each must lie in [1, n={self.n}] (pass@k of n samples), got {bad[0]}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit: must be >= 1 or None, got {self.limit}")
         if self.model is None and self.megatron_checkpoint is None:

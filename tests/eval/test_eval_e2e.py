@@ -152,7 +152,7 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets, cap
     lora.save_pretrained(str(tmp_path / "adapter"))
     want = lora.merge_and_unload().state_dict()
     config = _config(tmp_path, tiny_dir, eval_sets, name="peft", adapter=str(tmp_path / "adapter"),
-                     n=1, max_new_tokens=2)
+                     n=1, max_new_tokens=2, pass_ks=(1,))
     capsys.readouterr()
     run_eval(config)
     assert (f"eval: merging {tmp_path / 'adapter'} into {tiny_dir} in {config.out_dir}/merged_model (a rerun "
@@ -172,7 +172,7 @@ def test_megatron_checkpoint_is_converted_on_the_fly(tmp_path, tiny_dir, eval_se
     mcore = str(tmp_path / "mcore")
     run_python([os.path.join(REPO, "tools", "convert", "hf_to_mcore.py"), "--hf-dir", tiny_dir, "--out-dir",
                 mcore, "--dtype", "fp32"]).check_returncode()
-    kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8)
+    kw = dict(n=1, max_new_tokens=6, temperature=0.0, batch_size=8, pass_ks=(1,))
     from_mcore = _config(tmp_path, None, eval_sets, name="from_mcore", megatron_checkpoint=mcore, **kw)
     from_hf = _config(tmp_path, tiny_dir, eval_sets, name="from_hf", **kw)
     with socket.socket() as held:
