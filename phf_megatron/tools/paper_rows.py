@@ -100,13 +100,19 @@ def training_finished(row: Row, step: int) -> bool:
     decides; whether its settings are the row's is checked before any row runs: ``paper_table._check_trainer_args``)."""
     if row.train is None:
         return True
-    if not os.path.isdir(row.adapter or ""):
-        return False
+    latest = trained_step(row)
+    return latest is not None and latest >= step and os.path.isdir(row.adapter or "")
+
+
+def trained_step(row: Row) -> int | None:
+    """The step of the row's latest checkpoint (where a rerun resumes), None before its first or when the
+    latest file is damaged (the training rerun names it)."""
+    if not row.train_flags:
+        return None
     try:
-        latest = read_latest(_save_dir(tuple(row.train_flags)))
-    except InputFileError:   # garbage is not finished (the training rerun names it), not a traceback
-        return False
-    return latest is not None and latest >= step
+        return read_latest(_save_dir(tuple(row.train_flags)))
+    except InputFileError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,3 +180,44 @@ def result_value(data, path: str, *keys: str, number: bool = True):
     if not number and not isinstance(data, dict):
         raise wrong("a JSON object", ".".join(keys), data)
     return data
+
+
+#: trainer settings each row sets itself (``plan_row``), and the table's flag for them: one after ``--``
+#: replaced every row's (the last flag wins): rows trained on another base than evaluated, all rows one method
+ROW_SETTINGS = (("run_dir", "--out"), ("training.train_iters", "--step"), ("model.hf_dir", "--hf_model"),
+                ("method", "--rows"), ("ablation", "--rows"))
+
+
+def _setting(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def check_overrides(row: Row, cfg, overrides: list[str]) -> None:
+    """The overrides after ``--`` (last in the row's flags) replace none of ``ROW_SETTINGS`` in ``cfg``, the
+    row's config."""
+    from ..errors import UserError
+    from ..training.config_io import config_from_argv
+
+    own = config_from_argv(row.train_flags[:len(row.train_flags) - len(overrides)])
+    for key, flag in ROW_SETTINGS:
+        if _setting(cfg, key) != _setting(own, key):
+            raise UserError(f"--{key}: set by the table for each row (the {row.name} row's: "
+                            f"{_setting(own, key)}; the table's {flag}), not after --")
+
+
+def check_save_dirs(rows: list[Row]) -> None:
+    """No two rows train into one checkpoints directory: a ``--checkpoint.save`` after ``--`` is every row's, and
+    the second row would resume from the first's checkpoints (one row per table run may move its own there)."""
+    from ..errors import ConfigError
+
+    seen: dict[str, str] = {}
+    for row in rows:
+        if row.train_flags:
+            save_dir = os.path.realpath(_save_dir(tuple(row.train_flags)))
+            if save_dir in seen:
+                raise ConfigError("checkpoint.save", f"the {seen[save_dir]} and {row.name} rows would share the "
+                                  f"checkpoints in {save_dir}: give it after -- with one row (--rows "
+                                  f"{row.name}) per table run, or leave it out (each row's <out>/<row>/checkpoints)")
+            seen[save_dir] = row.name

@@ -11,7 +11,8 @@
 
 Each row runs the trainer as the examples do (the scale's preset configs/phf_qwen3_<scale>.yaml plus
 the row's flags from ``paper_recipes``, then the overrides after ``--``, which may not replace the row's
-run_dir, train_iters, model.hf_dir or method; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
+run_dir, train_iters, model.hf_dir or method, nor put two rows' checkpoints in one
+``checkpoint.save``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
 eval (``tools/eval_avg_at_k.py``, Average@k, official grader) of the run's PEFT adapter at --step into
 <out>/<row>/eval_step<step>/ (Base: the HF model itself). The rows run one after the other; a row
 whose training is finished and whose eval summary is present, made with the row's eval settings (k, benchmarks,
@@ -39,7 +40,9 @@ from ..config_errors import check_choice, fail
 from ..input_files import missing_dir, read_json
 from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
-from .paper_rows import REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, training_finished
+from .paper_rows import (
+    REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, trained_step, training_finished,
+    check_overrides, check_save_dirs)
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -132,18 +135,6 @@ def _check_eval_args(eval_args: str) -> None:
             raise fail("eval_args", f"--{key} is set by the table for each row ({instead}) (in {eval_args!r})")
 
 
-#: trainer settings each row sets itself (``paper_rows.plan_row``), and the table's flag for them: one after ``--``
-#: replaced every row's (the last flag wins): rows trained on another base than evaluated, all rows one method
-ROW_SETTINGS = (("run_dir", "--out"), ("training.train_iters", "--step"), ("model.hf_dir", "--hf_model"),
-                ("method", "--rows"), ("ablation", "--rows"))
-
-
-def _setting(cfg, key: str):
-    for part in key.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
 def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = ()) -> None:
     """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
     a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
@@ -159,18 +150,15 @@ def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = ()) -
                 cfg = config_from_argv(row.train_flags)
             except UserError as err:
                 raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
-            if overrides:   # the row's own flags come before the overrides (plan_row)
-                own = config_from_argv(row.train_flags[:len(row.train_flags) - len(overrides)])
-                for key, flag in ROW_SETTINGS:
-                    if _setting(cfg, key) != _setting(own, key):
-                        raise UserError(f"--{key}: set by the table for each row (the {row.name} row's: "
-                                        f"{_setting(own, key)}; the table's {flag}), not after --")
+            if overrides:
+                check_overrides(row, cfg, overrides)
             try:
                 if training_finished(row, step):
                     finished_step(cfg)
             except SettingsDiffer as err:  # a damaged file of the run is its own line, naming it
                 raise UserError(f"{err.line} (the {row.name} row, finished in {row.run_dir}, was trained with other "
                                 "settings: give a new --out to train it with these)") from None
+    check_save_dirs(rows)   # (after each row's flags are parsed: a bad one is named with its row)
 
 
 def parse_args(argv: list[str]):
@@ -235,7 +223,9 @@ def build_table(args, rows: list[Row]) -> dict:
            "benchmarks": list(TOY_BENCHMARKS if args.toy else BENCHMARKS), "rows": {}}
     for row in rows:
         ours, status = None, "not run"
-        if row.train and training_finished(row, args.step) and not os.path.isfile(row.eval_result):
+        if row.train and (at := trained_step(row)) is not None and at < args.step:
+            status = f"trained to step {at} of {args.step}"   # stopped short (preempted, failed): a rerun resumes
+        elif row.train and training_finished(row, args.step) and not os.path.isfile(row.eval_result):
             status = "trained, not evaluated"   # was "not run": its eval (a separate job) is what is left
         elif training_finished(row, args.step) and os.path.isfile(row.eval_result):
             differs = eval_differs(row, args.k, args.toy)   # a --limit smoke, another --n: not the row's numbers
@@ -311,7 +301,8 @@ def run_rows(args, rows: list[Row]) -> int:
             continue
         if not training_finished(row, args.step):
             log = os.path.join(row.run_dir, "train.log")
-            state = "resuming" if os.path.isdir(os.path.join(row.run_dir, "checkpoints")) else "training"
+            at = trained_step(row)   # where the trainer finds it (a --checkpoint.save after -- too)
+            state = "training" if at is None else f"resuming from step {at}"
             _say(f"{tag}: {state} to step {args.step} (log: {log})")
             rc, secs = _run(row.train, log)
             if rc != 0 or not training_finished(row, args.step):

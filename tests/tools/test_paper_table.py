@@ -262,7 +262,7 @@ def test_toy_table_survives_a_kill_and_a_rerun_skips_finished_rows(tmp_path):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     for i, row in enumerate(("base", "sft", "grpo"), 1):
         assert f"[{i}/5] {row}: finished, skipped" in second.stdout
-    assert "[4/5] opsd: resuming to step 4" in second.stdout and "[5/5] phf: training to step 4" in second.stdout
+    assert "[4/5] opsd: resuming from step 2 to step 4" in second.stdout and "[5/5] phf: training to step 4" in second.stdout
     assert "phf_megatron.train: resuming from step 2 of 4" in open(os.path.join(out, "opsd", "train.log")).read()
     table = json.load(open(os.path.join(out, "table.json")))
     assert list(table["rows"]) == ["base", "sft", "grpo", "opsd", "phf"] and table["toy"]

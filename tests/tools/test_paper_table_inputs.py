@@ -97,19 +97,41 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
 
 def test_a_trained_row_without_its_eval_is_said_to_be_trained(tmp_path, capsys):
     """A row whose training finished but whose eval directory is missing was "not run" (as a row never
-    started): what is left is its eval. A row with neither stays "not run"."""
+    started): what is left is its eval. A row stopped short of the step says where (was "not run" too); a row
+    with neither stays "not run"."""
     hf, out = _fake_model(tmp_path), str(tmp_path / "t")
     argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,opsd", "--table_only"]
     row = paper_table.plan_row(paper_table.parse_args(argv), "sft")
     os.makedirs(os.path.join(row.run_dir, "checkpoints"))
     open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
     os.makedirs(row.adapter)
+    os.makedirs(os.path.join(out, "opsd", "checkpoints"))
+    open(os.path.join(out, "opsd", "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("40")
     assert paper_table.main(argv) == 0, capsys.readouterr().err
     rows = json.load(open(os.path.join(out, "table.json")))["rows"]
-    assert [rows[r]["status"] for r in ("base", "sft", "opsd")] == ["not run", "trained, not evaluated", "not run"]
+    assert [rows[r]["status"] for r in ("base", "sft", "opsd")] == [
+        "not run", "trained, not evaluated", "trained to step 40 of 100"]
     assert rows["sft"]["ours"] is None
     assert "| sft | — / 70.00 | — / 66.11 | — / 35.56 | — / 57.22 | — | trained, not evaluated |" in open(
         os.path.join(out, "table.md")).read()
+
+
+def test_rows_sharing_one_checkpoints_directory_are_refused(tmp_path, capsys):
+    """A --checkpoint.save after -- is every row's: the second row resumed from the first's checkpoints (refused
+    by its settings after the first row had run, or a finished SFT taken as the OPSD row). One row may move its
+    own there, and a row found there is said to be where it stopped."""
+    hf, out, ckpts = _fake_model(tmp_path), str(tmp_path / "t"), str(tmp_path / "c")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--dry_run"]
+    assert paper_table.main([*argv, "--rows", "base,sft,opsd", "--", f"--checkpoint.save={ckpts}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --checkpoint.save: the sft and opsd rows would share the checkpoints in {ckpts}: give it after -- "
+        "with one row (--rows opsd) per table run, or leave it out (each row's <out>/<row>/checkpoints)")
+    os.makedirs(ckpts)
+    os.makedirs(out)
+    open(os.path.join(ckpts, "latest_checkpointed_iteration.txt"), "w").write("40")
+    one = [*argv[:-1], "--rows", "opsd", "--table_only", "--", f"--checkpoint.save={ckpts}"]
+    assert paper_table.main(one) == 0, capsys.readouterr().err
+    assert json.load(open(os.path.join(out, "table.json")))["rows"]["opsd"]["status"] == "trained to step 40 of 100"
 
 
 def test_a_log_cut_inside_a_character_is_still_shown(tmp_path, capsys):
@@ -165,4 +187,4 @@ def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path,
     assert paper_table.main([*argv, override]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(line.format(hf=hf, out=out)) and "\n" not in err, err
-    assert paper_table.main([*argv, "--training.micro_batch_size=2", f"--checkpoint.save={tmp_path / 's'}"]) == 0
+    assert paper_table.main([*argv, "--training.micro_batch_size=2", "--logging.log_interval=2"]) == 0
