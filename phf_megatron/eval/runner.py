@@ -26,7 +26,7 @@ from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
-from .models import converted_checkpoint, model_context_limit, resolve_model_dir
+from .models import MARKER, converted_checkpoint, model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
 from .records import SampleWriter, grade_record, load_records, other_problems, problem_digest, shard_path
@@ -98,6 +98,32 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
                                           "(old, new); use another --out-dir")
         return
     write_json(path, fingerprint, indent=1)
+
+
+def _converted_before(out_dir: str) -> str | None:
+    """The checkpoint ``<out_dir>/converted_model`` was made from, read before this run converts (None: none kept)."""
+    path = os.path.join(out_dir, "converted_model", MARKER)
+    try:
+        held = read_json(path) if os.path.isfile(path) else None
+    except InputFileError:   # damaged: converted again, as if none were kept
+        return None
+    return held.get("megatron_checkpoint") if isinstance(held, dict) else None
+
+
+def _upgrade_typed_checkpoint(out_dir: str, fingerprint: dict, typed: str, before: str | None) -> None:
+    """A ``run_config.json`` written before it held the iteration converted holds --megatron_checkpoint as typed
+    (a run or its checkpoints directory), which the same command's fingerprint (the iteration) refused as another
+    model: it is rewritten with the iteration its converted model was made from (``before``, read before this run
+    converted; the one converted now when none was kept), and the usual check then resumes or refuses it."""
+    path = os.path.join(out_dir, RUN_CONFIG)
+    old = read_json(path) if os.path.isfile(path) else None
+    if not (isinstance(old, dict) and isinstance(old.get("megatron_checkpoint"), str)):
+        return
+    now, given = (_same_path_form({"megatron_checkpoint": p}, out_dir)["megatron_checkpoint"]
+                  for p in (fingerprint["megatron_checkpoint"], typed))
+    if now != given == _same_path_form(old, out_dir, stored=True)["megatron_checkpoint"]:
+        held = _same_path_form({"megatron_checkpoint": before or now}, out_dir)["megatron_checkpoint"]
+        write_json(path, {**old, "megatron_checkpoint": held}, indent=1)
 
 
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
@@ -211,6 +237,7 @@ def _check_qwen3(model_dir: str) -> None:
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     problems, sources = load_problems(config)
+    before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
                                   dtype=config.dtype)
@@ -222,6 +249,7 @@ def run_eval(config: EvalConfig) -> Summary:
     fingerprint = config.generation_fingerprint(model_dir, backend, limit)
     if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the
         fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
+        _upgrade_typed_checkpoint(config.out_dir, fingerprint, config.megatron_checkpoint, before)
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
     other = other_problems(done, {(p.benchmark, p.id): problem_digest(p.problem)
                                   for ps in problems.values() for p in ps})

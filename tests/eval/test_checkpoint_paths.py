@@ -143,3 +143,21 @@ def test_a_resume_after_the_run_saved_a_later_checkpoint_is_refused_not_mixed(tm
     _checkpoint(run / "checkpoints", 4)
     with pytest.raises(InputFileError, match="holds samples generated with other settings.*iter_0000004"):
         evaluate(3)
+    # a directory from before the fingerprint held the iteration: its run_config.json holds the run as typed, and
+    # the same command was refused as another model ({'megatron_checkpoint': (RUN, RUN/checkpoints/iter_N)});
+    # it resumes, and is rewritten with the iteration: a later checkpoint is refused from then on
+    shutil.rmtree(tmp_path / "eval")
+    config = tmp_path / "eval" / "run_config.json"
+
+    def legacy():
+        config.write_text(json.dumps({**json.loads(config.read_text()), "megatron_checkpoint": str(run)}))
+
+    assert evaluate(1).generated == 2
+    legacy()
+    assert evaluate(2).generated == 2
+    assert json.loads(config.read_text())["megatron_checkpoint"] == str(run / "checkpoints" / "iter_0000004")
+    legacy()   # the run saved a later one since: its converted model says the samples are iter 4's, refused
+    _checkpoint(run / "checkpoints", 6)
+    for _ in range(2):   # a second try too (the refused one left iter 6 converted)
+        with pytest.raises(InputFileError, match="other settings.*iter_0000004.*iter_0000006"):
+            evaluate(3)
