@@ -8,6 +8,7 @@ launch it (the scale's preset plus the row's flags from ``paper_recipes``; ``tor
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -146,11 +147,15 @@ def eval_differs(row: Row, k: int, toy: bool) -> str | None:
     done = data.get("config")
     if not isinstance(done, dict):   # a summary written before it recorded its settings: k alone
         return None
-    from ..cli import Settings
+    from ..cli import Settings, coerce
     from ..eval.config import EvalConfig
 
+    # the command's values over the defaults, not the config built: its checks (the benchmark files there, from
+    # this working directory) are the eval's, and a --table_only reads the summary elsewhere, later
     settings = Settings(EvalConfig)
-    want = settings.build(settings.parse(row.eval[3:])).to_json()   # python -m <module> FLAGS
+    want = {f.name: f.default for f in dataclasses.fields(EvalConfig) if f.default is not dataclasses.MISSING}
+    want.update((key, coerce(raw, settings.types[key], key))
+                for key, raw in settings.parse(row.eval[3:]).items())   # python -m <module> FLAGS
     same = json.loads(json.dumps(want, default=str))
     diff = [f"{key} {json.dumps(done.get(key))}, not {json.dumps(same[key])}" for key in SCORE_KEYS
             if key in done and done[key] != same[key]]

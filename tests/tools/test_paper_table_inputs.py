@@ -95,6 +95,24 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
     assert entry["status"] == "done" and entry["ours"]["average"] == 55.0
 
 
+def test_a_table_only_needs_the_summaries_not_the_eval_inputs(tmp_path, capsys, monkeypatch):
+    """--table_only built each row's EvalConfig to compare its summary's settings, running the eval's own checks:
+    a benchmark file of --eval_args gone since (or relative, the table assembled from another directory) stopped
+    the whole table with 'error: sets/mine.jsonl: does not exist'. The summary is compared, the files not read."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "mine.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    monkeypatch.chdir(tmp_path)
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base", "--table_only",
+            "--eval_args=--benchmarks sets/mine.jsonl --data_dir sets"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    _summary(row.eval_result, 55.0, benchmarks=("sets/mine.jsonl",), data_dir="sets")
+    monkeypatch.chdir(out)   # the rows run from tmp_path; the table assembled from another directory
+    assert paper_table.main(argv) == 0, capsys.readouterr().err
+    entry = json.load(open(os.path.join(out, "table.json")))["rows"]["base"]
+    assert entry["status"] == "done" and entry["ours"]["average"] == 55.0
+
+
 def test_a_trained_row_without_its_eval_is_said_to_be_trained(tmp_path, capsys):
     """A row whose training finished but whose eval directory is missing was "not run" (as a row never
     started): what is left is its eval. A row stopped short of the step says where (was "not run" too); a row
