@@ -83,6 +83,8 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
                            ({"benchmarks": ("aime24",)}, 'evaluated with other settings (benchmarks ["aime24"], '
                                                          'not ["aime24", "aime25", "hmmt25"])'),
                            ({"max_new_tokens": 8}, "evaluated with other settings (max_new_tokens 8, not 38912)"),
+                           ({"top_p": 0.95}, "done"),   # the default before it was None (official: 0.95 thinking)
+                           ({"top_p": 0.8}, "evaluated with other settings (top_p 0.8, not 0.95)"),
                            ({}, "done")):
         _summary(row.eval_result, 55.0, **config)
         assert paper_table.main(argv) == 0, capsys.readouterr().err
