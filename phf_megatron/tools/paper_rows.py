@@ -217,7 +217,10 @@ def check_overrides(row: Row, cfg, overrides: list[str]) -> None:
 
     own = config_from_argv(row.train_flags[:len(row.train_flags) - len(overrides)])
     for key, flag in ROW_SETTINGS:
-        if _setting(cfg, key) != _setting(own, key):
+        given, mine = _setting(cfg, key), _setting(own, key)
+        if key in ("run_dir", "model.hf_dir") and isinstance(given, str) and isinstance(mine, str):
+            given, mine = os.path.realpath(given), os.path.realpath(mine)   # the same directory, typed otherwise
+        if given != mine:
             raise UserError(f"--{key}: set by the table for each row (the {row.name} row's: "
                             f"{_setting(own, key)}; the table's {flag}), not after --")
 

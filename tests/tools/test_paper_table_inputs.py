@@ -198,7 +198,7 @@ def test_eval_args_that_replace_a_rows_own_flag_are_refused(tmp_path, capsys, fl
     ("--training.train_iters=50", "error: --training.train_iters: set by the table for each row (the sft row's: 100; "
                                   "the table's --step)"),
 ])
-def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path, capsys, override, line):
+def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path, capsys, monkeypatch, override, line):
     """After ``--`` the last flag wins: --model.hf_dir trained every row on another base than the eval's --model
     (silently), --method made every row one method, --run_dir put every row in one directory, and
     --training.train_iters made each row's training 'fail (exit code 0)' short of --step. Other overrides pass."""
@@ -208,3 +208,6 @@ def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path,
     err = capsys.readouterr().err.strip()
     assert err.startswith(line.format(hf=hf, out=out)) and "\n" not in err, err
     assert paper_table.main([*argv, "--training.micro_batch_size=2", "--logging.log_interval=2"]) == 0
+    # the row's own value, typed otherwise (a trailing slash, relative): the same directory, not refused
+    monkeypatch.chdir(tmp_path)
+    assert paper_table.main([*argv, "--model.hf_dir=hf/"]) == 0, capsys.readouterr().err
