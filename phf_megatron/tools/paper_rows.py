@@ -197,6 +197,21 @@ def result_value(data, path: str, *keys: str, number: bool = True):
     return data
 
 
+def check_eval_values(eval_args: str, k: int, hf_model: str, out_dir: str) -> None:
+    """The eval's own checks of ``--eval_args``' values with the table's ``--k`` (a --pass_ks past it, a --top_p
+    of 2): one line before any row runs, not each row's eval failing after its training."""
+    from ..cli import Settings
+    from ..config_errors import fail
+    from ..errors import UserError
+    from ..eval.config import EvalConfig
+
+    settings = Settings(EvalConfig)
+    try:
+        settings.build({**settings.parse(shlex.split(eval_args)), "n": k, "model": hf_model, "out_dir": out_dir})
+    except UserError as err:
+        raise fail("eval_args", f"{err.line} (in {eval_args!r}, with the table's --k {k})") from None
+
+
 #: trainer settings each row sets itself (``plan_row``), and the table's flag for them: one after ``--``
 #: replaced every row's (the last flag wins): rows trained on another base than evaluated, all rows one method
 ROW_SETTINGS = (("run_dir", "--out"), ("training.train_iters", "--step"), ("model.hf_dir", "--hf_model"),

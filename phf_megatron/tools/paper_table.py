@@ -42,7 +42,7 @@ from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
 from .paper_rows import (
     REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, trained_step, training_finished,
-    check_overrides, check_save_dirs)
+    check_eval_values, check_overrides, check_save_dirs)
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -73,7 +73,8 @@ class PaperTable:
     """the training set; None: the official OPSD set (toy: its train.jsonl)."""
     eval_args: str = ""
     """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32"); not --n (--k), --model,
-    --adapter, --megatron_checkpoint or --out_dir: the table sets them for each row."""
+    --adapter, --megatron_checkpoint or --out_dir: the table sets them for each row; checked as the eval checks them
+    (with --k) before any row runs."""
     seed: int = 0
     """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
     seeds: tuple[int, ...] | None = None
@@ -116,6 +117,8 @@ class PaperTable:
             raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
         if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
             raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
+        if not self.table_only:   # the eval's checks of their values (--pass_ks past --k): now, not after training
+            check_eval_values(self.eval_args, self.k, self.hf_model, os.path.join(self.out, "row"))
 
 
 def _check_eval_args(eval_args: str) -> None:

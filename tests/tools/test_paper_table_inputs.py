@@ -211,3 +211,19 @@ def test_trainer_overrides_that_replace_a_rows_own_setting_are_refused(tmp_path,
     # the row's own value, typed otherwise (a trailing slash, relative): the same directory, not refused
     monkeypatch.chdir(tmp_path)
     assert paper_table.main([*argv, "--model.hf_dir=hf/"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("eval_args,said", [
+    ("--pass_ks 1 16", "--pass_ks: each must lie in [1, n=12] (pass@k of n samples), got 16"),
+    ("--top_p 2", "--top_p: must lie in (0, 1] or be None (official), got 2.0"),
+])
+def test_eval_args_the_eval_refuses_are_refused_before_any_row_runs(tmp_path, capsys, eval_args, said):
+    """--eval_args were only parsed at the start: a value the eval refuses (a --pass_ks past the table's --k, which
+    the eval refuses since 7829507) made each row's eval fail after its training (hours each)."""
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft", f"--eval_args={eval_args}"]
+    assert paper_table.main([*argv, "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --eval_args: {said} (in {eval_args!r}, with the table's --k 12)", err
+    assert paper_table.main([*argv, "--dry_run", "--k", "16"]) == (0 if "pass_ks" in eval_args else 2)
+    assert not os.path.exists(out)
