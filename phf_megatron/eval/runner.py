@@ -126,6 +126,25 @@ def _upgrade_typed_checkpoint(out_dir: str, fingerprint: dict, typed: str, befor
         write_json(path, {**old, "megatron_checkpoint": held}, indent=1)
 
 
+def check_prompts_fit(config: EvalConfig, model_dir: str, items: list[WorkItem], model_limit: int | None) -> None:
+    """Every pending prompt leaves room for a new token in the engine's context: one line naming the
+    longest, before an engine starts (it was vLLM's or the HF engine's traceback after loading)."""
+    if not items:
+        return
+    tok = load_qwen3_tokenizer(model_dir)
+    context = config.engine_max_model_len(model_limit)
+    lengths = {(it.problem.benchmark, it.problem.id): len(eval_prompt_ids(tok, it.problem.problem,
+                                                                          thinking=config.thinking))
+               for it in items}
+    over = {key: n for key, n in lengths.items() if n >= context}
+    if over:
+        (bench, pid), n = max(over.items(), key=lambda kv: kv[1])
+        raise ConfigError("max_model_len", f"{len(over)} of {len(lengths)} prompts do not fit the engine's context "
+                                           f"of {context} tokens (the longest, {bench} problem {pid}, is {n} "
+                                           f"tokens; the model's max_position_embeddings: {model_limit}): "
+                                           "a model with a longer context, or other --benchmarks")
+
+
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
                      show_progress: bool = True, done: int = 0) -> None:
     """Generate, grade and append ``items`` to shard ``rank`` (one engine in this process); the bar
@@ -260,6 +279,7 @@ def run_eval(config: EvalConfig) -> Summary:
                              "use another --out_dir")
     items = pending_work(problems, config.n, set(done))
     written = sum(map(len, problems.values())) * config.n - len(items)   # a resume's bar starts there
+    check_prompts_fit(config, model_dir, items, limit)
     t0 = time.perf_counter()
     if items:
         replicas = _replica_gpus(config)

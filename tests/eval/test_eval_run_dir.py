@@ -8,6 +8,9 @@
   ``run_config.json`` that blocks the corrected rerun;
 * a PEFT adapter of another shape, a damaged or missing adapter file and a truncated
   --megatron_checkpoint are one line naming the file (the spawned conversion prints no traceback either);
+* a prompt longer than the engine's context (the README's eval command on the toy's 512-position model:
+  a 1,359-token AIME prompt was vLLM's 40-line traceback) is one line naming the problem and both lengths,
+  before any engine starts or any sample is written;
 * a full disk (a real 8 KiB tmpfs) and a read-only output directory: one line naming the file
   and the cause ("No space left on device").
 
@@ -88,6 +91,18 @@ def _error_line(tiny_dir: str, problems: str, out_dir: str) -> str:
     lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-4000:]
     return lines[0]
+
+
+def test_a_prompt_longer_than_the_context_is_one_line(tmp_path, tiny_dir, problems):
+    out_dir = str(tmp_path / "run")
+    proc = run_python([os.path.join(REPO, "tools", "eval_avg_at_k.py"), "--model", tiny_dir, "--benchmarks",
+                       problems, "--out_dir", out_dir, "--n", "1", "--max_new_tokens", "4", "--backend", "hf",
+                       "--dtype", "float32", "--max_model_len", "8"])
+    lines = [line for line in proc.stderr.replace("\r", "\n").splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-4000:]
+    assert lines[0].startswith("error: --max_model_len: 2 of 2 prompts do not fit the engine's context of 8 "
+                               "tokens (the longest, two problem p1, is "), lines[0]
+    assert not os.path.exists(os.path.join(out_dir, "samples.rank0.jsonl"))
 
 
 def test_full_disk_is_one_line(tmp_path, tiny_dir, problems):
