@@ -11,10 +11,10 @@ libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is n
 Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by
 this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore`` too).
 ``hf_progress_bars_off`` hides transformers' own bars for the span of a command that prints its own
-progress (``python -m phf_megatron.toy``), and restores them after. ``progress_bar`` is every bar
-of ours (conversion, evaluation, training): tqdm's on a terminal; in a log file (stderr not a
-terminal: Slurm, ``2> log``) plain lines instead of ``\\r`` redraws, at most one per percent of the
-total and per ``LOG_INTERVAL_S`` seconds.
+progress (``python -m phf_megatron.toy``, the eval's adapter merge), and restores them after.
+``progress_bar`` is every bar of ours (conversion, evaluation, training): tqdm's on a terminal; in a
+log file (stderr not a terminal: Slurm, ``2> log``) plain lines instead of ``\\r`` redraws, at most one
+per percent of the total and per ``LOG_INTERVAL_S`` seconds.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from phf_megatron.input_files import (
 )
 from phf_megatron.output_files import atomic_dir, remove, write_json
 from phf_megatron.runtime.children import Reaper, run_reaped
+from phf_megatron.startup import hf_progress_bars_off
 from phf_megatron.tokenizer import has_tokenizer_files, load_qwen3_tokenizer
 
 #: What a finished output was made from (a rerun reuses the output when it matches).
@@ -95,19 +96,20 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
     if _reusable(final, marker):
         return final
     _say(f"merging {adapter_dir} into {base_dir} in {final} (a rerun reuses it)")
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
-    try:
-        merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    except RuntimeError as err:           # "Error(s) in loading state_dict ... size mismatch for ..."
-        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        shown = next((line for line in lines if "mismatch" in line), lines[0] if lines else type(err).__name__)
-        more = sum("mismatch" in line for line in lines) - 1
-        raise InputFileError(adapter_dir, f"does not fit the base model {base_dir}: {shown}"
-                                          + (f" (and {more} more)" if more > 0 else "")) from None
-    with atomic_dir(final) as tmp:
-        merged.save_pretrained(tmp)
-        _save_tokenizer([adapter_dir, base_dir], tmp)
-        write_json(os.path.join(tmp, MARKER), marker, indent=1)
+    with hf_progress_bars_off():   # that line says it, not transformers' "Loading weights" / "model shards" bars
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=getattr(torch, dtype), local_files_only=True)
+        try:
+            merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        except RuntimeError as err:           # "Error(s) in loading state_dict ... size mismatch for ..."
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            shown = next((line for line in lines if "mismatch" in line), lines[0] if lines else type(err).__name__)
+            more = sum("mismatch" in line for line in lines) - 1
+            raise InputFileError(adapter_dir, f"does not fit the base model {base_dir}: {shown}"
+                                              + (f" (and {more} more)" if more > 0 else "")) from None
+        with atomic_dir(final) as tmp:
+            merged.save_pretrained(tmp)
+            _save_tokenizer([adapter_dir, base_dir], tmp)
+            write_json(os.path.join(tmp, MARKER), marker, indent=1)
     return final
 
 

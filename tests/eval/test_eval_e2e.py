@@ -153,10 +153,17 @@ def test_peft_adapter_is_merged_into_the_base(tmp_path, tiny_dir, eval_sets, cap
     want = lora.merge_and_unload().state_dict()
     config = _config(tmp_path, tiny_dir, eval_sets, name="peft", adapter=str(tmp_path / "adapter"),
                      n=1, max_new_tokens=2, pass_ks=(1,))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()   # as a fresh process has them: the merge printed their bars in the main job's log
     capsys.readouterr()
     run_eval(config)
+    err = capsys.readouterr().err
     assert (f"eval: merging {tmp_path / 'adapter'} into {tiny_dir} in {config.out_dir}/merged_model (a rerun "
-            "reuses it)") in capsys.readouterr().err.splitlines()   # minutes at 8B: said, not silent
+            "reuses it)") in err.splitlines()   # minutes at 8B: said, not silent
+    # our line, not transformers' bars (the one "Loading weights" left is the hf engine loading the merged model)
+    assert "model shards" not in err and err.count("Loading weights: 100%") == 1, err[-2000:]
+    assert hf_logging.is_progress_bar_enabled()   # a library caller's setting is back
     merged = AutoModelForCausalLM.from_pretrained(os.path.join(config.out_dir, "merged_model"), dtype=torch.float32)
     for name, t in merged.state_dict().items():
         torch.testing.assert_close(t, want[name], rtol=0, atol=1e-6)
