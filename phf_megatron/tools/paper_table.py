@@ -74,7 +74,7 @@ class PaperTable:
     eval_args: str = ""
     """extra flags for every evaluation, one string (e.g. "--limit 5 --dtype float32"); not --n (--k), --model,
     --adapter, --megatron_checkpoint or --out_dir: the table sets them for each row; checked as the eval checks them
-    (with --k) before any row runs."""
+    (with --k) before any row runs. Not with toy (its evaluation takes none)."""
     seed: int = 0
     """toy: the split, init and warm-up seed (trainer seed 1234 + seed, as examples/train_phf_tiny.sh)."""
     seeds: tuple[int, ...] | None = None
@@ -97,6 +97,9 @@ class PaperTable:
         if self.ngpu < 0:
             raise fail("ngpu", f"must be >= 0 (0: 8, toy 1), got {self.ngpu}")
         _check_eval_args(self.eval_args)   # here, not when the first row's eval starts (after its training)
+        if self.toy and self.eval_args.strip():   # they went to `toy evaluate`, whose argparse refused them there
+            raise fail("eval_args", "the toy's evaluation (python -m phf_megatron.toy evaluate) takes no flags, "
+                                    f"got {self.eval_args!r}")
         if self.data and self.data.startswith(("/", ".", "~")) and not os.path.exists(self.data):
             raise fail("data", f"{self.data} does not exist")
         if self.seeds is not None and (not self.toy or not self.seeds or len(set(self.seeds)) != len(self.seeds)):

@@ -180,6 +180,9 @@ def test_the_examples_train_the_recipes_rows(script, row):
     (["--toy", "--out", "o", "--eval_args=--limit '5"], "error: --eval_args: No closing quotation"),
     (["--toy", "--out", "o", "--eval_args", "--limit 5"], "error: --eval_args: missing a value (one that starts "
                                                          "with -- goes as --eval_args=VALUE)"),
+    # valid eval flags, but the toy's evaluation takes none: its first row stopped on argparse's "unrecognized arguments"
+    (["--toy", "--out", "o", "--eval_args=--limit 5"], "error: --eval_args: the toy's evaluation (python -m "
+                                                       "phf_megatron.toy evaluate) takes no flags, got '--limit 5'"),
     (["--toy", "--out", "o", "--ngpu", "-1"], "error: --ngpu: must be >= 0 (0: 8, toy 1), got -1"),
     (["--toy", "--out", "o", "--data", "/no/such.jsonl"], "error: --data: /no/such.jsonl does not exist"),
     # the trainer's flags after --: found when their row's training started (after the Base eval), --dry_run passed
