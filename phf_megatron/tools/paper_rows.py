@@ -155,7 +155,7 @@ def eval_differs(row: Row, k: int, toy: bool) -> str | None:
     settings = Settings(EvalConfig)
     want = {f.name: f.default for f in dataclasses.fields(EvalConfig) if f.default is not dataclasses.MISSING}
     want.update((key, coerce(raw, settings.types[key], key))
-                for key, raw in settings.parse(row.eval[3:]).items())   # python -m <module> FLAGS
+                for key, raw in settings.parse(eval_settings(row.eval[3:])).items())   # python -m <module> FLAGS
     done, same = _sampled(done), _sampled(json.loads(json.dumps(want, default=str)))
     diff = [f"{key} {json.dumps(done.get(key))}, not {json.dumps(same[key])}" for key in SCORE_KEYS
             if key in done and done[key] != same[key]]
@@ -197,6 +197,13 @@ def result_value(data, path: str, *keys: str, number: bool = True):
     return data
 
 
+def eval_settings(flags: list[str]) -> list[str]:
+    """The eval's flags that set ``EvalConfig`` fields: without its command's own switches (``--verbose``)."""
+    from ..commands import VERBOSE
+
+    return [a for a in flags if a not in VERBOSE]
+
+
 def check_eval_values(eval_args: str, k: int, hf_model: str, out_dir: str) -> None:
     """The eval's own checks of ``--eval_args``' values with the table's ``--k`` (a --pass_ks past it, a --top_p
     of 2): one line before any row runs, not each row's eval failing after its training."""
@@ -207,7 +214,7 @@ def check_eval_values(eval_args: str, k: int, hf_model: str, out_dir: str) -> No
 
     settings = Settings(EvalConfig)
     try:
-        settings.build({**settings.parse(shlex.split(eval_args)), "n": k, "model": hf_model, "out_dir": out_dir})
+        settings.build({**settings.parse(eval_settings(shlex.split(eval_args))), "n": k, "model": hf_model, "out_dir": out_dir})
     except UserError as err:
         raise fail("eval_args", f"{err.line} (in {eval_args!r}, with the table's --k {k})") from None
 

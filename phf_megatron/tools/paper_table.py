@@ -42,7 +42,7 @@ from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
 from .paper_rows import (
     REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, trained_step, training_finished,
-    check_eval_values, check_overrides, check_save_dirs)
+    check_eval_values, check_overrides, check_save_dirs, eval_settings)
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -129,8 +129,8 @@ def _check_eval_args(eval_args: str) -> None:
     from ..errors import UserError
     from ..eval.config import EvalConfig
 
-    try:
-        given = Settings(EvalConfig).parse(shlex.split(eval_args))
+    try:   # the eval's own switches (--verbose) are flags of its command, not EvalConfig fields
+        given = Settings(EvalConfig).parse(eval_settings(shlex.split(eval_args)))
     except (ValueError, UserError) as err:   # "No closing quotation", "--bogus: unknown setting"
         raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
     # the eval's last flag wins: these replaced the row's own (every row scored as --model / --adapter X, or its

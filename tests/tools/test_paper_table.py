@@ -201,6 +201,24 @@ def test_one_line_errors(capsys, tmp_path, argv, line):
     assert err.startswith(line.format(tmp=tmp_path)) and "\n" not in err, err
 
 
+def test_the_evals_own_verbose_switch_passes_eval_args(capsys, tmp_path):
+    """``--verbose`` is a switch of tools/eval_avg_at_k.py (README: "tools: --verbose"), not an EvalConfig
+    field: --eval_args refused it as "unknown setting"; it goes to every row's eval command."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    argv = ["--scale", "1p7b", "--hf_model", str(tmp_path / "hf"), "--out", str(tmp_path / "t"), "--rows", "base",
+            "--eval_args=--verbose --limit 5", "--dry_run"]
+    assert paper_table.main(argv) == 0, capsys.readouterr().err
+    evals = [line for line in capsys.readouterr().out.splitlines() if "eval_avg_at_k" in line]
+    assert len(evals) == 1 and evals[0].endswith(" --verbose --limit 5"), evals
+    # and its summary is compared with the command's settings, --verbose aside (was "--verbose: unknown setting")
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    os.makedirs(os.path.dirname(row.eval_result))
+    with open(row.eval_result, "w") as f:
+        json.dump({"k": 12, "config": {"limit": 4}, "average": 1.0}, f)
+    assert paper_rows.eval_differs(row, 12, toy=False) == "limit 4, not 5"
+
+
 def test_a_finished_row_is_reused_only_with_the_settings_it_was_trained_with(capsys, tmp_path):
     """A rerun into the same --out with other trainer flags after ``--`` skipped the finished rows and scored
     them again as if trained with the new flags (the trainer itself refuses such a run: finished_step)."""
