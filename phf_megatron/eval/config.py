@@ -77,7 +77,7 @@ class EvalConfig:
     limit: int | None = None
     """evaluate only the first N problems of each benchmark (smoke runs)."""
     pass_ks: tuple[int, ...] = (1,)
-    """pass@k values reported besides pass@n."""
+    """pass@k values reported besides pass@n, each in [1, n] (another is refused at the start)."""
     plot: bool = False
     """also write avg_at_k.png (needs matplotlib)."""
     keep_model: bool = True

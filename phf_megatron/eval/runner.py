@@ -95,7 +95,7 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
         diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
         if diff:
             raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
-                                          "(old, new); use another --out-dir")
+                                          "(old, new); use another --out_dir")
         return
     write_json(path, fingerprint, indent=1)
 

@@ -17,7 +17,8 @@
 
 Rerunning the same command resumes: finished samples are kept, only missing ones are generated
 (the progress bar counts on from those: 700/1080 samples); samples of a problem whose text has changed
-since (an edited file, another --data_dir: same ids) are refused, naming the directory.
+since (an edited file, another --data_dir: same ids), or converted from another iteration of a
+--megatron_checkpoint run (it saved a later one since), are refused, naming the directory.
 Outputs in --out_dir: samples.rank*.jsonl (one line per sample), summary.json (the scores, in
 percent), run_config.json (the generation settings a resume must match), merged_model/ (--adapter)
 or converted_model/ (--megatron_checkpoint): the HF model evaluated (--no-keep_model deletes it at

@@ -136,7 +136,7 @@ SCORE_KEYS = ("n", "benchmarks", "data_dir", "data_revision", "limit", "temperat
 
 
 def eval_differs(row: Row, k: int, toy: bool) -> str | None:
-    """How the row's eval result was made otherwise than its eval command says (``"limit 5, not None"``),
+    """How the row's eval result was made otherwise than its eval command says (``"limit 5, not null"``: JSON values),
     or None: the same settings (the toy's: no settings recorded)."""
     data = read_json(row.eval_result)   # damaged: one line naming it
     if toy:

@@ -11,7 +11,7 @@
 
 Each row runs the trainer as the examples do (the scale's preset configs/phf_qwen3_<scale>.yaml plus
 the row's flags from ``paper_recipes``, then the overrides after ``--``, which may not replace the row's
-run_dir, train_iters, model.hf_dir or method, nor put two rows' checkpoints in one
+run_dir, train_iters, model.hf_dir, method or ablation, nor put two rows' checkpoints in one
 ``checkpoint.save``; ``torchrun`` when --ngpu > 1) into <out>/<row>/, then the
 eval (``tools/eval_avg_at_k.py``, Average@k, official grader) of the run's PEFT adapter at --step into
 <out>/<row>/eval_step<step>/ (Base: the HF model itself). The rows run one after the other; a row
@@ -21,7 +21,9 @@ whose training is finished and whose eval summary is present, made with the row'
 Rows can also run as separate jobs (``--rows sft`` each) and be assembled with ``--table_only``.
 Writes <out>/table.md and <out>/table.json: our Average@k per benchmark and suite mean beside the
 paper's (``paper_numbers.json``: the numbers with their line in the paper's LaTeX source), and the
-difference. Logs: <out>/<row>/train.log, eval.log. Each row's command lines: ``paper_rows``.
+difference; a row without them is "not run", "trained to step N of S", "trained, not evaluated" or
+"evaluated with other settings (limit 5, not null)" (a --limit smoke's summary: not the row's result).
+Logs: <out>/<row>/train.log, eval.log. Each row's command lines: ``paper_rows``.
 """
 
 from __future__ import annotations

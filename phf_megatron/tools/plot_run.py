@@ -46,9 +46,9 @@ class PlotRun:
     run_dir: str
     """the run directory holding metrics.jsonl (the flag may be left out: ``plot_run.py RUN_DIR``)."""
     out: str | None = None
-    """curves PNG (.png added to a name without a suffix); the heatmap and the loss-by-token plot go next to it
-    as <name>_layer_energy.png and <name>_loss_tokens.png. None: RUN_DIR/plots/curves.png, layer_energy.png,
-    loss_tokens.png."""
+    """the curves' file in its suffix's format (.png added to a name without one; one matplotlib does not write:
+    refused); the heatmap and the loss-by-token plot go next to it: <name>_layer_energy.png, <name>_loss_tokens.png.
+    None: RUN_DIR/plots/curves.png, layer_energy.png, loss_tokens.png. Each is written whole or not at all."""
     verbose: bool = False
     """Show matplotlib's font warnings ("findfont: Font family ... not found", from a matplotlibrc
     naming a font that is not installed); hidden by default: the plots fall back to DejaVu Sans."""
