@@ -169,3 +169,5 @@ def test_the_toy_commands_show_no_transformers_progress_bars(tmp_path, capfd):
     out, err = capfd.readouterr()
     assert '{"phase": "warmup", "step": 1, "of": 1, ' in out and "held-out greedy accuracy:  noref_seen " in out, out
     assert "Loading weights" not in err and "model shards" not in err and "it/s]" not in err, err[-2000:]
+    # evaluate's own bar instead (about 20 s of silence before), over its four held-out sets
+    assert [line.split("|")[-1].split()[0] for line in err.splitlines() if line.startswith("toy eval:")][-1] == "4/4"
