@@ -39,10 +39,20 @@ FOREIGN_MESSAGES = (
 LOG_INTERVAL_S = 30.0
 
 
+_QUIET = False
+
+
+def started_quiet() -> bool:
+    """Whether this process called ``quiet_start`` without ``verbose`` (an engine then starts without its bars)."""
+    return _QUIET
+
+
 def quiet_start(verbose: bool = False) -> None:
     """Silence third-party warnings and logs unless ``verbose`` (see the module docstring)."""
+    global _QUIET
     if verbose:
         return
+    _QUIET = True
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # C++ warnings ("[W ... utils.cpp:68] Warning: ...")
     os.environ.setdefault("TORCH_LOGS", "-all")             # torch's Python log ("Triton not available")

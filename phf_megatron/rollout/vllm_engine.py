@@ -61,6 +61,7 @@ import threading
 import torch
 
 from ..runtime.children import Reaper, exit_code
+from ..startup import started_quiet
 from .engine import RolloutEngine
 from .errors import EngineDiedError, EngineStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
@@ -185,7 +186,8 @@ class VLLMEngine(RolloutEngine):
         kwargs = dict(model=model_dir, dtype=dtype, seed=seed, max_model_len=max_model_len,
                       tensor_parallel_size=tensor_parallel_size,
                       enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-                      distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp")
+                      distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+                      use_tqdm_on_load=not started_quiet())   # its "Loading safetensors" bar: \r lines in a log
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         else:
