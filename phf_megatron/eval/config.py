@@ -12,6 +12,9 @@ PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
 #: top-p (lines 653-654) and the engine's context length (lines 114-116).
 OFFICIAL_TOP_P = {True: 0.95, False: 0.8}
 OFFICIAL_MAX_MODEL_LEN = {True: 40_960, False: 32_768}
+#: The settings a rerun into an out_dir must share with its samples to resume them (``generation_fingerprint``,
+#: with top_p and max_model_len as the engine gets them, the model and the backend); --n, --limit, --benchmarks resume.
+GENERATION_KEYS = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "data_revision")
 
 
 @dataclass
@@ -156,8 +159,7 @@ class EvalConfig:
     def generation_fingerprint(self, model_dir: str, backend: str, model_limit: int | None = None) -> dict:
         """What fixes the samples: a rerun into the same out_dir must match it to resume (the
         top-p and context length as the engine gets them)."""
-        keys = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "data_revision")
-        fp = {k: getattr(self, k) for k in keys}
+        fp = {k: getattr(self, k) for k in GENERATION_KEYS}
         fp.update(top_p=self.sampling_top_p, max_model_len=self.engine_max_model_len(model_limit),
                   model_dir=model_dir, backend=backend, adapter=self.adapter,
                   megatron_checkpoint=self.megatron_checkpoint)

@@ -138,15 +138,36 @@ SCORE_KEYS = ("n", "benchmarks", "data_dir", "data_revision", "limit", "temperat
 def eval_differs(row: Row, k: int, toy: bool) -> str | None:
     """How the row's eval result was made otherwise than its eval command says (``"limit 5, not null"``: JSON values),
     or None: the same settings (the toy's: no settings recorded)."""
+    return "; ".join(diff for _, diff in _differences(row, k, toy)) or None
+
+
+def check_eval_dirs(rows: list[Row], k: int, toy: bool) -> None:
+    """Before any row runs: a row's eval directory whose summary was made with settings the eval's resume compares
+    (``GENERATION_KEYS``, top_p, max_model_len) is refused by that eval, after the rows before it ran; its samples
+    are the user's to remove (a --limit, --n or --benchmarks difference resumes)."""
+    from ..eval.config import GENERATION_KEYS
+
+    for row in rows:
+        if toy or not os.path.isfile(row.eval_result):
+            continue
+        refused = [diff for key, diff in _differences(row, k, toy)
+                   if key in (*GENERATION_KEYS, "top_p", "max_model_len")]
+        if refused:
+            raise InputFileError(os.path.dirname(row.eval_result), f"row {row.name}'s eval holds samples made with "
+                                 f"other settings ({'; '.join(refused)}), which its eval does not resume; remove the "
+                                 "directory (or give another --out) to evaluate the row with its settings")
+
+
+def _differences(row: Row, k: int, toy: bool) -> list[tuple[str, str]]:
+    """(setting, ``"limit 5, not null"``) for each setting of the row's eval result that its eval command changes."""
     data = read_json(row.eval_result)   # damaged: one line naming it
     if toy:
-        return None
+        return []
     result_value(data, row.eval_result, number=False)
-    if data.get("k") != k:
-        return f"k {data.get('k')}, not {k}"
+    k_diff = [] if data.get("k") == k else [("n", f"k {data.get('k')}, not {k}")]   # (its config's n: the same)
     done = data.get("config")
     if not isinstance(done, dict):   # a summary written before it recorded its settings: k alone
-        return None
+        return k_diff
     from ..cli import Settings, coerce
     from ..eval.config import EvalConfig
 
@@ -157,9 +178,8 @@ def eval_differs(row: Row, k: int, toy: bool) -> str | None:
     want.update((key, coerce(raw, settings.types[key], key))
                 for key, raw in settings.parse(eval_settings(row.eval[3:])).items())   # python -m <module> FLAGS
     done, same = _sampled(done), _sampled(json.loads(json.dumps(want, default=str)))
-    diff = [f"{key} {json.dumps(done.get(key))}, not {json.dumps(same[key])}" for key in SCORE_KEYS
-            if key in done and done[key] != same[key]]
-    return "; ".join(diff) or None
+    return k_diff + [(key, f"{key} {json.dumps(done.get(key))}, not {json.dumps(same[key])}") for key in SCORE_KEYS
+                     if key in done and done[key] != same[key] and key != "n"]
 
 
 def _sampled(config: dict) -> dict:

@@ -44,7 +44,7 @@ from ..runtime.children import run_reaped
 from .paper_recipes import BENCHMARKS, ROWS, SCALES, TOY_BENCHMARKS, TOY_ROWS, PaperNumbers
 from .paper_rows import (
     REPO, Row, eval_differs, eval_finished, plan_row, prepare_steps, result_value, trained_step, training_finished,
-    check_eval_values, check_overrides, check_save_dirs, eval_settings)
+    check_eval_dirs, check_eval_values, check_overrides, check_save_dirs, eval_settings)
 
 TOY_NOTE = "n/a: toy task, not comparable"
 
@@ -370,6 +370,7 @@ def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
         _check_trainer_args(rows, args.step, args.overrides)
+        check_eval_dirs(rows, args.k, args.toy)   # the eval would refuse them after the rows before
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

@@ -97,6 +97,46 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
     assert entry["status"] == "done" and entry["ours"]["average"] == 55.0
 
 
+
+def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_row_runs(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """A run evaluates a row "evaluated with other settings" again into the same eval_step<step>/: made with another
+    top_p (any setting the eval's resume compares), the eval refused its samples ("holds samples generated with other
+    settings ...; use another --out_dir") after the table had run the rows before it (sft's training here). Now one
+    line at the start naming the row, its directory and the settings, nothing deleted; a --limit smoke's directory
+    (limit is not compared) still resumes."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.input_files import InputFileError
+
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "sft,base"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    eval_dir = os.path.dirname(row.eval_result)
+    _summary(row.eval_result, 55.0, top_p=0.8, n=4)   # (another k does not hide it)
+    # the eval's own check, as it meets the directory: samples of top_p 0.8, the row's command the official 0.95
+    old, new = (EvalConfig(out_dir=eval_dir, model=hf, **c).generation_fingerprint(hf, "vllm", 40960)
+                for c in ({"top_p": 0.8}, {}))
+    _check_fingerprint(eval_dir, old, 40960, has_samples=False)   # writes run_config.json
+    with pytest.raises(InputFileError, match="holds samples generated with other settings"):
+        _check_fingerprint(eval_dir, new, 40960)
+    ran = []
+
+    def fake_run(cmd, log):
+        ran.append(cmd)
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        open(log, "a").close()
+        return 1, 0.0
+    monkeypatch.setattr(paper_table, "_run", fake_run)
+    assert paper_table.main(argv) == 2 and not ran
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {eval_dir}: row base's eval holds samples made with other settings (top_p 0.8, not "
+                   "0.95), which its eval does not resume; remove the directory (or give another --out) to "
+                   "evaluate the row with its settings"), err
+    assert os.path.isfile(row.eval_result) and os.path.isfile(os.path.join(eval_dir, "run_config.json"))
+    _summary(row.eval_result, 55.0, limit=5)   # a --limit smoke's: the table runs (its first step, failed here)
+    assert paper_table.main(argv) == 1 and ran and "other settings" not in capsys.readouterr().err
+
 def test_a_table_only_needs_the_summaries_not_the_eval_inputs(tmp_path, capsys, monkeypatch):
     """--table_only built each row's EvalConfig to compare its summary's settings, running the eval's own checks:
     a benchmark file of --eval_args gone since (or relative, the table assembled from another directory) stopped
