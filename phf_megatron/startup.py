@@ -10,6 +10,8 @@ libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is n
 
 Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by
 this process and by the processes vLLM spawns (which get ``PYTHONWARNINGS=ignore`` too).
+``started_quiet``: an engine starts without vLLM's loading bar, here and in the processes the command
+spawns (``PHF_QUIET_START``: the eval's data-parallel workers).
 ``hf_progress_bars_off`` hides transformers' own bars for the span of a command that prints its own
 progress (``python -m phf_megatron.toy``, the eval's adapter merge), and restores them after.
 ``progress_bar`` is every bar of ours (conversion, evaluation, training): tqdm's on a terminal; in a
@@ -39,20 +41,22 @@ FOREIGN_MESSAGES = (
 LOG_INTERVAL_S = 30.0
 
 
-_QUIET = False
+#: Set by a quiet start; inherited by the processes the command spawns (the eval's data-parallel workers).
+QUIET_ENV = "PHF_QUIET_START"
 
 
 def started_quiet() -> bool:
-    """Whether this process called ``quiet_start`` without ``verbose`` (an engine then starts without its bars)."""
-    return _QUIET
+    """Whether this process, or the command that spawned it, called ``quiet_start`` without ``verbose``
+    (an engine then starts without its bars)."""
+    return os.environ.get(QUIET_ENV) == "1"
 
 
 def quiet_start(verbose: bool = False) -> None:
     """Silence third-party warnings and logs unless ``verbose`` (see the module docstring)."""
-    global _QUIET
     if verbose:
+        os.environ.pop(QUIET_ENV, None)   # a --verbose command started by a quiet one (a paper_table row)
         return
-    _QUIET = True
+    os.environ[QUIET_ENV] = "1"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")   # C++ warnings ("[W ... utils.cpp:68] Warning: ...")
     os.environ.setdefault("TORCH_LOGS", "-all")             # torch's Python log ("Triton not available")

@@ -8,6 +8,8 @@ import pytest
 
 from phf_megatron import startup
 
+from tests.helpers import run_python
+
 from .conftest import HAS_VLLM, start_engine
 
 BAR = "Loading safetensors checkpoint shards"
@@ -17,7 +19,10 @@ BAR = "Loading safetensors checkpoint shards"
 @pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
 @pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "verbose"])
 def test_a_quiet_start_starts_vllm_without_its_loading_bar(tiny_dir, capfd, monkeypatch, quiet):
-    monkeypatch.setattr(startup, "_QUIET", quiet)
+    if quiet:
+        monkeypatch.setenv(startup.QUIET_ENV, "1")
+    else:
+        monkeypatch.delenv(startup.QUIET_ENV, raising=False)
     capfd.readouterr()
     engine = start_engine("vllm", tiny_dir)
     try:
@@ -25,3 +30,18 @@ def test_a_quiet_start_starts_vllm_without_its_loading_bar(tiny_dir, capfd, monk
     finally:
         engine.close()
     assert (BAR in err) is not quiet, err[-2000:]
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_process_spawned_by_a_quiet_command_starts_quiet_too(verbose):
+    """The eval's data-parallel workers (``multiprocessing`` spawn: a fresh interpreter that calls no
+    ``quiet_start``) start their vLLM engines as the command did: without its loading bar when quiet (it
+    showed one per replica before), with it under ``--verbose``, also when a quiet command started this one."""
+    code = ("import multiprocessing as mp\nfrom phf_megatron import startup\n"
+            f"startup.quiet_start({verbose})\n"
+            "with mp.get_context('spawn').Pool(1) as pool:\n"
+            "    print(startup.started_quiet(), pool.apply(startup.started_quiet))\n")
+    env = {"PHF_QUIET_START": "1"} if verbose else {}   # --verbose: a paper_table row's eval (the table quiet)
+    proc = run_python(["-c", code], timeout=120, **env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(not verbose)] * 2, proc.stdout
