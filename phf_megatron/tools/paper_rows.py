@@ -267,17 +267,20 @@ def check_overrides(row: Row, cfg, overrides: list[str]) -> None:
                             f"{_setting(own, key)}; the table's {flag}), not after --")
 
 
-def check_save_dirs(rows: list[Row]) -> None:
+def check_save_dirs(rows: list[Row], seeds: list[int] | None = None) -> None:
     """No two rows train into one checkpoints directory: a ``--checkpoint.save`` after ``--`` is every row's, and
-    the second row would resume from the first's checkpoints (one row per table run may move its own there)."""
+    the second row would resume from the first's checkpoints (one row per table run may move its own there).
+    ``seeds``: each row's seed (``--seeds``: every seed's table trains each row again)."""
     from ..errors import ConfigError
 
     seen: dict[str, str] = {}
-    for row in rows:
+    for i, row in enumerate(rows):
         if row.train_flags:
             save_dir = os.path.realpath(_save_dir(tuple(row.train_flags)))
+            name, one = (row.name, f"--rows {row.name}") if seeds is None else \
+                (f"{row.name} (seed {seeds[i]})", f"--rows {row.name} --seed {seeds[i]}")
             if save_dir in seen:
-                raise ConfigError("checkpoint.save", f"the {seen[save_dir]} and {row.name} rows would share the "
-                                  f"checkpoints in {save_dir}: give it after -- with one row (--rows "
-                                  f"{row.name}) per table run, or leave it out (each row's <out>/<row>/checkpoints)")
-            seen[save_dir] = row.name
+                raise ConfigError("checkpoint.save", f"the {seen[save_dir]} and {name} rows would share the "
+                                  f"checkpoints in {save_dir}: give it after -- with one row ({one}) per table "
+                                  "run, or leave it out (each row's <out>/<row>/checkpoints)")
+            seen[save_dir] = name

@@ -143,7 +143,7 @@ def _check_eval_args(eval_args: str) -> None:
             raise fail("eval_args", f"--{key} is set by the table for each row ({instead}) (in {eval_args!r})")
 
 
-def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = ()) -> None:
+def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), seeds: list[int] | None = None) -> None:
     """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
     a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
     finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
@@ -166,7 +166,7 @@ def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = ()) -
             except SettingsDiffer as err:  # a damaged file of the run is its own line, naming it
                 raise UserError(f"{err.line} (the {row.name} row, finished in {row.run_dir}, was trained with other "
                                 "settings: give a new --out to train it with these)") from None
-    check_save_dirs(rows)   # (after each row's flags are parsed: a bad one is named with its row)
+    check_save_dirs(rows, seeds)   # (after each row's flags are parsed: a bad one is named with its row)
 
 
 def parse_args(argv: list[str]):
@@ -345,10 +345,13 @@ def seeds_tables(args) -> int:
     from ..output_files import write_json, write_text
     from .seed_table import seeds_markdown, seeds_summary
 
-    out, tables = args.out, {}
-    for seed in args.seeds:
-        seed_args = copy.copy(args)
+    out, tables, runs = args.out, {}, [copy.copy(args) for _ in args.seeds]
+    for seed, seed_args in zip(args.seeds, runs):
         seed_args.seed, seed_args.out = seed, os.path.join(out, f"s{seed}")
+    if not args.table_only:   # each table checks its own rows; two seeds' rows sharing a --checkpoint.save: here
+        _check_trainer_args([plan_row(a, name) for a in runs for name in args.rows], args.step, args.overrides,
+                            seeds=[a.seed for a in runs for _ in args.rows])
+    for seed, seed_args in zip(args.seeds, runs):
         if not args.dry_run:
             _say(f"seed {seed} -> {seed_args.out}")
         rc = one_table(seed_args)

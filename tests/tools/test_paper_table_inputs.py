@@ -194,6 +194,20 @@ def test_rows_sharing_one_checkpoints_directory_are_refused(tmp_path, capsys):
     assert json.load(open(os.path.join(out, "table.json")))["rows"]["opsd"]["status"] == "trained to step 40 of 100"
 
 
+def test_seeds_sharing_one_checkpoints_directory_are_refused(tmp_path, capsys):
+    """--seeds trains each row once per seed: with a --checkpoint.save after --, seed 1's row resumed from seed 0's
+    checkpoints (each seed's table checked only its own rows: refused by its settings after seed 0's table ran).
+    One seed may move its row there."""
+    ckpts = str(tmp_path / "c")
+    argv = ["--toy", "--out", str(tmp_path / "t"), "--rows", "base,sft", "--dry_run"]
+    assert paper_table.main([*argv, "--seeds", "0,1", "--", f"--checkpoint.save={ckpts}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --checkpoint.save: the sft (seed 0) and sft (seed 1) rows would share the checkpoints in {ckpts}: "
+        "give it after -- with one row (--rows sft --seed 1) per table run, or leave it out (each row's "
+        "<out>/<row>/checkpoints)")
+    assert paper_table.main([*argv, "--seeds", "1", "--", f"--checkpoint.save={ckpts}"]) == 0, capsys.readouterr().err
+
+
 def test_a_log_cut_inside_a_character_is_still_shown(tmp_path, capsys):
     """A trainer killed (SIGKILL, out of memory) while drawing its bar leaves train.log ending inside a UTF-8
     character: the failed row's report was a UnicodeDecodeError traceback instead of the log's tail and its line."""
