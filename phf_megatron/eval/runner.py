@@ -139,10 +139,13 @@ def check_prompts_fit(config: EvalConfig, model_dir: str, items: list[WorkItem],
     over = {key: n for key, n in lengths.items() if n >= context}
     if over:
         (bench, pid), n = max(over.items(), key=lambda kv: kv[1])
+        room = (f"--max_model_len up to the model's {model_limit}, " if model_limit and model_limit > context else
+                "")   # the official cap (32,768 without thinking) is below Qwen3's 40,960
+        limit = "none in its config" if model_limit is None else model_limit
         raise ConfigError("max_model_len", f"{len(over)} of {len(lengths)} prompts do not fit the engine's context "
                                            f"of {context} tokens (the longest, {bench} problem {pid}, is {n} "
-                                           f"tokens; the model's max_position_embeddings: {model_limit}): "
-                                           "a model with a longer context, or other --benchmarks")
+                                           f"tokens; the model's max_position_embeddings: {limit}): "
+                                           f"{room}a model with a longer context, or other --benchmarks")
 
 
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,

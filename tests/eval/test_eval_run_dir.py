@@ -102,6 +102,9 @@ def test_a_prompt_longer_than_the_context_is_one_line(tmp_path, tiny_dir, proble
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-4000:]
     assert lines[0].startswith("error: --max_model_len: 2 of 2 prompts do not fit the engine's context of 8 "
                                "tokens (the longest, two problem p1, is "), lines[0]
+    # the model allows more than the 8 asked for: the line says so first
+    assert lines[0].endswith("): --max_model_len up to the model's 1024, a model with a longer context, or other "
+                             "--benchmarks"), lines[0]
     assert not os.path.exists(os.path.join(out_dir, "samples.rank0.jsonl"))
 
 
