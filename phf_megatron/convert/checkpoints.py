@@ -86,14 +86,14 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
                            source_hf_dir=source.path, tokenizer_src=source.path,
                            tokenizer_files=tuple(source.tokenizer_files()))
 
-        _phase(progress, f"hf->mcore save: writing the dist checkpoint into {os.path.abspath(out_dir)}.tmp "
+        say_phase(progress, f"hf->mcore save: writing the dist checkpoint into {os.path.abspath(out_dir)}.tmp "
                          "(renamed when complete)")   # as long as the load at 8B, with no bar of its own
         save_checkpoint(model, out_dir, write_extra=extra)
 
 
-def _phase(enabled: bool, line: str) -> None:
-    """A converter's phase without a bar of its own (a dist checkpoint's save or load), said as it starts
-    (rank 0, stderr, as the bars)."""
+def say_phase(enabled: bool, line: str) -> None:
+    """A converter's phase without a bar of its own (a dist checkpoint's save or load, a run export's loads),
+    said as it starts (rank 0, stderr, as the bars)."""
     if enabled and dist.get_rank() == 0:
         print(line, file=sys.stderr, flush=True)
 
@@ -139,7 +139,7 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
     stored = checkpoint_dtype(mcore_dir)
     with megatron_session(run_tp, run_pp):
         model = build_qwen3_model(arch, dtype=stored, perform_initialization=False)
-        _phase(progress, f"mcore->hf load: reading the dist checkpoint {mcore_dir}")
+        say_phase(progress, f"mcore->hf load: reading the dist checkpoint {mcore_dir}")
         try:
             load_checkpoint(model, mcore_dir)
         except Exception as err:   # Megatron's CheckpointingException: a traceback of its planner

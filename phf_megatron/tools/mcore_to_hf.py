@@ -102,9 +102,8 @@ def _convert(args: McoreToHf) -> int:
         raise ConfigError("adapter_only", f"{args.mcore_dir} is a model checkpoint, not a training run: it has no "
                                           "adapter")
     from ..convert.checkpoints import convert_mcore_to_hf
-    from ..input_files import read_json
-
     from ..errors import InputFileError
+    from ..input_files import read_json
 
     hf_config = read_json(args.hf_config) if args.hf_config else None
     if args.hf_config and not isinstance(hf_config, dict):   # was a TypeError traceback

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
@@ -224,14 +223,13 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
     Launch with the checkpoint's layout: one process for TP = PP = 1 (any data-parallel size),
     else ``torchrun --nproc-per-node TP*PP``; every rank calls this.
     """
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps  # noqa: F401 - Megatron before the model is built
 
     from .checkpoint import load_checkpoint
     from .checkpoint_parts import RankLayout, dist_model_part, tensors_part
     from .distributed import init_distributed, shutdown_distributed
     from .model_setup import build_model_chunks, check_settings_fit_model, read_hf_config
-    from ..convert.checkpoints import _check_new_dir  # the converters' own refusal of an existing --out_dir
+    from ..convert.checkpoints import _check_new_dir, say_phase  # the converters' refusal of an existing --out_dir
     from ..lora import adapter_parameters
     from ..models.qwen3_arch import Qwen3Arch
     from ..tokenizer import TOKENIZER_RULE, has_tokenizer_files
@@ -257,10 +255,9 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
         hf_config = read_hf_config(cfg)
         check_settings_fit_model(cfg, hf_config)
         arch = Qwen3Arch.from_hf(hf_config)
-        if dist.get_rank() == 0:   # the base weights' and the checkpoint's load: no bar, as long as the export at 8B
-            weights = "its LoRA adapters" if cfg.lora.enabled else "its weights"
-            print(f"export load: the base model {cfg.model.pretrained_checkpoint or cfg.model.hf_dir}, then "
-                  f"{weights} from {ckpt.path} (step {ckpt.iteration})", file=sys.stderr, flush=True)
+        weights = "its LoRA adapters" if cfg.lora.enabled else "its weights"   # no bar, as long as the export at 8B
+        say_phase(True, f"export load: the base model {cfg.model.pretrained_checkpoint or cfg.model.hf_dir}, then "
+                        f"{weights} from {ckpt.path} (step {ckpt.iteration})")
         chunks = build_model_chunks(cfg, hf_config, arch)
         if cfg.lora.enabled:
             parts = {"adapters": tensors_part(dict(p for c in chunks for p in adapter_parameters(c)))}
