@@ -133,9 +133,8 @@ def check_prompts_fit(config: EvalConfig, model_dir: str, items: list[WorkItem],
         return
     tok = load_qwen3_tokenizer(model_dir)
     context = config.engine_max_model_len(model_limit)
-    lengths = {(it.problem.benchmark, it.problem.id): len(eval_prompt_ids(tok, it.problem.problem,
-                                                                          thinking=config.thinking))
-               for it in items}
+    problems = {(it.problem.benchmark, it.problem.id): it.problem.problem for it in items}   # once each, not n times
+    lengths = {key: len(eval_prompt_ids(tok, text, thinking=config.thinking)) for key, text in problems.items()}
     over = {key: n for key, n in lengths.items() if n >= context}
     if over:
         (bench, pid), n = max(over.items(), key=lambda kv: kv[1])
