@@ -23,9 +23,10 @@ Delta h (3.2)      flow.transitions            stage_flow.stage_terms (runs     
 d (3.2)            flow.unit_directions        flow_terms on the stage's        .flow_terms_cuda (csrc/)    kernels/test_kernel_emulation.py,
 L_dir (3.2)        flow.direction_loss         captured rows)                                               kernels/test_flow_cuda.py (GPU)
 G, L_geo (3.2)     flow.gram, .geometry_loss
-L_layer (3.2)      flow.layer_loss             StageFlowValues.layer_loss       (sum of kernel terms)       training/test_diagnostics.py
-C, L_adj (3.2)     flow.cross_gram,            stage_plan (pairs crossing a     kernels.flow_cuda           parallel/test_stage_plan.py
-                   .adjacent_layer_loss,       stage: the input's rows)         .flow_terms_cuda
+L_layer (3.2)      flow.layer_loss             StageFlowValues.layer_loss       (sum of kernel terms)       training/test_diagnostics.py,
+                                                                                                            objectives/test_flow.py (per layer)
+C, L_adj (3.2)     flow.cross_gram,            stage_plan (pairs crossing a     kernels.flow_cuda           parallel/test_stage_plan.py,
+                   .adjacent_layer_loss,       stage: the input's rows)         .flow_terms_cuda            objectives/test_flow.py (per pair)
                    .per_sample_flow
 Prop. 1 (3.3)      (invariances of the above)                                                               objectives/test_flow_invariance.py
 EMA (3.4)          ema.ema_update              training/teacher.py              --                          objectives/test_ema_and_objective.py,

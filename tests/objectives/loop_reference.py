@@ -31,6 +31,26 @@ def _frob_sq_diff(a_rows, b_rows, c_rows, d_rows):
     return total
 
 
+def loop_layer_terms(student, teacher, valid, eps, layers):
+    """Each equation's value per layer and sample, float64: ``{(l, b): L_dir(l)}``, ``{(l, b): L_geo(l)}``
+    and ``{(l, b): C-term of the pair (l, l+1)}`` (the summand of L_adj), for samples with m_b >= 2."""
+    student, teacher = student.double(), teacher.double()
+    l_dir, l_geo, l_adj = {}, {}, {}
+    for b in range(student.shape[1]):
+        m_b = int(valid[b].sum())
+        if m_b < 2:
+            continue
+        n = m_b - 1
+        d_s = {l: _directions(student[l, b], m_b, eps) for l in layers}
+        d_t = {l: _directions(teacher[l, b], m_b, eps) for l in layers}
+        for l in layers:
+            l_dir[l, b] = sum(1 - _dot(d_s[l][i], d_t[l][i]) for i in range(n)) / n
+            l_geo[l, b] = _frob_sq_diff(d_s[l], d_s[l], d_t[l], d_t[l]) / n**2
+            if l + 1 in layers:
+                l_adj[l, b] = _frob_sq_diff(d_s[l], d_s[l + 1], d_t[l], d_t[l + 1]) / n**2
+    return l_dir, l_geo, l_adj
+
+
 def loop_flow_loss(student, teacher, valid=None, variant="phf", eps=1e-6, layers=None):
     student, teacher = student.double(), teacher.double()
     L, B, m, H = student.shape

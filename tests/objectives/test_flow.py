@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from phf_megatron.objectives import hidden_flow_loss
-from phf_megatron.objectives.flow import FLOW_VARIANTS
+from phf_megatron.objectives.flow import FLOW_VARIANTS, LayerPlan, flow_terms, layer_loss
 
-from .loop_reference import loop_flow_loss
+from .loop_reference import loop_flow_loss, loop_layer_terms
 
 TOL = dict(rtol=1e-10, atol=1e-12)  # float64 against float64: only summation order differs
 
@@ -31,6 +31,29 @@ def test_equals_loop_reference_variable_lengths_and_selected_layers(variant):
     got = hidden_flow_loss(s, t, valid, variant=variant, layers=layers)
     ref = loop_flow_loss(s, t, valid, variant=variant, layers=layers)
     torch.testing.assert_close(got, torch.tensor(ref, dtype=torch.float64), **TOL)
+
+
+@pytest.mark.parametrize("layers", [None, [0, 2, 3, 4]])
+def test_each_layers_and_pairs_terms_equal_their_equations(layers):
+    """L_dir(l), L_geo(l), L_layer(l) and each (l, l+1) summand of L_adj, per layer and sample, against the
+    loop reference (the sums above would not see a value put on the wrong layer: the layer-energy
+    diagnostic of Section 4 reads them one by one)."""
+    s, t = _pair(L=5, B=4, m=6)
+    valid = torch.arange(6)[None] < torch.tensor([6, 3, 1, 2])[:, None]
+    plan = LayerPlan.build(5, "phf", layers)
+    terms = flow_terms(s, t, valid, plan, "phf", 1e-6)
+    l_dir, l_geo, l_adj = loop_layer_terms(s, t, valid, 1e-6, list(plan.layers))
+    assert terms.sample_mask.tolist() == [True, True, False, True]
+    per_layer = layer_loss(terms, "phf")
+    for j, l in enumerate(plan.layers):
+        for b in (0, 1, 3):
+            want = torch.tensor([l_dir[l, b], l_geo[l, b], 0.5 * (l_dir[l, b] + l_geo[l, b])], dtype=torch.float64)
+            torch.testing.assert_close(torch.stack([terms.direction[j, b], terms.geometry[j, b], per_layer[j, b]]),
+                                       want, **TOL)
+    assert terms.adjacent.shape[0] == len(plan.pairs) == len({lower for lower, _ in l_adj})
+    for p, (lower, _) in enumerate(plan.pairs):
+        for b in (0, 1, 3):
+            torch.testing.assert_close(terms.adjacent[p, b], torch.tensor(l_adj[lower, b], dtype=torch.float64), **TOL)
 
 
 def test_phf_is_half_local_plus_half_adjacent():
