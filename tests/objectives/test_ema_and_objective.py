@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from phf_megatron.objectives import ObjectiveConfig, ema_update, phf_objective
+from phf_megatron.objectives import ObjectiveConfig, ema_update, hidden_flow_loss, opsd_loss, phf_objective
+
+from .loop_reference import direct_jsd, loop_flow_loss
 
 
 def test_ema_update_matches_formula_over_steps():
@@ -17,6 +19,37 @@ def test_ema_update_matches_formula_over_steps():
         expected = [0.999 * e + 0.001 * s for e, s in zip(expected, student)]
     for t, e in zip(teacher, expected):
         torch.testing.assert_close(t, e, rtol=1e-6, atol=1e-7)
+
+
+def test_ema_default_is_the_papers_rate_toward_the_student_in_float64():
+    """Eq. (EMA) with rho = 0.999 (the default, not passed): after k updates toward a fixed student,
+    theta_bar_k = rho^k theta_bar_0 + (1 - rho^k) theta; the student is never moved."""
+    student = [torch.randn(3, 4, dtype=torch.float64), torch.randn(5, dtype=torch.float64)]
+    start = [torch.randn_like(p) for p in student]
+    teacher, kept = [p.clone() for p in start], [p.clone() for p in student]
+    for _ in range(7):
+        ema_update(teacher, student)
+    for t, t0, s, s0 in zip(teacher, start, student, kept):
+        torch.testing.assert_close(t, 0.999**7 * t0 + (1 - 0.999**7) * s, rtol=1e-12, atol=1e-14)
+        assert torch.equal(s, s0)
+
+
+def test_phf_total_at_the_papers_settings_equals_the_equations_in_float64():
+    """Eq. (L_PHF) with the config's defaults: the JSD (beta 0.5) clipped at 0.05, plus alpha = 0.05 times
+    1/2 L_local + 1/2 L_adj, against the float64 loop references (the paper's values written here, not
+    read from the config: a default that drifts from the paper fails)."""
+    cfg = ObjectiveConfig()
+    s_logits, t_logits = 3 * torch.randn(2, 5, 11, dtype=torch.float64), 3 * torch.randn(2, 5, 11, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    h_s, h_t = torch.randn(4, 2, 6, 5, dtype=torch.float64), torch.randn(4, 2, 6, 5, dtype=torch.float64)
+    valid = torch.arange(6)[None] < torch.tensor([6, 4])[:, None]
+    got = phf_objective(opsd_loss(s_logits, t_logits, mask, cfg.jsd_beta, cfg.jsd_temperature, cfg.jsd_clip,
+                                  cfg.jsd_clip_mode),
+                        hidden_flow_loss(h_s, h_t, valid, cfg.flow_variant, cfg.flow_eps), cfg.flow_alpha)
+    # the temperature, the clip's form (per vocabulary summand, official) and eps are not the paper's numbers
+    want = (direct_jsd(s_logits, t_logits, mask, 0.5, cfg.jsd_temperature, 0.05, "element")
+            + 0.05 * loop_flow_loss(h_s, h_t, valid, "phf", cfg.flow_eps))
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=1e-12)
 
 
 def test_ema_rejects_mismatch():
