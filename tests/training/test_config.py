@@ -38,6 +38,15 @@ PAPER_TABLE = {
     "objective.flow_window": 128,                    # hidden window |W|
     "objective.flow_layers": None,                   # all layers ...
     "objective.flow_variant": "phf",                 # ... with neighbouring layer pairs
+    # Section 3.1 and the appendix text: the output loss is the Jensen-Shannon divergence (the mixture at 1/2)
+    "objective.jsd_beta": 0.5,
+    "data.path": "siyanzhao/Openthoughts_math_30k_opsd",  # the official OPSD math set (29,434 rows)
+    # appendix "Context rows": SFT on the reference solutions up to 16,000 tokens; GRPO with beta 0 and the
+    # rewards normalized within each group (its 8 completions per prompt: tests/tools/test_paper_table.py)
+    "sft.max_length": 16000,
+    "sft.loss_on_prompt": False,
+    "grpo.beta": 0.0,
+    "grpo.scale_rewards": "group",
     # appendix text and the official launch script
     "optimizer.num_train_epochs": 30.0,
     "optimizer.lr_warmup_iters": 0,
