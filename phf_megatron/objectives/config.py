@@ -51,7 +51,8 @@ class ObjectiveConfig:
     jsd_temperature: float = 1.1
     """softmax temperature of the divergence; the official code uses the rollout temperature."""
     jsd_clip: float | None = 0.05
-    """per-token JSD clip (paper: 0.05 for 1.7B/4B, 0.06 for 8B); None disables it."""
+    """JSD clip (paper: 0.05 for 1.7B/4B, 0.06 for 8B), applied as ``jsd_clip_mode`` says (default: to each
+    vocabulary summand, as the official code does); None disables it."""
     jsd_clip_mode: str = "element"
     """element (official: clamp each vocabulary summand) | token (clamp the token's sum)."""
     ema_decay: float = DEFAULT_EMA_DECAY
