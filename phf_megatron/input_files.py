@@ -149,7 +149,18 @@ def saved_checkpoints_dir(run_dir: str) -> str | None:
     tree = load_yaml(path)
     section = tree.get("checkpoint") if isinstance(tree, dict) else None
     save = section.get("save") if isinstance(section, dict) else None
-    return run_checkpoints_dir(run_dir, save if isinstance(save, str) else None)
+    return run_checkpoints_dir(run_dir, saved_path(path, "checkpoint.save", save if isinstance(save, str) else None))
+
+
+def saved_path(config_file: str, key: str, value: str | None) -> str | None:
+    """A path setting ``key`` read from a run's ``config_file``. The trainer records them absolute; a
+    ``config.yaml`` written before it did holds the path as given, relative to the launch directory: read from
+    here as before, and one that is not here raises ``InputFileError`` saying so."""
+    if value and not os.path.isabs(value) and not os.path.exists(value):
+        raise InputFileError(config_file, f"{key} {value!r} is relative to the directory the run was launched from "
+                                          f"(written before config.yaml recorded absolute paths) and "
+                                          f"{os.path.abspath(value)} does not exist: run this from that directory")
+    return value
 
 
 def read_latest(save_dir: str) -> int | None:

@@ -202,14 +202,44 @@ def dump_config(cfg: TrainConfig, path: str) -> None:
     write_text(path, to_yaml(cfg))
 
 
+#: The settings that name a local file or directory. ``config.yaml`` records them absolute, resolved against the
+#: directory the run was launched from, so mcore_to_hf, the eval, paper_table and a run export read the run's
+#: files from any directory (written as given, a relative one was read from the reader's directory).
+PATH_SETTINGS = ("run_dir", "model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.save",
+                 "checkpoint.load", "logging.tensorboard_dir", "logging.wandb_save_dir")
+
+
+def with_absolute_paths(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
+    """``cfg`` with its relative ``PATH_SETTINGS`` resolved against the current directory (``data.path`` only
+    when it is a file or directory here, not a Hub dataset name), and ``{key: the path as given}`` of those."""
+    given = {}
+    for key in PATH_SETTINGS:
+        section, _, name = key.rpartition(".")
+        value = getattr(getattr(cfg, section) if section else cfg, name)
+        if value and not os.path.isabs(value) and (key != "data.path" or os.path.exists(value)):
+            given[key] = value
+    for key, value in given.items():
+        section, _, name = key.rpartition(".")
+        if section:
+            cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section),
+                                                                           **{name: os.path.abspath(value)})})
+        else:
+            cfg = dataclasses.replace(cfg, **{name: os.path.abspath(value)})
+    return cfg, given
+
+
 def save_run_config(cfg: TrainConfig) -> str | None:
-    """Rank 0 writes the resolved config to ``<run_dir>/config.yaml``; returns its path (None elsewhere)."""
+    """Rank 0 writes the resolved config to ``<run_dir>/config.yaml``, its paths absolute (``PATH_SETTINGS``; a
+    comment names the launch directory and the relative paths as given); returns its path (None elsewhere)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return None
     path = os.path.join(cfg.run_dir, RUN_CONFIG_FILE)
-    dump_config(cfg, path)
+    resolved, given = with_absolute_paths(cfg)
+    head = "".join(f"# {key}: {value!r} as given in {os.getcwd()}, the launch directory\n"
+                   for key, value in given.items())
+    write_text(path, head + to_yaml(resolved))
     return path
 
 

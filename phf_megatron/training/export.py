@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import (
-    RUN_CONFIG_FILE, checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir)
+    RUN_CONFIG_FILE, checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir, saved_path)
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import load_config, resume_fingerprint
@@ -139,10 +139,11 @@ class RunCheckpoint:
         return os.path.join(self.save_dir, iter_dir_name(self.iteration))
 
 
-def _run_config(candidates: list[str], where: str) -> TrainConfig:
+def _run_config(candidates: list[str], where: str) -> tuple[TrainConfig, str]:
+    """The run's config and the file it was read from: the first of ``candidates`` there is."""
     for path in candidates:
         if os.path.isfile(path):
-            return load_config(path)
+            return load_config(path), path
     raise FileNotFoundError(f"{where}: no {RUN_CONFIG_FILE} of the training run found (looked at "
                             f"{', '.join(candidates)}); give it with --run_config")
 
@@ -165,19 +166,20 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
                                 f"{checkpoint_names(os.path.dirname(path))})")
     if training_checkpoint_error(path) is not None:   # iter_N: meta.json, not a model checkpoint
         save_dir = os.path.dirname(path)
-        cfg = _run_config(given or [os.path.join(os.path.dirname(save_dir), RUN_CONFIG_FILE),
-                                    os.path.join(save_dir, RUN_CONFIG_FILE)], path)
+        cfg, _ = _run_config(given or [os.path.join(os.path.dirname(save_dir), RUN_CONFIG_FILE),
+                                       os.path.join(save_dir, RUN_CONFIG_FILE)], path)
         meta = read_json(os.path.join(path, META_FILE))
         if not isinstance(meta, dict) or not isinstance(meta.get("iteration"), int):
             raise InputFileError(os.path.join(path, META_FILE), "no iteration: not a checkpoint of phf_megatron.train")
         return RunCheckpoint(cfg, save_dir, meta["iteration"], meta)
     if os.path.isfile(os.path.join(path, LATEST_FILE)):
         save_dir = path
-        cfg = _run_config(given or [os.path.join(os.path.dirname(path), RUN_CONFIG_FILE),
-                                    os.path.join(path, RUN_CONFIG_FILE)], path)
+        cfg, _ = _run_config(given or [os.path.join(os.path.dirname(path), RUN_CONFIG_FILE),
+                                       os.path.join(path, RUN_CONFIG_FILE)], path)
     elif os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)) or run_config:
-        cfg = _run_config(given or [os.path.join(path, RUN_CONFIG_FILE)], path)
-        save_dir = run_checkpoints_dir(path, cfg.checkpoint.save)   # the eval's rule too (saved_checkpoints_dir)
+        cfg, read = _run_config(given or [os.path.join(path, RUN_CONFIG_FILE)], path)
+        # the eval's rule too (saved_checkpoints_dir)
+        save_dir = run_checkpoints_dir(path, saved_path(read, "checkpoint.save", cfg.checkpoint.save))
     elif list_checkpoints(path):   # iter_N directories, but no latest file to name one
         raise _no_latest(path)
     else:
@@ -199,7 +201,9 @@ def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:
     model = cfg.model
     if base_model is not None:
         model = dataclasses.replace(model, hf_dir=base_model, pretrained_checkpoint=None)
-    named = base_model if base_model is not None else f"the run's base model (model.hf_dir = {model.hf_dir!r})"
+    relative = ", relative to the directory the run was launched from" if model.hf_dir and not os.path.isabs(
+        model.hf_dir) else ""   # a config.yaml written before the trainer recorded absolute paths
+    named = base_model if base_model is not None else f"the run's base model (model.hf_dir = {model.hf_dir!r}{relative})"
     if not model.hf_dir or not os.path.isfile(os.path.join(model.hf_dir, "config.json")):
         raise ConfigError("base_model", f"{named} is not a HF model directory here; give the base model the run "
                                         "was trained from")

@@ -1,0 +1,100 @@
+"""A run's ``config.yaml`` read from another directory than the one the run was launched from.
+
+A user trains from ``~/proj`` with ``--model.hf_dir=models/qwen3 --checkpoint.save=ckpts`` and converts or
+evaluates the run from elsewhere: ``mcore_to_hf`` (``find_run_checkpoint``, then the run's base model), the eval's
+``--megatron_checkpoint RUN`` (``latest_checkpoint``) must find the launch directory's files, not the reader's.
+The writer is the trainer's own (``save_run_config``); the checkpoint is a stand-in (its ``meta.json`` and latest
+file), as in tests/eval/test_checkpoint_paths.py: the readers only look for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from phf_megatron.errors import ConfigError, InputFileError
+
+from ..helpers import REPO
+
+
+def _checkpoint(save_dir: str, iteration: int) -> str:
+    path = os.path.join(save_dir, f"iter_{iteration:07d}")
+    os.makedirs(path)
+    with open(os.path.join(path, "meta.json"), "w") as f:
+        f.write('{"iteration": %d}' % iteration)
+    with open(os.path.join(save_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+    return path
+
+
+@pytest.fixture
+def launch(tmp_path, tiny_inputs, monkeypatch):
+    """``(A, B)``: the launch directory A holds the base model and the data; B is empty. The current directory is A."""
+    hf, data = tiny_inputs
+    a, b = tmp_path / "proj", tmp_path / "elsewhere"
+    (a / "models").mkdir(parents=True)
+    b.mkdir()
+    os.symlink(hf, a / "models" / "qwen3")
+    shutil.copy(data, a / "train.jsonl")
+    monkeypatch.chdir(a)
+    return str(a), str(b)
+
+
+def test_a_run_launched_with_relative_paths_is_read_from_another_directory(launch, monkeypatch):
+    from phf_megatron.eval.models import latest_checkpoint
+    from phf_megatron.training.config_io import config_from_argv, load_config, save_run_config
+    from phf_megatron.training.export import _with_base_model, find_run_checkpoint
+
+    a, b = launch
+    cfg = config_from_argv(["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), "--run_dir=runs/x",
+                            "--model.hf_dir=models/qwen3", "--checkpoint.save=ckpts", "--data.path=train.jsonl"])
+    path = save_run_config(cfg)
+    latest = _checkpoint(os.path.join(a, "ckpts"), 2)
+    text = open(path).read()
+    assert f"# model.hf_dir: 'models/qwen3' as given in {a}, the launch directory\n" in text   # as the user typed it
+    saved = load_config(path)
+    assert (saved.run_dir, saved.model.hf_dir, saved.checkpoint.save, saved.data.path) == (
+        os.path.join(a, "runs", "x"), os.path.join(a, "models", "qwen3"), os.path.join(a, "ckpts"),
+        os.path.join(a, "train.jsonl"))
+
+    monkeypatch.chdir(b)
+    run = os.path.join(a, "runs", "x")
+    found = find_run_checkpoint(run)   # mcore_to_hf --mcore_dir RUN
+    assert found.path == latest and found.iteration == 2
+    assert _with_base_model(found.cfg, None).model.hf_dir == os.path.join(a, "models", "qwen3")   # no --base_model
+    assert latest_checkpoint(run) == latest   # the eval's --megatron_checkpoint RUN
+    hub = save_run_config(config_from_argv([f"--run_dir={b}/hub"]))   # a Hub dataset name is no path: kept
+    assert load_config(hub).data.path == "siyanzhao/Openthoughts_math_30k_opsd" and "#" not in open(hub).read()
+
+
+def test_an_older_run_config_with_relative_paths_is_read_as_before_or_is_one_line(launch, monkeypatch):
+    """A config.yaml written before the trainer recorded absolute paths: from the launch directory it reads as
+    before; from elsewhere one line names the file, the setting and the directory to run from."""
+    from phf_megatron.eval.models import latest_checkpoint
+    from phf_megatron.training.export import _with_base_model, find_run_checkpoint
+
+    a, b = launch
+    run = os.path.join(a, "runs", "x")
+    os.makedirs(run)
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        f.write("run_dir: runs/x\nmodel:\n  hf_dir: models/qwen3\ncheckpoint:\n  save: ckpts\n")
+    latest = _checkpoint(os.path.join(a, "ckpts"), 2)
+    assert find_run_checkpoint(run).path == os.path.join("ckpts", "iter_0000002") and latest_checkpoint(run) == (
+        os.path.join("ckpts", "iter_0000002"))
+    monkeypatch.chdir(b)
+    line = (f"{run}/config.yaml: checkpoint.save 'ckpts' is relative to the directory the run was launched from "
+            f"(written before config.yaml recorded absolute paths) and {b}/ckpts does not exist: run this from "
+            "that directory")
+    for read in (find_run_checkpoint, latest_checkpoint):
+        with pytest.raises(InputFileError) as err:
+            read(run)
+        assert str(err.value) == line
+    found = find_run_checkpoint(os.path.join(a, "ckpts"), os.path.join(run, "config.yaml"))   # mcore_to_hf's
+    assert found.path == latest   # --mcore_dir CHECKPOINTS --run_config FILE: found
+    with pytest.raises(ConfigError) as err:
+        _with_base_model(found.cfg, None)
+    assert err.value.line == ("--base_model: the run's base model (model.hf_dir = 'models/qwen3', relative to the "
+                              "directory the run was launched from) is not a HF model directory here; give the base "
+                              "model the run was trained from")
