@@ -294,9 +294,11 @@ class Settings:
         built = {name: _construct(hints[name], grouped[name], name) for name, _, _ in self.sections[1:]}
         return _construct(self.cls, {**grouped[None], **built}, None)
 
-    def help(self, description: str, options: Sequence[tuple[str, str]] = ()) -> str:
+    def help(self, description: str, options: Sequence[tuple[str, str]] = (), defaults: dict[str, Any] | None = None,
+             source: str = "") -> str:
         """``--help``: the description, the extra options, then every setting grouped by section
-        with its type, default and docstring."""
+        with its type, default and docstring. ``defaults``: ``{key: value}`` shown as the defaults instead of
+        the code's (a preset's), marked ``from <source>`` where they differ from the code's."""
         width = 100
         lines = [description.strip(), ""]
         if options:
@@ -317,6 +319,8 @@ class Settings:
                 lines.append("top level:")
             for s in group:
                 default = "required" if s.required else f"default: {_show(s.default)}"
+                if defaults is not None and s.key in defaults and (s.required or defaults[s.key] != s.default):
+                    default = f"default: {_show(defaults[s.key])} from {source}"
                 lines.append(f"  --{s.key}=<{_type_name(s.type)}>  ({default})")
                 if s.doc:
                     lines.append(textwrap.fill(s.doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6))

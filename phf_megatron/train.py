@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 8 -m phf_megatron.train --config configs/phf_qwen3_8b.yaml \\
         --model.hf_dir /models/Qwen3-8B --data.path siyanzhao/Openthoughts_math_30k_opsd
     python -m phf_megatron.train --help                                  # every setting
+    python -m phf_megatron.train --config configs/phf_qwen3_8b.yaml --help   # with the preset's values
     python -m phf_megatron.train --config configs/phf_qwen3_8b.yaml --lr 1e-5 --print-config
 
 Any config field can be overridden as ``--section.field=value`` (the sections: ``training/config.py``,
@@ -26,7 +27,7 @@ def train(argv: list[str], quiet: bool = True) -> int:
     from .training.config_io import help_text, load_config, split_argv, to_yaml
 
     if wants_help(argv):
-        print(help_text(__doc__))
+        print(help_text(__doc__, argv))   # after --config C: C's values as the defaults
         return 0
     path, print_config, overrides = split_argv(argv)
     cfg = load_config(path, overrides)

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import textwrap
 from typing import Any, Sequence
 
 import yaml
@@ -73,7 +74,7 @@ RESUME_MUTABLE = (
 SETTINGS = Settings(TrainConfig)
 
 #: The trainer's own options besides the settings (``--help`` lists them first).
-OPTIONS = (("--config FILE", "a YAML preset (configs/*.yaml); the flags override it"),
+OPTIONS = (("--config FILE", "a YAML preset (configs/*.yaml); the flags override it; --help shows its values"),
            ("--print-config", "print the resolved config as YAML and exit"))
 
 
@@ -82,9 +83,23 @@ def field_types() -> dict[str, Any]:
     return dict(SETTINGS.types)
 
 
-def help_text(description: str) -> str:
-    """``--help``: ``description``, the options, then every setting by section (type, default, docstring)."""
-    return SETTINGS.help(description, OPTIONS)
+def help_text(description: str, argv: Sequence[str] = ()) -> str:
+    """``--help``: ``description``, the options, then every setting by section (type, default, docstring); with
+    ``--config FILE`` in ``argv``, the defaults shown are the preset's (``--print-config``: with the overrides)."""
+    path, _, _ = split_argv(argv)
+    if path is None:
+        return SETTINGS.help(description, OPTIONS)
+    preset = load_config(path)
+    note = textwrap.fill(f"The defaults shown are {path}'s, marked 'from {path}' where they differ from the code's; "
+                         "--print-config prints the resolved config with the flags given.", 100)
+    return SETTINGS.help(f"{description.strip()}\n\n{note}", OPTIONS,
+                         defaults={key: setting(preset, key) for key in SETTINGS.types}, source=path)
+
+
+def setting(cfg: TrainConfig, key: str) -> Any:
+    """The value of ``key`` (``run_dir``, ``section.field``) in ``cfg``."""
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(cfg, section) if section else cfg, name)
 
 
 # ----------------------------------------------------------------------------- sources

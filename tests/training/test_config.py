@@ -371,3 +371,31 @@ def test_colocate_false_is_refused_by_a_run_not_by_a_saved_config(tmp_path):
     assert cfg.rollout.colocate is False
     with pytest.raises(ConfigError, match=r"^rollout\.colocate: false is not supported with rollout\.backend=auto"):
         cfg.require_inputs()
+
+
+@pytest.mark.parametrize("name", ["phf_qwen3_8b", "tiny_cpu"])
+def test_help_after_a_preset_shows_its_values_as_the_defaults(capsys, name):
+    """``train --config C --help`` listed the code's defaults (jsd_clip 0.05 for the 8B preset's 0.06): every
+    setting's default now is the value --print-config resolves from C, marked where C changes the code's."""
+    import re
+
+    from phf_megatron.cli import _show
+    from phf_megatron.train import train
+
+    def shown(argv):
+        assert train([*argv, "--help"]) == 0
+        out = capsys.readouterr().out
+        return out, {m[1]: m[2] for m in re.finditer(r"^  --(\S+)=<.*>  \(default: (.*)\)$", out, re.M)}
+
+    path = os.path.join(CONFIGS, f"{name}.yaml")
+    assert train(["--config", path, "--print-config"]) == 0
+    resolved = flatten(yaml.safe_load(capsys.readouterr().out))
+    code_out, code = shown([])
+    out, defaults = shown(["--config", path])
+    assert defaults.keys() == code.keys() == resolved.keys()
+    for key, value in resolved.items():
+        marked = defaults[key].endswith(f" from {path}")
+        assert defaults[key].removesuffix(f" from {path}") == _show(value), key
+        assert marked == (code[key] != _show(value)), key   # marked where the preset changes the code's
+    assert f"The defaults shown are {path}'s" in " ".join(out.split()) and "The defaults shown" not in code_out
+    assert any(defaults[k] != code[k] for k in code)
