@@ -229,8 +229,7 @@ def with_absolute_paths(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
     when it is a file or directory here, not a Hub dataset name), and ``{key: the path as given}`` of those."""
     given = {}
     for key in PATH_SETTINGS:
-        section, _, name = key.rpartition(".")
-        value = getattr(getattr(cfg, section) if section else cfg, name)
+        value = setting(cfg, key)
         if value and not os.path.isabs(value) and (key != "data.path" or os.path.exists(value)):
             given[key] = value
     for key, value in given.items():
