@@ -154,6 +154,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         return tuple(coerce(v.strip() if isinstance(v, str) else v, args[0], key) for v in value)
     if origin is dict:
         tp = dict
+    if tp is dict and not isinstance(value, (dict, str)):   # a YAML file's scalar or list
+        raise ConfigError(key, f"expected a mapping like {{name: value}}, got {value!r}")
     if isinstance(value, str):
         return _parse_scalar(value, tp, key)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):

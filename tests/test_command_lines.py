@@ -177,6 +177,8 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     ("--engine_kwargs={gpu_memory_utilization: 2}",
      "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),
     ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
+    ("--engine_kwargs={vllm_kwargs: {dtype: float32}}",
+     "error: --engine_kwargs: vllm_kwargs: dtype is set by the engine from its dtype setting, not here"),
 ])
 def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, capsys, flag, line):
     """Values the sampler or the engine would refuse only once the model is loaded are refused

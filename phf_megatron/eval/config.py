@@ -87,7 +87,8 @@ class EvalConfig:
     """keep the HF model the run made (merged_model/, converted_model/) in out_dir; false: delete it at
     the end (a rerun that has samples to generate makes it again)."""
     engine_kwargs: dict = field(default_factory=dict)
-    """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size)."""
+    """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size; vllm_kwargs: a mapping of
+    extra vllm.LLM keywords, e.g. {vllm_kwargs: {attention_backend: TRITON_ATTN}})."""
 
     def __post_init__(self) -> None:
         from .benchmarks import HUB, check_benchmarks

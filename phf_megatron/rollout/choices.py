@@ -14,3 +14,12 @@ WEIGHT_TRANSPORTS = ("auto", "rpc", "nccl")
 LOGPROBS_MODES = ("raw", "processed")
 #: vllm_server + nccl: the default port of the weight push's rendezvous.
 DEFAULT_NCCL_PORT = 29600
+#: ``vllm.LLM`` keywords our engine sets itself (``vllm_engine.VLLMEngine``), by the ``EngineConfig`` field
+#: they come from (None: the engine's own, for its weight sync): ``EngineConfig.vllm_kwargs`` and
+#: ``rollout.vllm_kwargs`` refuse them, since a value there would silently replace the setting's.
+ENGINE_SET_VLLM_KWARGS = {
+    "model": "model_dir", "dtype": "dtype", "seed": "seed", "max_model_len": "max_model_len",
+    "tensor_parallel_size": "tensor_parallel_size", "gpu_memory_utilization": "gpu_memory_utilization",
+    "enable_sleep_mode": "enable_sleep_mode", "enforce_eager": "enforce_eager", "logprobs_mode": "logprobs_mode",
+    "distributed_executor_backend": None, "worker_extension_cls": None,
+}

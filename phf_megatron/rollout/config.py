@@ -5,10 +5,21 @@ nests it with the other sections; every ``__post_init__`` error names the flag t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config_errors import check_choice, check_positive, fail
 from . import choices as rollout_choices
+
+
+#: The setting (its flag) each ``vllm.LLM`` keyword the trainer sets comes from (``training/rollouts.py``
+#: ``_engine_config``); the engine's own (``rollout.choices.ENGINE_SET_VLLM_KWARGS``: None) are absent.
+VLLM_KWARG_SETTINGS = {
+    "model": "--model.hf_dir", "dtype": "--model.dtype", "seed": "--training.seed",
+    "max_model_len": "--data.max_prompt_length + --rollout.max_tokens", "tensor_parallel_size":
+    "--rollout.tensor_parallel_size", "gpu_memory_utilization": "--rollout.gpu_memory_utilization",
+    "enable_sleep_mode": "--rollout.enable_sleep_mode", "enforce_eager": "--rollout.enforce_eager",
+    "logprobs_mode": "--grpo.vllm_importance_sampling_correction",
+}
 
 
 @dataclass
@@ -54,6 +65,11 @@ class RolloutConfig:
     compiling and capturing graphs first, and decodes slower. None: eager on CPU, graphs on GPU."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallel size (official: 1)."""
+    vllm_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (backends vllm and auto), a YAML mapping: e.g.
+    '{attention_backend: TRITON_ATTN}' if FlashAttention fails on the GPU, '{max_num_seqs: 64}'. A keyword
+    that a setting already gives (dtype: model.dtype, seed, max_model_len, tensor_parallel_size, ...) is
+    refused, naming that setting. An engine option: a resumed run may change it."""
     sync_interval: int = 1
     """Push the student's weights to the engine every this many steps (official vllm_sync_frequency 1).
     Checkpoints (checkpoint.save_interval, a multiple of it) and a SIGTERM stop fall after a push, so a
@@ -118,6 +134,22 @@ class RolloutConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise fail("rollout.gpu_memory_utilization", f"must lie in (0, 1], got {self.gpu_memory_utilization}")
         self._check_engines()
+        self._check_vllm_kwargs()
+
+    def _check_vllm_kwargs(self) -> None:
+        """``vllm_kwargs``: a mapping of ``vllm.LLM`` keywords, none that a setting already gives, only for vLLM."""
+        where = "rollout.vllm_kwargs"
+        if not isinstance(self.vllm_kwargs, dict) or not all(isinstance(k, str) for k in self.vllm_kwargs):
+            raise fail(where, f"expected a mapping of vllm.LLM keywords like {{max_num_seqs: 64}}, got {self.vllm_kwargs!r}")
+        for key in self.vllm_kwargs:
+            if key in rollout_choices.ENGINE_SET_VLLM_KWARGS:
+                owner = VLLM_KWARG_SETTINGS.get(key)
+                raise fail(where, f"{key} is set by the trainer from {owner}: use that setting instead" if owner else
+                           f"{key} is set by the rollout engine itself (its weight sync needs it): leave it out")
+        if self.vllm_kwargs and self.backend in ("hf", "vllm_server"):
+            raise fail(where, f"only applies to a vLLM engine the trainer starts (rollout.backend=vllm or auto), not "
+                       f"to rollout.backend={self.backend}" + (" (give them to the server's own command line)"
+                                                               if self.backend == "vllm_server" else ""))
 
     def _check_engines(self) -> None:
         """``num_engines`` and ``async_steps`` (the layout itself is checked at start: rollout/groups.py)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .choices import BACKENDS, DEFAULT_NCCL_PORT, LOGPROBS_MODES, WEIGHT_TRANSPORTS
+from .choices import BACKENDS, DEFAULT_NCCL_PORT, ENGINE_SET_VLLM_KWARGS, LOGPROBS_MODES, WEIGHT_TRANSPORTS
 from .engine import RolloutEngine
 
 #: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
@@ -63,7 +63,8 @@ class EngineConfig:
     vllm_server: the server's own flag, ``--logprobs-mode processed_logprobs``
     (``server_process.server_command(logprobs_mode=...)``); the client cannot change it."""
     vllm_kwargs: dict = field(default_factory=dict)
-    """extra keyword arguments for ``vllm.LLM``."""
+    """extra keyword arguments for ``vllm.LLM`` (backend vllm; auto when vLLM imports), none that a field
+    above sets (``choices.ENGINE_SET_VLLM_KWARGS``)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,6 +83,19 @@ class EngineConfig:
             raise ValueError(f"server_weight_transport: {self.server_weight_transport!r} is not one of {WEIGHT_TRANSPORTS}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must lie in (0, 1], got {self.gpu_memory_utilization}")
+        self._check_vllm_kwargs(self.backend)
+
+    def _check_vllm_kwargs(self, backend: str) -> None:
+        """A mapping of ``vllm.LLM`` keywords, none that the engine sets, only for vLLM (``backend``: as resolved)."""
+        if not isinstance(self.vllm_kwargs, dict) or not all(isinstance(k, str) for k in self.vllm_kwargs):
+            raise ValueError(f"vllm_kwargs: expected a mapping of vllm.LLM keywords, got {self.vllm_kwargs!r}")
+        for key in self.vllm_kwargs:
+            if key in ENGINE_SET_VLLM_KWARGS:
+                own = ENGINE_SET_VLLM_KWARGS[key]
+                raise ValueError(f"vllm_kwargs: {key} is set by the engine" + (f" from its {own} setting, not here"
+                                 if own else " itself (its weight sync needs it): leave it out"))
+        if self.vllm_kwargs and backend in ("hf", "vllm_server"):
+            raise ValueError(f"vllm_kwargs: only for a vLLM engine started here, not backend {backend}")
 
 
 def resolve_backend(backend: str) -> str:
@@ -95,6 +109,7 @@ def resolve_backend(backend: str) -> str:
 def build_engine(config: EngineConfig) -> RolloutEngine:
     """Start the configured backend (raises EngineStartError if it cannot)."""
     backend = resolve_backend(config.backend)
+    config._check_vllm_kwargs(backend)   # auto without vLLM: the kwargs would be dropped in silence
     if backend == "vllm_server":
         from .server_engine import VLLMServerEngine
         # every HTTP request and the wait for the server are bounded, even without an engine timeout

@@ -51,6 +51,7 @@ RESUME_MUTABLE = (
     "rollout.enable_sleep_mode",
     "rollout.colocate",
     "rollout.tensor_parallel_size",
+    "rollout.vllm_kwargs",
     "rollout.num_engines",
     "rollout.verify_sync",
     "rollout.timeout_s",
@@ -106,11 +107,12 @@ def setting(cfg: TrainConfig, key: str) -> Any:
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (tuples and lists are values, not subtrees)."""
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (tuples and lists are values, not subtrees; so is the mapping
+    of a setting, ``rollout.vllm_kwargs``)."""
     out: dict[str, Any] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, dict) and name not in SETTINGS.types:
             out.update(flatten(value, f"{name}."))
         else:
             out[name] = value

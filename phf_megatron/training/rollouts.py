@@ -143,7 +143,7 @@ class RolloutDriver:
             server_nccl_port=r.server_nccl_port, dtype=cfg.model.dtype, seed=cfg.training.seed,
             timeout_s=r.timeout_s, tensor_parallel_size=r.tensor_parallel_size,
             gpu_memory_utilization=r.gpu_memory_utilization, enable_sleep_mode=r.enable_sleep_mode,
-            enforce_eager=r.enforce_eager,
+            enforce_eager=r.enforce_eager, vllm_kwargs=dict(r.vllm_kwargs),
             logprobs_mode="processed" if self.sampler_logprobs else "raw",
             separate_process=bool(r.async_steps),
             max_model_len=cfg.data.max_prompt_length + max(
