@@ -35,7 +35,7 @@ def _release_site() -> str | None:
 
 def _engine_kwargs(model_dir: str) -> list[dict]:
     """What ``VLLMEngine`` passes to ``vllm.LLM`` on a GPU: in process, spawned, TP 2, GRPO's processed
-    log-probs with sleep mode."""
+    log-probs with sleep mode, the attention override of ``benchmarks/gpu/README.md`` (``rollout.vllm_kwargs``)."""
     import torch
 
     import vllm
@@ -53,7 +53,8 @@ def _engine_kwargs(model_dir: str) -> list[dict]:
     torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: 0
     for kwargs in ({}, {"separate_process": True}, {"tensor_parallel_size": 2},
-                   {"logprobs_mode": "processed_logprobs", "enable_sleep_mode": True}):
+                   {"logprobs_mode": "processed_logprobs", "enable_sleep_mode": True},
+                   {"attention_backend": "TRITON_ATTN"}):
         with pytest.raises(EngineStartError, match="recorded"):
             VLLMEngine(model_dir, dtype="bfloat16", **kwargs)
     return recorded
@@ -85,6 +86,11 @@ def _checks(model_dir: str) -> None:
         assert args.enable_sleep_mode == kwargs["enable_sleep_mode"] and args.enforce_eager is False
         if kwargs.get("worker_extension_cls"):
             assert resolve_obj_by_qualname(kwargs["worker_extension_cls"]) is WeightSyncWorkerExtension
+    # the override if FlashAttention 3 fails: EngineArgs.attention_backend, parsed as AttentionConfig.backend
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    assert kwargs["attention_backend"] == "TRITON_ATTN"   # the last case's, EngineArgs above took it
+    assert AttentionConfig.validate_backend_before(args.attention_backend) is AttentionBackendEnum.TRITON_ATTN
 
     # 2. SamplingParams: a sampled request with log-probs and a seed, and the probe's scoring request
     sampled = VLLMEngine._vllm_params(None, SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=-1, max_tokens=8,
