@@ -149,17 +149,30 @@ def saved_checkpoints_dir(run_dir: str) -> str | None:
     tree = load_yaml(path)
     section = tree.get("checkpoint") if isinstance(tree, dict) else None
     save = section.get("save") if isinstance(section, dict) else None
-    return run_checkpoints_dir(run_dir, saved_path(path, "checkpoint.save", save if isinstance(save, str) else None))
+    saved_run_dir = tree.get("run_dir") if isinstance(tree, dict) else None
+    return run_checkpoints_dir(run_dir, saved_path(path, "checkpoint.save", save if isinstance(save, str) else None,
+                                                   run_dir, saved_run_dir if isinstance(saved_run_dir, str) else None))
 
 
-def saved_path(config_file: str, key: str, value: str | None) -> str | None:
+def saved_path(config_file: str, key: str, value: str | None, run_dir: str | None = None,
+               saved_run_dir: str | None = None) -> str | None:
     """A path setting ``key`` read from a run's ``config_file``. The trainer records them absolute; a
     ``config.yaml`` written before it did holds the path as given, relative to the launch directory: read from
-    here as before, and one that is not here raises ``InputFileError`` saying so."""
+    here as before, and one that is not here raises ``InputFileError`` saying so. An absolute one that is not
+    here, below ``saved_run_dir`` (the config's ``run_dir``), is read below ``run_dir``, where the run directory
+    is now (moved or copied with its checkpoints); else it is one line too."""
     if value and not os.path.isabs(value) and not os.path.exists(value):
         raise InputFileError(config_file, f"{key} {value!r} is relative to the directory the run was launched from "
                                           f"(written before config.yaml recorded absolute paths) and "
                                           f"{os.path.abspath(value)} does not exist: run this from that directory")
+    if value and os.path.isabs(value) and not os.path.exists(value):
+        inside = os.path.relpath(value, saved_run_dir) if saved_run_dir and os.path.isabs(saved_run_dir) else ""
+        if run_dir and inside and inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+            if os.path.exists(moved := os.path.normpath(os.path.join(run_dir, inside))):
+                return moved
+        raise InputFileError(config_file, f"{key} {value!r} does not exist here (no checkpoint saved yet, or moved "
+                                          "since the run wrote this file): give the checkpoints directory as it "
+                                          "is now")
     return value
 
 

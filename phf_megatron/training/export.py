@@ -179,7 +179,8 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
     elif os.path.isfile(os.path.join(path, RUN_CONFIG_FILE)) or run_config:
         cfg, read = _run_config(given or [os.path.join(path, RUN_CONFIG_FILE)], path)
         # the eval's rule too (saved_checkpoints_dir)
-        save_dir = run_checkpoints_dir(path, saved_path(read, "checkpoint.save", cfg.checkpoint.save))
+        save = saved_path(read, "checkpoint.save", cfg.checkpoint.save, path, cfg.run_dir)
+        save_dir = run_checkpoints_dir(path, save)
     elif list_checkpoints(path):   # iter_N directories, but no latest file to name one
         raise _no_latest(path)
     else:

@@ -98,3 +98,31 @@ def test_an_older_run_config_with_relative_paths_is_read_as_before_or_is_one_lin
     assert err.value.line == ("--base_model: the run's base model (model.hf_dir = 'models/qwen3', relative to the "
                               "directory the run was launched from) is not a HF model directory here; give the base "
                               "model the run was trained from")
+
+
+def test_a_run_directory_moved_with_its_checkpoints_is_read_where_it_is_now(launch, monkeypatch, tmp_path):
+    """``--checkpoint.save`` below the run directory, recorded absolute: the project moved (another machine, another
+    mount) keeps the run's checkpoints in it, found there (as given relative, they were found from the project
+    before config.yaml recorded absolute paths); one elsewhere that is not here is one line, not 'no checkpoint of
+    the run yet' (mcore_to_hf) or the run directory taken as a checkpoint (the eval)."""
+    from phf_megatron.eval.models import latest_checkpoint
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+    from phf_megatron.training.export import find_run_checkpoint
+
+    a, _ = launch
+    for run, save in (("runs/x", "runs/x/ckpts"), ("runs/y", "ckpts")):
+        save_run_config(config_from_argv([f"--run_dir={run}", f"--checkpoint.save={save}"]))
+        _checkpoint(os.path.join(a, save), 2)
+    moved = str(tmp_path / "moved")
+    shutil.move(a, moved)
+    monkeypatch.chdir(moved)
+    latest = os.path.join(moved, "runs", "x", "ckpts", "iter_0000002")
+    assert find_run_checkpoint("runs/x").path == latest and latest_checkpoint(os.path.join(moved, "runs", "x")) == latest
+    line = (f"{moved}/runs/y/config.yaml: checkpoint.save '{a}/ckpts' does not exist here (no checkpoint saved yet, or moved "
+            "since the run wrote this file): give the checkpoints directory as it is now")
+    for read in (find_run_checkpoint, latest_checkpoint):
+        with pytest.raises(InputFileError) as err:
+            read(os.path.join(moved, "runs", "y"))
+        assert str(err.value) == line
+    assert find_run_checkpoint("ckpts", "runs/y/config.yaml").iteration == 2 and latest_checkpoint("ckpts") == (
+        os.path.join("ckpts", "iter_0000002"))   # as the line says
