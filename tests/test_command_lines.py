@@ -179,6 +179,10 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
     ("--engine_kwargs={vllm_kwargs: {dtype: float32}}",
      "error: --engine_kwargs: vllm_kwargs: dtype is set by the engine from its dtype setting, not here"),
+    # the eval passes them itself: accepted here, they were a TypeError traceback when the engine started
+    ("--engine_kwargs={seed: 1}", "error: --engine_kwargs: seed is set by the eval from --seed: give it there"),
+    ("--engine_kwargs={max_model_len: 64}",
+     "error: --engine_kwargs: max_model_len is set by the eval from --max_model_len: give it there"),
 ])
 def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, capsys, flag, line):
     """Values the sampler or the engine would refuse only once the model is loaded are refused

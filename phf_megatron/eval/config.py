@@ -12,6 +12,11 @@ PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
 #: top-p (lines 653-654) and the engine's context length (lines 114-116).
 OFFICIAL_TOP_P = {True: 0.95, False: 0.8}
 OFFICIAL_MAX_MODEL_LEN = {True: 40_960, False: 32_768}
+#: The ``EngineConfig`` fields the eval sets from its own flags (``runner.generate_samples``): refused in
+#: ``--engine_kwargs``, which would pass them twice.
+ENGINE_FIELDS_SET = {"model_dir": "--model", "backend": "--backend", "dtype": "--dtype", "seed": "--seed",
+                     "max_model_len": "--max_model_len"}
+
 #: The settings a rerun into an out_dir must share with its samples to resume them (``generation_fingerprint``,
 #: with top_p and max_model_len as the engine gets them, the model and the backend); --n, --limit, --benchmarks resume.
 GENERATION_KEYS = ("temperature", "top_k", "max_new_tokens", "thinking", "seed", "dtype", "data_revision")
@@ -88,7 +93,8 @@ class EvalConfig:
     the end (a rerun that has samples to generate makes it again)."""
     engine_kwargs: dict = field(default_factory=dict)
     """extra EngineConfig fields (e.g. gpu_memory_utilization, tensor_parallel_size; vllm_kwargs: a mapping of
-    extra vllm.LLM keywords, e.g. {vllm_kwargs: {attention_backend: TRITON_ATTN}})."""
+    extra vllm.LLM keywords, e.g. {vllm_kwargs: {attention_backend: TRITON_ATTN}}); not those the eval's own flags
+    set (ENGINE_FIELDS_SET: --seed, --max_model_len, --dtype, ...)."""
 
     def __post_init__(self) -> None:
         from .benchmarks import HUB, check_benchmarks
@@ -138,6 +144,9 @@ class EvalConfig:
 
         SamplingParams(temperature=self.temperature, top_p=self.sampling_top_p, top_k=self.top_k,
                        max_tokens=self.max_new_tokens)
+        for key, flag in ENGINE_FIELDS_SET.items():   # runner.generate_samples passes them: a duplicate keyword there
+            if key in self.engine_kwargs:
+                raise ValueError(f"engine_kwargs: {key} is set by the eval from {flag}: give it there")
         try:
             EngineConfig(model_dir="", backend=self.backend, dtype=self.dtype, **self.engine_kwargs)
         except (TypeError, ValueError) as err:
