@@ -210,7 +210,8 @@ def to_dict(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def to_yaml(cfg: TrainConfig) -> str:
-    """The resolved config as YAML (what ``--print-config`` prints and ``config.yaml`` holds)."""
+    """The resolved config as YAML (what ``--print-config`` prints; a run's ``config.yaml`` holds it with its paths
+    absolute: ``save_run_config``)."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
