@@ -257,6 +257,10 @@ def _check_qwen3(model_dir: str) -> None:
 
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
+    # --backend auto without vLLM: build_engine refuses them too, but after the model is merged or converted
+    if config.engine_kwargs.get("vllm_kwargs") and resolve_backend(config.backend) == "hf":
+        raise ConfigError("engine_kwargs", f"vllm_kwargs: only for a vLLM engine, and --backend {config.backend} "
+                          "runs transformers here (vLLM does not import): install vLLM or leave them out")
     problems, sources = load_problems(config)
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written

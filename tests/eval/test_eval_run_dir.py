@@ -11,6 +11,8 @@
 * a prompt longer than the engine's context (the README's eval command on the toy's 512-position model:
   a 1,359-token AIME prompt was vLLM's 40-line traceback) is one line naming the problem and both lengths,
   before any engine starts or any sample is written;
+* ``--engine_kwargs '{vllm_kwargs: ...}'`` with ``--backend auto`` where vLLM does not import: one line before
+  any work (was build_engine's ValueError traceback once the model was ready);
 * a full disk (a real 8 KiB tmpfs) and a read-only output directory: one line naming the file
   and the cause ("No space left on device").
 
@@ -19,6 +21,7 @@ Tiny data made here (two problems), the tiny Qwen3 on the transformers backend, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -216,3 +219,17 @@ def test_samples_of_another_problem_text_under_the_same_ids_are_refused(tmp_path
         run_eval(_config(out_dir, tiny_dir, str(path)))
     write("What is 0 + 1?", "What is 1 * 1?", "What is 2 - 1?")
     assert run_eval(_config(out_dir, tiny_dir, str(path))).generated == 1
+
+
+def test_vllm_kwargs_for_an_auto_backend_without_vllm_is_one_line_before_any_work(tmp_path, tiny_dir, problems,
+                                                                                 monkeypatch):
+    import phf_megatron.rollout.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="auto",
+                                 engine_kwargs={"vllm_kwargs": {"max_num_seqs": 3}})
+    with pytest.raises(UserError) as err:
+        run_eval(config)
+    assert err.value.line == ("--engine_kwargs: vllm_kwargs: only for a vLLM engine, and --backend auto runs "
+                              "transformers here (vLLM does not import): install vLLM or leave them out")
+    assert not (tmp_path / "run").exists()
