@@ -108,6 +108,15 @@ class RolloutConfig:
                        "run on the trainer's GPUs; for an engine elsewhere start a vLLM server and use "
                        "--rollout.backend=vllm_server --rollout.server_url=...")
 
+    def check_vllm_installed(self) -> None:
+        """``vllm_kwargs`` with backend auto where vLLM does not import (auto runs transformers): refused when a run
+        starts (``TrainConfig.require_inputs``), before the student is built, not when a config loads."""
+        if self.vllm_kwargs and self.backend == "auto":
+            from .vllm_engine import vllm_available
+            if not vllm_available():
+                raise fail("rollout.vllm_kwargs", "only for a vLLM engine, and rollout.backend=auto runs transformers "
+                           "here (vLLM does not import): install vLLM or leave them out")
+
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, rollout_choices.BACKENDS)
         check_positive("rollout.fingerprint_projections", self.fingerprint_projections, allow_zero=True)

@@ -213,6 +213,7 @@ class TrainConfig:
         """Raise unless the inputs a real run needs are named and its model directories exist (not
         checked at construction so that presets and tests can build configs without the files)."""
         self.rollout.check_placement()
+        self.rollout.check_vllm_installed()
         if not self.model.hf_dir:
             raise fail("model.hf_dir", "is required: the HF Qwen3 checkpoint directory")
         for key in ("hf_dir", "pretrained_checkpoint"):   # named here, not by the loader that meets them
