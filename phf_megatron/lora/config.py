@@ -21,8 +21,8 @@ class LoraConfig:
     alpha: float = 128.0
     """Scale numerator: the update is (alpha / r) * B A (paper: 128)."""
     dropout: float = 0.05
-    """LoRA dropout (TRL ModelConfig default, which the official script keeps); note that
-    ``model.disable_dropout`` (official default) zeroes it at train time."""
+    """LoRA dropout (TRL ModelConfig default, which the official scripts keep); ``model.disable_dropout``
+    zeroes it at train time, by default for --method=phf only (GOLDConfig; SFT and GRPO train with it)."""
     target_modules: tuple[str, ...] = LORA_TARGETS
     """HF projection names adapted (paper: q, k, v, o, gate, up, down), one adapter each as PEFT."""
 

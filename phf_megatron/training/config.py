@@ -171,6 +171,13 @@ class TrainConfig:
         return self.grpo.num_iterations if self.method == "grpo" else 1
 
     @property
+    def dropout_disabled(self) -> bool:
+        """``model.disable_dropout``, or where it is None the official trainer's choice for the method: PHF's
+        (TRL GOLDConfig, disable_dropout=True) zeroes every dropout; SFT's and GRPO's (TRL 0.26 SFTTrainer,
+        GRPOConfig.disable_dropout=False) train with LoRA dropout (``lora.dropout``, ModelConfig's 0.05)."""
+        return self.method == "phf" if self.model.disable_dropout is None else self.model.disable_dropout
+
+    @property
     def save_dir(self) -> str:
         return run_checkpoints_dir(self.run_dir, self.checkpoint.save)
 

@@ -61,8 +61,10 @@ class ModelConfig:
     transformer_impl: str = "auto"
     """auto (Transformer Engine when importable and on CUDA, else local) | local | te (Transformer
     Engine; Megatron's --transformer-impl transformer_engine)."""
-    disable_dropout: bool = True
-    """Zero every dropout (TRL GOLDConfig default in the official run; this also zeroes LoRA dropout)."""
+    disable_dropout: bool | None = None
+    """Zero every dropout, LoRA's included (Qwen3's own dropouts are 0). None: as the method's official
+    trainer (``TrainConfig.dropout_disabled``): true for phf (TRL GOLDConfig's default), false for sft and
+    grpo (TRL 0.26's SFTTrainer has no such switch, GRPOConfig defaults it to false: their LoRA dropout 0.05 trains)."""
     fused_kernels: bool = True
     """Compiled RMSNorm / RoPE / SwiGLU fast paths (GPU only; measured 1.31x HF tokens/s on an H100)."""
     compile_layers: bool = False

@@ -110,7 +110,7 @@ def _config_overrides(cfg: TrainConfig) -> dict:
         out.update(recompute_granularity=m.recompute_granularity)
         if m.recompute_granularity == "full":
             out.update(recompute_method=m.recompute_method, recompute_num_layers=m.recompute_num_layers)
-    if m.disable_dropout:
+    if cfg.dropout_disabled:
         out.update(hidden_dropout=0.0, attention_dropout=0.0)
     if m.compile_layers:
         out["compile_layers"] = True
@@ -155,6 +155,14 @@ def _let_recompute_reach_the_adapters(model) -> None:
     embedding.register_forward_hook(require_grad)
 
 
+def student_lora(cfg: TrainConfig):
+    """``cfg.lora`` as the student is built with it: its dropout zeroed where ``cfg.dropout_disabled``."""
+    lora = cfg.lora
+    if lora.enabled and cfg.dropout_disabled:
+        lora = type(lora)(**{**lora.__dict__, "dropout": 0.0})
+    return lora
+
+
 def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
     """This rank's model chunks (one per virtual pipeline stage) with the base weights loaded and,
     with LoRA, fresh adapters (seeded by ``training.seed``): the student before any wrapper. The
@@ -163,9 +171,7 @@ def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
 
     dtype = DTYPES[cfg.model.dtype]
     fused = cfg.model.fused_kernels and torch.cuda.is_available()
-    lora = cfg.lora
-    if lora.enabled and cfg.model.disable_dropout:
-        lora = type(lora)(**{**lora.__dict__, "dropout": 0.0})
+    lora = student_lora(cfg)
     chunks = []
     vpp = cfg.model.virtual_pipeline_model_parallel_size
     for vp_stage in range(vpp or 1):

@@ -1,0 +1,47 @@
+"""Dropout per method, as each official trainer: OPSD/PHF's GOLDConfig zeroes every dropout
+(``disable_dropout=True``); TRL 0.26's SFTTrainer has no such switch and GRPOConfig defaults it to
+False, so the official SFT and GRPO baselines (``sft_train.py``, ``grpo_train.py`` with
+``get_peft_config``) train with ModelConfig's LoRA dropout 0.05."""
+
+import pytest
+
+from phf_megatron.training.config_io import config_from_argv
+from phf_megatron.training.model_setup import _config_overrides, student_lora
+
+from ..helpers.tiny_run import assert_ok, read_metrics, train
+
+METHOD_FLAGS = {"phf": (), "sft": ("--method=sft",),
+                "grpo": ("--method=grpo", "--rollout.n=8", "--rollout.top_k=0", "--rollout.top_p=1.0")}
+#: the official trainer's LoRA dropout at train time (TRL ModelConfig.lora_dropout = 0.05, unless zeroed)
+OFFICIAL_LORA_DROPOUT = {"phf": 0.0, "sft": 0.05, "grpo": 0.05}
+
+
+@pytest.mark.parametrize("method", list(METHOD_FLAGS))
+def test_the_default_dropout_is_the_official_trainers(method):
+    cfg = config_from_argv(METHOD_FLAGS[method])
+    assert cfg.model.disable_dropout is None
+    assert student_lora(cfg).dropout == OFFICIAL_LORA_DROPOUT[method]
+    zeroed = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+    assert (zeroed.items() <= _config_overrides(cfg).items()) == (method == "phf")
+
+
+@pytest.mark.parametrize("method", list(METHOD_FLAGS))
+@pytest.mark.parametrize("disable", [True, False])
+def test_an_explicit_setting_wins_for_every_method(method, disable):
+    cfg = config_from_argv((*METHOD_FLAGS[method], f"--model.disable_dropout={str(disable).lower()}"))
+    assert cfg.dropout_disabled is disable
+    assert student_lora(cfg).dropout == (0.0 if disable else 0.05)
+
+
+def test_an_sft_step_trains_with_lora_dropout_by_default(tiny_inputs, tmp_path):
+    """The tiny preset turns dropout off (its tests compare layouts exactly); back at the default the same
+    first SFT step (same weights, same rows) has the same loss (LoRA's B starts at 0) and another gradient:
+    the adapters' inputs are dropped."""
+    hf, data = tiny_inputs
+    common = ("--method=sft", "--training.train_iters=1", "--checkpoint.save_interval=0")
+    off, default = str(tmp_path / "off"), str(tmp_path / "default")
+    assert_ok(train(hf, data, off, *common))
+    assert_ok(train(hf, data, default, *common, "--model.disable_dropout=null"))
+    (a,), (b,) = read_metrics(off), read_metrics(default)
+    assert a["num_tokens"] == b["num_tokens"] and a["loss"] == b["loss"]
+    assert a["grad_norm"] != b["grad_norm"], a["grad_norm"]
