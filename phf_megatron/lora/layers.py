@@ -144,14 +144,15 @@ class LoRAColumnParallelLinear(_LoRAWrapper):
             x_full = gather_from_sequence_parallel_region(x, group=self.tp_group)
         else:
             x_full = copy_to_tensor_model_parallel_region(x, group=self.tp_group)
-        x_full = self.dropout(x_full)
         parts = []
         for seg in self.segments:
             if seg.name not in self.adapters:  # an untargeted projection of a fused layer
                 parts.append(x_full.new_zeros(*x_full.shape[:-1], seg.local_features))
                 continue
             adapter = self.adapters[seg.name]
-            a = F.linear(x_full, copy_to_tensor_model_parallel_region(adapter.lora_A, group=self.tp_group))
+            # a dropout mask per HF projection, as PEFT (q, k, v, gate, up are separate modules there)
+            lora_a = copy_to_tensor_model_parallel_region(adapter.lora_A, group=self.tp_group)
+            a = F.linear(self.dropout(x_full), lora_a)
             parts.append(F.linear(a, adapter.lora_B))
         return out + self.scaling * self.layout(parts), bias
 

@@ -108,3 +108,35 @@ def _check_layers_sp(sp):
 
 def test_tensor_parallel_lora_equals_dense_with_and_without_sp():
     run_ranks(_check_layers, 2)
+
+
+def _check_dropout_per_projection(rank, world_size):
+    megatron_layout(1, 1)
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from phf_megatron.lora.layers import LoRAColumnParallelLinear, Segment, concat_layout
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=HID, num_attention_heads=HEADS, use_cpu_initialization=True,
+                            params_dtype=torch.float64, add_bias_linear=False)
+    col = ColumnParallelLinear(HID, 3 * HID, config=cfg, init_method=torch.nn.init.zeros_, bias=False,
+                               gather_output=False)
+    names = ("q_proj", "k_proj", "v_proj")
+    lcol = LoRAColumnParallelLinear(col, [Segment(n, HID) for n in names], concat_layout, names, HID, HID, 0.5)
+    for ad in lcol.adapters.values():  # B A = I: each projection's LoRA output is its dropped input
+        ad.lora_A.data.copy_(torch.eye(HID, dtype=torch.float64))
+        ad.lora_B.data.copy_(torch.eye(HID, dtype=torch.float64))
+    torch.manual_seed(0)
+    out, _ = lcol(torch.ones(S, B, HID, dtype=torch.float64))
+    kept = [part != 0 for part in out.split(HID, dim=-1)]   # dropout(1) is 0 or 1 / (1 - p)
+    assert all(0 < int(m.sum()) < m.numel() for m in kept)
+    assert all(not torch.equal(kept[i], kept[j]) for i, j in ((0, 1), (1, 2), (0, 2)))
+    lcol.eval()
+    ones = torch.ones(S, B, 3 * HID, dtype=torch.float64)
+    torch.testing.assert_close(lcol(ones[..., :HID])[0], ones)
+
+
+def test_each_projection_of_a_fused_layer_draws_its_own_dropout_mask():
+    """PEFT's q_proj, k_proj, v_proj (gate_proj, up_proj) are separate modules, each with its own LoRA dropout:
+    the fused layer's projections must not share one mask of the input (no dropout in eval mode)."""
+    run_ranks(_check_dropout_per_projection, 1)
