@@ -73,6 +73,11 @@ def _save_tokenizer(src_dirs: list[str], out_dir: str) -> None:
     load_qwen3_tokenizer().save_pretrained(out_dir)
 
 
+def merged_model_dir(run_dir: str) -> str:
+    """Where ``merge_adapter`` writes the merged model (the eval's model directory with an adapter)."""
+    return os.path.join(run_dir, "merged_model")
+
+
 def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
     """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
     check_hf_dir(base_dir, "base model")
@@ -90,7 +95,7 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    final = os.path.join(run_dir, "merged_model")
+    final = merged_model_dir(run_dir)
     marker = {"base": os.path.abspath(base_dir), "adapter": os.path.abspath(adapter_dir), "dtype": dtype,
               "adapter_mtime": os.path.getmtime(os.path.join(adapter_dir, "adapter_config.json"))}
     if _reusable(final, marker):

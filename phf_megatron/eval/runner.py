@@ -26,7 +26,7 @@ from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
-from .models import MARKER, converted_checkpoint, model_context_limit, resolve_model_dir
+from .models import MARKER, converted_checkpoint, merged_model_dir, model_context_limit, resolve_model_dir
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
 from .records import SampleWriter, grade_record, load_records, other_problems, problem_digest, shard_path
@@ -78,26 +78,45 @@ def _same_path_form(fingerprint: dict, out_dir: str, stored: bool = False) -> di
     return out
 
 
+def resume_differences(out_dir: str, fingerprint: dict, model_limit: int | None = None) -> dict:
+    """``{setting: (old, new)}`` where ``fingerprint`` differs from the settings of the samples in ``out_dir``
+    (its ``run_config.json``; ``{}`` without one): what a resume refuses."""
+    path = os.path.join(out_dir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        return {}
+    old = read_json(path)   # damaged: named, not a JSONDecodeError traceback
+    if not isinstance(old, dict):
+        raise InputFileError(path, f"expected a JSON object (the settings of the samples beside it), "
+                                   f"got {type(old).__name__}")
+    old = _same_path_form(old, out_dir, stored=True)
+    if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
+        old["max_model_len"] = model_limit
+    return {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items() if old.get(k) != v}
+
+
 def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None,
                        has_samples: bool = True) -> None:
     """Refuse to mix samples of different generation settings in one run directory (a
     ``run_config.json`` with no sample beside it, left by a failed start, is replaced)."""
     path = os.path.join(out_dir, RUN_CONFIG)
-    fingerprint = _same_path_form(fingerprint, out_dir)
     if os.path.isfile(path) and has_samples:
-        old = read_json(path)   # damaged: named, not a JSONDecodeError traceback
-        if not isinstance(old, dict):
-            raise InputFileError(path, f"expected a JSON object (the settings of the samples beside it), "
-                                       f"got {type(old).__name__}")
-        old = _same_path_form(old, out_dir, stored=True)
-        if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
-            old["max_model_len"] = model_limit
-        diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
-        if diff:
+        if diff := resume_differences(out_dir, fingerprint, model_limit):
             raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
                                           "(old, new); use another --out_dir")
         return
-    write_json(path, fingerprint, indent=1)
+    write_json(path, _same_path_form(fingerprint, out_dir), indent=1)
+
+
+def planned_resume_differences(config: EvalConfig) -> dict:
+    """``resume_differences`` of the samples already in ``config.out_dir`` as ``run_eval`` will meet them, told
+    before any model is merged (``{}``: none there, or made with the same settings); not for a
+    ``megatron_checkpoint``, whose iteration is known once converted (``{}``: its eval checks)."""
+    if config.megatron_checkpoint is not None or not load_records(config.out_dir)[0]:
+        return {}
+    model_dir = merged_model_dir(config.out_dir) if config.adapter else config.model
+    limit = model_context_limit(config.model)   # a merged model's: its base's config
+    fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
+    return resume_differences(config.out_dir, fingerprint, limit)
 
 
 def _converted_before(out_dir: str) -> str | None:

@@ -141,21 +141,41 @@ def eval_differs(row: Row, k: int, toy: bool) -> str | None:
     return "; ".join(diff for _, diff in _differences(row, k, toy)) or None
 
 
-def check_eval_dirs(rows: list[Row], k: int, toy: bool) -> None:
-    """Before any row runs: a row's eval directory whose summary was made with settings the eval's resume compares
-    (``GENERATION_KEYS``, top_p, max_model_len) is refused by that eval, after the rows before it ran; its samples
-    are the user's to remove (a --limit, --n or --benchmarks difference resumes)."""
+def check_eval_dirs(rows: list[Row], k: int, toy: bool, step: int) -> None:
+    """Before any row runs: a row's eval directory holding samples its eval does not resume is refused by that eval,
+    after the rows before it ran; its samples are the user's to remove (a --limit, --n or --benchmarks difference
+    resumes). Its summary's settings the eval's resume compares (``GENERATION_KEYS``, top_p, max_model_len), then,
+    as the eval will meet them, the settings its samples were made with (``run_config.json``, written when the eval
+    starts: a partial directory); not a row the table skips (trained, its summary its own)."""
     from ..eval.config import GENERATION_KEYS
 
     for row in rows:
-        if toy or not os.path.isfile(row.eval_result):
+        if toy or (training_finished(row, step) and eval_finished(row, k, toy)):
             continue
-        refused = [diff for key, diff in _differences(row, k, toy)
-                   if key in (*GENERATION_KEYS, "top_p", "max_model_len")]
+        summary = _differences(row, k, toy) if os.path.isfile(row.eval_result) else []
+        refused = [diff for key, diff in summary if key in (*GENERATION_KEYS, "top_p", "max_model_len")]
+        refused = refused or _sample_differences(row)
         if refused:
             raise InputFileError(os.path.dirname(row.eval_result), f"row {row.name}'s eval holds samples made with "
                                  f"other settings ({'; '.join(refused)}), which its eval does not resume; remove the "
                                  "directory (or give another --out) to evaluate the row with its settings")
+
+
+def _sample_differences(row: Row) -> list[str]:
+    """``"top_p 0.8, not 0.95"`` (JSON values) for each setting the row's eval refuses to resume its directory's
+    samples with (``runner.planned_resume_differences``: the eval's own rule, before its model is merged)."""
+    from ..eval.runner import RUN_CONFIG
+
+    if not os.path.isfile(os.path.join(os.path.dirname(row.eval_result), RUN_CONFIG)):
+        return []   # no eval started there (its shards are not read)
+    from ..cli import Settings
+    from ..eval.config import EvalConfig
+    from ..eval.runner import planned_resume_differences
+
+    settings = Settings(EvalConfig)
+    config = settings.build(settings.parse(eval_settings(row.eval[3:])))   # python -m <module> FLAGS
+    return [f"{key} {json.dumps(old)}, not {json.dumps(new)}"
+            for key, (old, new) in planned_resume_differences(config).items()]
 
 
 def _differences(row: Row, k: int, toy: bool) -> list[tuple[str, str]]:

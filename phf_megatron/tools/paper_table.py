@@ -373,7 +373,7 @@ def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
         _check_trainer_args(rows, args.step, args.overrides)
-        check_eval_dirs(rows, args.k, args.toy)   # the eval would refuse them after the rows before
+        check_eval_dirs(rows, args.k, args.toy, args.step)   # the eval would refuse them after the rows before
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))

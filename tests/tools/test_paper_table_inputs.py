@@ -3,6 +3,7 @@ the file (and the key), never a traceback, and a row whose results are not there
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -98,6 +99,19 @@ def test_a_summary_made_with_other_eval_settings_is_not_the_rows_result(tmp_path
 
 
 
+def _failing_runs(monkeypatch) -> list:
+    """The table's steps fail at once (exit 1) instead of running; returns the list of the commands run."""
+    ran = []
+
+    def fake_run(cmd, log):
+        ran.append(cmd)
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        open(log, "a").close()
+        return 1, 0.0
+    monkeypatch.setattr(paper_table, "_run", fake_run)
+    return ran
+
+
 def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_row_runs(tmp_path, capsys,
                                                                                          monkeypatch):
     """A run evaluates a row "evaluated with other settings" again into the same eval_step<step>/: made with another
@@ -120,14 +134,7 @@ def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_
     _check_fingerprint(eval_dir, old, 40960, has_samples=False)   # writes run_config.json
     with pytest.raises(InputFileError, match="holds samples generated with other settings"):
         _check_fingerprint(eval_dir, new, 40960)
-    ran = []
-
-    def fake_run(cmd, log):
-        ran.append(cmd)
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        open(log, "a").close()
-        return 1, 0.0
-    monkeypatch.setattr(paper_table, "_run", fake_run)
+    ran = _failing_runs(monkeypatch)
     assert paper_table.main(argv) == 2 and not ran
     err = capsys.readouterr().err.strip()
     assert err == (f"error: {eval_dir}: row base's eval holds samples made with other settings (top_p 0.8, not "
@@ -136,6 +143,66 @@ def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_
     assert os.path.isfile(row.eval_result) and os.path.isfile(os.path.join(eval_dir, "run_config.json"))
     _summary(row.eval_result, 55.0, limit=5)   # a --limit smoke's: the table runs (its first step, failed here)
     assert paper_table.main(argv) == 1 and ran and "other settings" not in capsys.readouterr().err
+
+
+def _partial_eval(eval_dir, model_dir, model_limit, **config):
+    """What an eval killed before its summary leaves (the eval's own writers): run_config.json, one sample."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.eval.records import SampleWriter, shard_path
+    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.rollout.factory import resolve_backend
+
+    cfg = EvalConfig(out_dir=eval_dir, model="m", **config)
+    fingerprint = cfg.generation_fingerprint(model_dir, resolve_backend(cfg.backend), model_limit)
+    os.makedirs(eval_dir, exist_ok=True)
+    _check_fingerprint(eval_dir, fingerprint, model_limit, has_samples=False)   # writes run_config.json
+    with SampleWriter(shard_path(eval_dir, 0)) as writer:
+        writer.write([{"benchmark": "aime24", "problem_id": "0", "sample_index": 0, "output": "x"}])
+    return fingerprint
+
+
+@pytest.mark.parametrize("row_name", ["base", "sft"])
+def test_a_partial_eval_whose_samples_the_eval_will_not_resume_is_refused_before_any_row_runs(
+        tmp_path, capsys, monkeypatch, row_name):
+    """An eval killed before its summary.json leaves its samples and run_config.json: made with another top_p, the
+    table passed its check and that row's eval refused the samples after the rows before it had run (hours). Now
+    the same one line at the start; a partial directory the eval resumes (the same settings, or another --limit,
+    --n or --benchmarks, which it resumes) still runs. The eval's own check agrees on each."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.eval.models import merged_model_dir
+    from phf_megatron.input_files import InputFileError
+    from phf_megatron.rollout.factory import resolve_backend
+
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", f"phf,{row_name}"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), row_name)
+    eval_dir = os.path.dirname(row.eval_result)
+    model_dir = hf if row.adapter is None else merged_model_dir(eval_dir)   # the model the eval samples from
+    ran = _failing_runs(monkeypatch)
+    row_fp = EvalConfig(out_dir=eval_dir, model=hf, adapter=row.adapter).generation_fingerprint(
+        model_dir, resolve_backend("auto"), None)
+    for config, refused in (({"top_p": 0.8}, "top_p 0.8, not 0.95"), ({"max_new_tokens": 8}, "max_new_tokens 8, not 38912"),
+                            ({}, None), ({"limit": 5}, None), ({"n": 4, "benchmarks": ("aime24",)}, None)):
+        shutil.rmtree(eval_dir, ignore_errors=True)
+        _partial_eval(eval_dir, model_dir, None, adapter=row.adapter, **config)
+        try:                          # the eval's own check, as the row's eval meets the directory
+            _check_fingerprint(eval_dir, row_fp, None)
+            eval_refuses = False
+        except InputFileError:
+            eval_refuses = True
+        assert eval_refuses == (refused is not None), config
+        ran.clear()
+        code, err = paper_table.main(argv), capsys.readouterr().err.strip()
+        if refused:
+            assert code == 2 and not ran, err
+            assert err == (f"error: {eval_dir}: row {row_name}'s eval holds samples made with other settings "
+                           f"({refused}), which its eval does not resume; remove the directory (or give another "
+                           "--out) to evaluate the row with its settings"), err
+        else:                         # the table runs (its first step, failed here)
+            assert code == 1 and ran and "other settings" not in err, (config, err)
+    assert os.path.isfile(os.path.join(eval_dir, "samples.rank0.jsonl"))   # nothing deleted
+
 
 def test_a_table_only_needs_the_summaries_not_the_eval_inputs(tmp_path, capsys, monkeypatch):
     """--table_only built each row's EvalConfig to compare its summary's settings, running the eval's own checks:
