@@ -107,16 +107,29 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
     write_json(path, _same_path_form(fingerprint, out_dir), indent=1)
 
 
-def planned_resume_differences(config: EvalConfig) -> dict:
-    """``resume_differences`` of the samples already in ``config.out_dir`` as ``run_eval`` will meet them, told
-    before any model is merged (``{}``: none there, or made with the same settings); not for a
-    ``megatron_checkpoint``, whose iteration is known once converted (``{}``: its eval checks)."""
-    if config.megatron_checkpoint is not None or not load_records(config.out_dir)[0]:
-        return {}
+def other_problem_samples(done: dict, problems: dict[str, list[Problem]]) -> str | None:
+    """``"aime24 '3' and 2 more"``: the problems whose samples in ``done`` were generated for another problem text
+    than ``problems``' under the same ids (``other_problems``; a resume refuses them), None when none."""
+    other = other_problems(done, {(p.benchmark, p.id): problem_digest(p.problem)
+                                  for ps in problems.values() for p in ps})
+    if not other:
+        return None
+    return f"{other[0][0]} {other[0][1]!r}" + (f" and {len(other) - 1} more" if len(other) > 1 else "")
+
+
+def planned_resume_refusals(config: EvalConfig) -> tuple[dict, str | None]:
+    """What ``run_eval`` will refuse to resume in ``config.out_dir``, told before any model is merged: the
+    settings its samples were made with otherwise (``resume_differences``) and the problems they were generated
+    for otherwise (``other_problem_samples``); ``({}, None)``: none there, or they resume. Not for a
+    ``megatron_checkpoint``, whose iteration is known once converted (its eval checks)."""
+    done = load_records(config.out_dir)[0] if config.megatron_checkpoint is None else {}
+    if not done:
+        return {}, None
+    problems, _ = load_problems(config)
     model_dir = merged_model_dir(config.out_dir) if config.adapter else config.model
     limit = model_context_limit(config.model)   # a merged model's: its base's config
     fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
-    return resume_differences(config.out_dir, fingerprint, limit)
+    return resume_differences(config.out_dir, fingerprint, limit), other_problem_samples(done, problems)
 
 
 def _converted_before(out_dir: str) -> str | None:
@@ -295,13 +308,9 @@ def run_eval(config: EvalConfig) -> Summary:
         fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
         _upgrade_typed_checkpoint(config.out_dir, fingerprint, config.megatron_checkpoint, before)
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
-    other = other_problems(done, {(p.benchmark, p.id): problem_digest(p.problem)
-                                  for ps in problems.values() for p in ps})
-    if other:   # were kept, and graded against the new answers: the scores of other problems' outputs
-        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
-        raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other[0][0]} "
-                             f"{other[0][1]!r}{more}: the benchmark's file or --data_dir changed); "
-                             "use another --out_dir")
+    if other := other_problem_samples(done, problems):   # were kept, graded against the new answers: other outputs
+        raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other}: the "
+                                             "benchmark's file or --data_dir changed); use another --out_dir")
     items = pending_work(problems, config.n, set(done))
     written = sum(map(len, problems.values())) * config.n - len(items)   # a resume's bar starts there
     check_prompts_fit(config, model_dir, items, limit)

@@ -146,7 +146,8 @@ def check_eval_dirs(rows: list[Row], k: int, toy: bool, step: int) -> None:
     after the rows before it ran; its samples are the user's to remove (a --limit, --n or --benchmarks difference
     resumes). Its summary's settings the eval's resume compares (``GENERATION_KEYS``, top_p, max_model_len), then,
     as the eval will meet them, the settings its samples were made with (``run_config.json``, written when the eval
-    starts: a partial directory); not a row the table skips (trained, its summary its own)."""
+    starts: a partial directory) and the problems they were made for; not a row the table skips (trained, its
+    summary its own)."""
     from ..eval.config import GENERATION_KEYS
 
     for row in rows:
@@ -154,28 +155,33 @@ def check_eval_dirs(rows: list[Row], k: int, toy: bool, step: int) -> None:
             continue
         summary = _differences(row, k, toy) if os.path.isfile(row.eval_result) else []
         refused = [diff for key, diff in summary if key in (*GENERATION_KEYS, "top_p", "max_model_len")]
-        refused = refused or _sample_differences(row)
-        if refused:
-            raise InputFileError(os.path.dirname(row.eval_result), f"row {row.name}'s eval holds samples made with "
-                                 f"other settings ({'; '.join(refused)}), which its eval does not resume; remove the "
-                                 "directory (or give another --out) to evaluate the row with its settings")
+        other = None
+        if not refused:
+            refused, other = _sample_refusals(row)
+        if refused or other:
+            what = (f"made with other settings ({'; '.join(refused)})" if refused else
+                    f"of other problems under the same ids ({other}: the benchmark's file or --data_dir changed)")
+            raise InputFileError(os.path.dirname(row.eval_result), f"row {row.name}'s eval holds samples {what}, "
+                                 "which its eval does not resume; remove the directory (or give another --out) to "
+                                 "evaluate the row with its settings")
 
 
-def _sample_differences(row: Row) -> list[str]:
+def _sample_refusals(row: Row) -> tuple[list[str], str | None]:
     """``"top_p 0.8, not 0.95"`` (JSON values) for each setting the row's eval refuses to resume its directory's
-    samples with (``runner.planned_resume_differences``: the eval's own rule, before its model is merged)."""
+    samples with, and the problems it refuses them for (``runner.planned_resume_refusals``: the eval's own rules,
+    before its model is merged)."""
     from ..eval.runner import RUN_CONFIG
 
     if not os.path.isfile(os.path.join(os.path.dirname(row.eval_result), RUN_CONFIG)):
-        return []   # no eval started there (its shards are not read)
+        return [], None   # no eval started there (its shards are not read)
     from ..cli import Settings
     from ..eval.config import EvalConfig
-    from ..eval.runner import planned_resume_differences
+    from ..eval.runner import planned_resume_refusals
 
     settings = Settings(EvalConfig)
     config = settings.build(settings.parse(eval_settings(row.eval[3:])))   # python -m <module> FLAGS
-    return [f"{key} {json.dumps(old)}, not {json.dumps(new)}"
-            for key, (old, new) in planned_resume_differences(config).items()]
+    differences, other = planned_resume_refusals(config)
+    return [f"{key} {json.dumps(old)}, not {json.dumps(new)}" for key, (old, new) in differences.items()], other
 
 
 def _differences(row: Row, k: int, toy: bool) -> list[tuple[str, str]]:

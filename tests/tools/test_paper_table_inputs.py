@@ -145,7 +145,18 @@ def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_
     assert paper_table.main(argv) == 1 and ran and "other settings" not in capsys.readouterr().err
 
 
-def _partial_eval(eval_dir, model_dir, model_limit, **config):
+def _table_refuses(argv, ran, capsys, line) -> None:
+    """The table refuses at the start with ``line``, running nothing; ``line`` falsy: it runs (its first step, which
+    fails here: ``_failing_runs``)."""
+    ran.clear()
+    code, err = paper_table.main(argv), capsys.readouterr().err.strip()
+    if line:
+        assert code == 2 and not ran and err == line, err
+    else:
+        assert code == 1 and ran and "holds samples" not in err, err
+
+
+def _partial_eval(eval_dir, model_dir, model_limit, record=(), **config):
     """What an eval killed before its summary leaves (the eval's own writers): run_config.json, one sample."""
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.eval.records import SampleWriter, shard_path
@@ -157,7 +168,7 @@ def _partial_eval(eval_dir, model_dir, model_limit, **config):
     os.makedirs(eval_dir, exist_ok=True)
     _check_fingerprint(eval_dir, fingerprint, model_limit, has_samples=False)   # writes run_config.json
     with SampleWriter(shard_path(eval_dir, 0)) as writer:
-        writer.write([{"benchmark": "aime24", "problem_id": "0", "sample_index": 0, "output": "x"}])
+        writer.write([{"benchmark": "aime24", "problem_id": "0", "sample_index": 0, "output": "x", **dict(record)}])
     return fingerprint
 
 
@@ -192,16 +203,36 @@ def test_a_partial_eval_whose_samples_the_eval_will_not_resume_is_refused_before
         except InputFileError:
             eval_refuses = True
         assert eval_refuses == (refused is not None), config
-        ran.clear()
-        code, err = paper_table.main(argv), capsys.readouterr().err.strip()
-        if refused:
-            assert code == 2 and not ran, err
-            assert err == (f"error: {eval_dir}: row {row_name}'s eval holds samples made with other settings "
-                           f"({refused}), which its eval does not resume; remove the directory (or give another "
-                           "--out) to evaluate the row with its settings"), err
-        else:                         # the table runs (its first step, failed here)
-            assert code == 1 and ran and "other settings" not in err, (config, err)
+        _table_refuses(argv, ran, capsys, refused and f"error: {eval_dir}: row {row_name}'s eval holds samples made "
+                       f"with other settings ({refused}), which its eval does not resume; remove the directory (or "
+                       "give another --out) to evaluate the row with its settings")
     assert os.path.isfile(os.path.join(eval_dir, "samples.rank0.jsonl"))   # nothing deleted
+
+
+def test_a_partial_eval_of_other_problems_under_the_same_ids_is_refused_before_any_row_runs(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """Samples of an aime24 problem whose text has changed (an edited file, another --data_dir, ...: their
+    problem_sha256) are refused by the row's eval after the rows before it ran: now the same line at the start,
+    where the samples of the problem as it is still resume."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.eval.records import load_records, problem_digest
+    from phf_megatron.eval.runner import load_problems, other_problem_samples
+
+    hf, out = _fake_model(tmp_path), str(tmp_path / "t")
+    argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "sft,base"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    eval_dir = os.path.dirname(row.eval_result)
+    problems, _ = load_problems(EvalConfig(out_dir=eval_dir, model=hf))
+    first = problems["aime24"][0]
+    ran = _failing_runs(monkeypatch)
+    for text, refused in (("another problem", True), (first.problem, False)):
+        shutil.rmtree(eval_dir, ignore_errors=True)
+        _partial_eval(eval_dir, hf, None, record={"problem_id": first.id, "problem_sha256": problem_digest(text)})
+        assert (other_problem_samples(load_records(eval_dir)[0], problems) is not None) == refused  # the eval's rule
+        _table_refuses(argv, ran, capsys, refused and f"error: {eval_dir}: row base's eval holds samples of other "
+                       f"problems under the same ids (aime24 {first.id!r}: the benchmark's file or --data_dir "
+                       "changed), which its eval does not resume; remove the directory (or give another --out) to "
+                       "evaluate the row with its settings")
 
 
 def test_a_table_only_needs_the_summaries_not_the_eval_inputs(tmp_path, capsys, monkeypatch):
