@@ -40,7 +40,7 @@ def train(argv: list[str], quiet: bool = True) -> int:
         from .startup import quiet_start
 
         quiet_start(cfg.logging.verbose)
-    from .training.stop_signal import stopping_at_once   # (imports no torch)
+    from .training.stop_signal import ignoring, stopping_at_once   # (imports no torch)
 
     trainer, started = None, False
     try:
@@ -62,12 +62,13 @@ def train(argv: list[str], quiet: bool = True) -> int:
             trainer = Trainer(cfg)
         return trainer.run()  # 0, or 128 + signal number: stopped by checkpoint.exit_signal (saved)
     finally:
-        if trainer is not None:
-            trainer.close()
-        if started:
-            from .training.distributed import shutdown_distributed
+        with ignoring(cfg.checkpoint):  # a signal in the teardown does not take the place of the error it follows
+            if trainer is not None:
+                trainer.close()
+            if started:
+                from .training.distributed import shutdown_distributed
 
-            shutdown_distributed()
+                shutdown_distributed()
 
 
 main = command(train)

@@ -60,7 +60,7 @@ from .methods import build_method
 from .rollouts import RolloutFailure
 from .schedule import load_scheduler_state
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats, row_origins
-from .stop_signal import StopSignal
+from .stop_signal import StopSignal, ignoring
 from .update import run_update
 
 
@@ -92,10 +92,10 @@ class Trainer:
             self._start()
         except BaseException as err:  # a refused resume, a lost rank...: the engines stop now, not at exit
             stop = lost_rank(err, self.phase, cfg.save_dir) if isinstance(err, Exception) else None  # said first
-            if self.prefetch is not None:
-                self.prefetch.close()
-            if self.rollouts is not None:
-                self.rollouts.close()
+            with ignoring(cfg.checkpoint):  # a preemption now does not take the place of ``err``
+                for started in (self.prefetch, self.rollouts):  # the prefetch first: it uses the engines
+                    if started is not None:
+                        started.close()
             if stop is not None:
                 raise stop from None
             raise

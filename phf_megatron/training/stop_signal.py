@@ -7,12 +7,15 @@ of a process the signal killed. A repeated signal is noted again (Slurm signals 
 job step and torchrun passes its own signal on: a worker often gets two); a second Ctrl-C, though,
 acts at once (the handler that was there before). While the run starts (``stopping_at_once``: imports,
 model build, resume, the engines' start; minutes at 8B) there is no step to finish and nothing new to
-save: the signal stops it at once, one line, the same exit code.
+save: the signal stops it at once, one line, the same exit code. In the cleanup after an error (a failed
+start's engines' stop, the run's teardown: ``ignoring``) the signal is ignored: it neither cuts the cleanup
+nor takes the place of the error that cleanup follows.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -49,6 +52,25 @@ def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[No
         # the teardown), and so does one set inside (``distributed.lost_rank``'s SIG_IGN: torchrun's SIGTERM)
         if signal.getsignal(signum) is stop:
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def ignoring(checkpoint: CheckpointConfig) -> Iterator[None]:
+    """Inside (the cleanup after an error: a failed start's engines' stop, the run's teardown):
+    ``checkpoint.exit_signal`` is ignored, then the handler from before is put back. So the error the cleanup
+    follows stays the one said, with its exit code (a signal then took its place: ``stopping_at_once``'s line
+    and 143, or, in the teardown after the start's handler was gone, a death by the signal without a line).
+    Ctrl-C (SIGINT) keeps its own; nothing changes with ``exit_signal_handler`` off or off the main thread."""
+    if (not checkpoint.exit_signal_handler or checkpoint.exit_signal == "SIGINT"
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    signum = int(getattr(signal, checkpoint.exit_signal))
+    previous = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 class StopSignal:

@@ -9,6 +9,7 @@
   pushed, so the resumed run's engine holds the weights the uninterrupted run's would;
 * Ctrl-C (SIGINT): one line naming the last checkpoint, exit code 130, no traceback;
 * a rank lost while the run starts, then torchrun's SIGTERM in the teardown: ignored (exit code 1, its line);
+* SIGTERM in the cleanup after an error (a failed start's, the teardown): ignored, the error keeps its line and code;
 * ``--checkpoint.load`` naming a directory without a checkpoint: one line, before any model is built.
 """
 
@@ -267,3 +268,55 @@ def test_a_second_sigterm_while_a_stopped_start_unwinds_is_ignored(tiny_inputs, 
     assert proc.returncode == code, proc.stderr[-4000:]
     assert proc.stderr.splitlines()[-1:] == [
         f"error: {line}; no checkpoint was saved; rerun the same command to resume"], proc.stderr[-4000:]
+
+
+#: ``python -c``: the run fails as ``sys.argv[1]`` says, then SIGTERM (a preemption) comes in the cleanup that follows:
+#: ``engine``: the engine does not start, the signal as the process group shuts down; ``resume``: the resume is refused
+#: once the engines run, the signal as they stop; ``run``: sampling fails in step 1, the signal as the trainer closes.
+_SIGTERM_IN_AN_ERRORS_CLEANUP = """
+import os, signal, sys, time
+from phf_megatron.errors import ConfigError
+from phf_megatron.rollout import EngineStartError
+from phf_megatron.training import distributed, loop, rollouts
+def signalled(cleanup):
+    def with_sigterm(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+        return cleanup(*args, **kwargs)
+    return with_sigterm
+def fail(error):
+    def failing(*args, **kwargs):
+        raise error
+    return failing
+if sys.argv[1] == "engine":
+    rollouts.build_engine = fail(EngineStartError("injected: the engine did not start"))
+    distributed.shutdown_distributed = signalled(distributed.shutdown_distributed)
+elif sys.argv[1] == "resume":
+    loop.Trainer._maybe_resume = fail(ConfigError("checkpoint.load", "injected refusal"))
+    rollouts.RolloutDriver.close = signalled(rollouts.RolloutDriver.close)
+else:
+    rollouts.RolloutDriver.sample = fail(RuntimeError("injected engine fault"))
+    loop.Trainer.close = signalled(loop.Trainer.close)
+from phf_megatron.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("failure, code, line", [
+    ("engine", 1, "[rank0]: phf_megatron.training.rollouts.RolloutFailure: rollout engine 0 (host rank 0): failed to start "
+                  "(EngineStartError): injected: the engine did not start"),
+    ("resume", 2, "error: --checkpoint.load: injected refusal"),
+    ("run", 1, "error: rollout engine 0 (host rank 0): sampling failed at step 0 (RuntimeError): injected engine "
+               "fault; the last checkpoint is {run}/checkpoints/iter_0000000; rerun the same command to resume")])
+def test_a_sigterm_in_the_cleanup_after_an_error_does_not_take_its_place(tiny_inputs, tmp_path, failure, code, line):
+    """A preemption that comes while the run cleans up after its error (the engines' stop, the process group's
+    shutdown) is ignored: the error stays the one said, with its exit code. Before, the signal took its place:
+    the start's handler raised its own line (143) over a refused resume, and in the teardown, the start's
+    handler gone, the signal killed the process without a line (rc -15)."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "run")
+    argv, env = train_command(hf, data, run, "--training.train_iters=2")
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_IN_AN_ERRORS_CLEANUP, failure, *argv[3:]], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == code, proc.stderr[-4000:]
+    assert proc.stderr.splitlines()[-1:] == [line.format(run=run)], proc.stderr[-4000:]
