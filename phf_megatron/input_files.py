@@ -207,6 +207,17 @@ def checkpoint_names(save_dir: str, most: int = 3) -> str:
     return ", ".join(found) or "none"
 
 
+def refuse_unnamed_checkpoints(save_dir: str) -> None:
+    """Raise (one line naming the latest file) when ``save_dir`` holds ``iter_XXXXXXX`` checkpoints but no
+    ``latest_checkpointed_iteration.txt``: a run killed as it saved its first checkpoint (between the rename
+    and the latest file) leaves it so, and a start from scratch would train again and overwrite them."""
+    done = list_checkpoints(save_dir)
+    if done and not os.path.isfile(os.path.join(save_dir, LATEST_FILE)):
+        raise InputFileError(os.path.join(save_dir, LATEST_FILE), f"missing, but {save_dir} holds checkpoints "
+                             f"({checkpoint_names(save_dir)}): write the iteration to resume from into it (the last: "
+                             f"{done[-1]}), or use a new --checkpoint.save directory to start afresh")
+
+
 def kept(save_dir: str, redone: bool = False) -> str:
     """What a stopped run keeps: its last checkpoint, named (``redone``: the resume redoes the steps after it)."""
     done = list_checkpoints(save_dir)

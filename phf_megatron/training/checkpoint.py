@@ -42,7 +42,7 @@ from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, SettingsDiffer, write_failure
 from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, read_latest: re-exported
     ITER_RE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir,
-    read_json, read_latest,
+    read_json, read_latest, refuse_unnamed_checkpoints,
 )
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
@@ -81,8 +81,12 @@ def require_checkpoint(cfg: TrainConfig) -> None:
 
     A mistyped path would otherwise train from scratch unnoticed. The hint names the directory meant
     where it can tell (an ``iter_XXXXXXX`` directory's parent, a run directory's ``checkpoints``).
+    Checkpoints without a latest file, in the save or the load directory, are refused
+    (``refuse_unnamed_checkpoints``).
     """
+    refuse_unnamed_checkpoints(cfg.save_dir)
     load_dir = cfg.load_dir
+    refuse_unnamed_checkpoints(load_dir)
     if not cfg.checkpoint.load or os.path.abspath(load_dir) == os.path.abspath(cfg.save_dir):
         return
     if read_latest(load_dir) is not None:
@@ -350,7 +354,7 @@ def load_checkpoint(
     if not os.path.isfile(meta_path):
         latest = os.path.join(load_dir, LATEST_FILE)
         hint = (f"; {latest} names it, the checkpoints there: {checkpoint_names(load_dir)} (write the iteration of "
-                "one into it, or delete it to start afresh)" if named else "")
+                "one into it, or use a new --checkpoint.save directory to start afresh)" if named else "")
         raise FileNotFoundError(f"{path}: no complete checkpoint here ({META_FILE} missing){hint}")
     meta = read_json(meta_path)
     if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:

@@ -45,7 +45,9 @@ def finished_step(cfg: TrainConfig) -> int | None:
     if step is None or step < cfg.training.train_iters or not os.path.isdir(export_dir(cfg)):
         return None
     meta = os.path.join(cfg.load_dir, iter_dir_name(step), META_FILE)
-    if cfg.checkpoint.strict_config and os.path.isfile(meta):   # another run's directory: refused as a resume is
+    if not os.path.isfile(meta):   # the latest file names a deleted checkpoint: the resume names it
+        return None
+    if cfg.checkpoint.strict_config:   # another run's directory: refused as a resume is
         saved = read_json(meta)
         if not isinstance(saved, dict):
             raise InputFileError(meta, "expected a JSON object")

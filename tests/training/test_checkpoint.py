@@ -141,6 +141,32 @@ def test_leftovers_of_a_killed_save_are_ignored_then_removed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["iter_0000001", "iter_0000002", ckpt.LATEST_FILE]
 
 
+def test_a_first_save_killed_before_its_latest_file_is_refused_not_trained_over(tmp_path, monkeypatch):
+    """Killed between the rename of iter_0000002 and the write of the latest file (the first save): the rerun
+    found no latest file and trained from step 0, saving over iter_0000002; now one line names the latest file,
+    in the run's save directory and in a --checkpoint.load of another run."""
+    from phf_megatron.training.config_io import load_config
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed")   # not an Exception: no rank agreement catches it, as a SIGKILL
+
+    monkeypatch.setattr(ckpt, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(str(tmp_path / "checkpoints"), 2, ToyRun(seed=0).parts(), RankLayout())
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / "checkpoints") == ["iter_0000002"]
+    latest = tmp_path / "checkpoints" / ckpt.LATEST_FILE
+    line = (f"{latest}: missing, but {tmp_path / 'checkpoints'} holds checkpoints (iter_0000002): write the "
+            "iteration to resume from into it (the last: 2), or use a new --checkpoint.save directory to start afresh")
+    other_run = [f"--run_dir={tmp_path / 'other'}", f"--checkpoint.load={tmp_path / 'checkpoints'}"]
+    for flags in ([f"--run_dir={tmp_path}"], other_run):
+        with pytest.raises(InputFileError) as err:
+            ckpt.require_checkpoint(load_config(argv=flags))
+        assert err.value.line == line
+    latest.write_text("2")   # as the line says
+    assert ckpt.load_checkpoint(str(tmp_path / "checkpoints"), ToyRun(seed=1).parts(), RankLayout()).iteration == 2
+
+
 def test_keep_last_prunes_oldest(tmp_path):
     run = ToyRun(seed=0)
     for it in range(1, 6):
@@ -233,6 +259,6 @@ def test_a_latest_file_naming_a_deleted_checkpoint_names_those_there(tmp_path):
         ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout())
     assert str(err.value) == (f"{tmp_path}/iter_0000006: no complete checkpoint here (meta.json missing); {latest} "
                               "names it, the checkpoints there: iter_0000002, iter_0000004 (write the iteration of "
-                              "one into it, or delete it to start afresh)")
+                              "one into it, or use a new --checkpoint.save directory to start afresh)")
     latest.write_text("4")   # as the line says: the resume goes on from there
     assert ckpt.load_checkpoint(str(tmp_path), run.parts(), RankLayout()).iteration == 4

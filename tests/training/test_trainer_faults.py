@@ -73,6 +73,30 @@ def test_truncated_checkpoint_is_named(tiny_inputs, two_step_run, tmp_path):
     assert line.startswith(f"error: {damaged}: not a readable torch file, truncated or corrupt")
 
 
+def test_a_latest_file_naming_a_missing_checkpoint_is_not_a_finished_run(tiny_inputs, two_step_run, tmp_path):
+    """latest_checkpointed_iteration.txt says 7, iter_0000007 is gone: the rerun said "is finished (step 7 of 3):
+    nothing to train", latest iter_0000007, exit 0; now the resume's line names it and the checkpoints there."""
+    run = shutil.copytree(two_step_run, str(tmp_path / "run"))
+    save = os.path.join(run, "checkpoints")
+    with open(os.path.join(save, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("7")
+    line = _one_error_line(train(*tiny_inputs, run, "--training.train_iters=3"))
+    assert line == (f"error: {save}/iter_0000007: no complete checkpoint here (meta.json missing); {save}/"
+                    "latest_checkpointed_iteration.txt names it, the checkpoints there: iter_0000002 (write the "
+                    "iteration of one into it, or use a new --checkpoint.save directory to start afresh)")
+
+
+def test_checkpoints_without_a_latest_file_are_not_trained_over(tiny_inputs, two_step_run, tmp_path):
+    """No latest file beside iter_0000002 (a first save killed after its rename): the rerun trained from step 0
+    and saved over iter_0000002, exit 0; now one line names the latest file, and nothing is written."""
+    run = shutil.copytree(two_step_run, str(tmp_path / "run"))
+    latest = os.path.join(run, "checkpoints", "latest_checkpointed_iteration.txt")
+    os.remove(latest)
+    before = _tree(run)
+    line = _one_error_line(train(*tiny_inputs, run, "--training.train_iters=3"))
+    assert line.startswith(f"error: {latest}: missing, but ") and _tree(run) == before
+
+
 def test_full_disk_at_the_first_checkpoint(tiny_inputs, tmp_path):
     with small_tmpfs(str(tmp_path / "full"), size="200k") as full:
         run = os.path.join(full, "run")
