@@ -45,7 +45,7 @@ from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, rea
     read_json, read_latest, refuse_unnamed_checkpoints,
 )
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
-from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, RankLayout, Scope
+from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, PartMismatch, RankLayout, Scope
 from .config import LATEST_FILE, TrainConfig
 from .config_io import fingerprint_diff, fingerprint_hash
 
@@ -383,5 +383,9 @@ def load_checkpoint(
         templates = {k: (p.template or p.state)() for k, p in dist_parts.items()}
         states.update(load_dist_checkpoint(templates, os.path.join(path, DIST_DIR)))
     for name, part in parts.items():
-        part.load(states[name])
+        try:
+            part.load(states[name])
+        except PartMismatch as err:   # another model, LoRA rank or target set (model.hf_dir may change)
+            where = os.path.join(path, layout.file_name(part.scope) or DIST_DIR)
+            raise InputFileError(where, f"part {name!r} does not fit this run: {err}") from err
     return CheckpointInfo(iteration, path, meta)

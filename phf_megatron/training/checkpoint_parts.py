@@ -35,6 +35,11 @@ class Scope(str, enum.Enum):
     GLOBAL = "global"
 
 
+class PartMismatch(ValueError):
+    """A saved part that does not fit the run's state (other names, shapes or counts: another model, LoRA
+    rank or target set); ``checkpoint.load_checkpoint`` names the file (one line). Raised before any copy."""
+
+
 @dataclass
 class Part:
     """One named piece of a checkpoint."""
@@ -190,12 +195,12 @@ def tensors_part(tensors: dict[str, torch.Tensor], scope: Scope = Scope.MODEL_PA
     def load(saved: dict[str, torch.Tensor]) -> None:
         missing, unexpected = sorted(set(tensors) - set(saved)), sorted(set(saved) - set(tensors))
         if missing or unexpected:
-            raise ValueError(f"checkpoint tensors: missing {missing[:8]}, unexpected {unexpected[:8]} "
-                             "(a different LoRA target set, layer split or model?)")
+            raise PartMismatch(f"checkpoint tensors: missing {missing[:8]}, unexpected {unexpected[:8]} "
+                               "(a different LoRA target set, layer split or model?)")
         for name, t in tensors.items():
             if saved[name].shape != t.shape:
-                raise ValueError(f"checkpoint tensor {name}: shape {tuple(saved[name].shape)} in the checkpoint, "
-                                 f"{tuple(t.shape)} in the model")
+                raise PartMismatch(f"checkpoint tensor {name}: shape {tuple(saved[name].shape)} in the checkpoint, "
+                                   f"{tuple(t.shape)} in the model")
         with torch.no_grad():
             for name, t in tensors.items():
                 t.copy_(saved[name])

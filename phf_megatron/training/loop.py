@@ -161,16 +161,17 @@ class Trainer:
     def _parts(self) -> dict:
         sched = self.student.scheduler
         parts = {  # the scheduler's load checks the schedule (one line) before the optimizer's, which in
-            # Megatron 0.19 (distributed optimizer) fails with a bare KeyError on another max_lr / min_lr
+            # Megatron 0.19 (distributed optimizer) fails with a bare KeyError on another max_lr / min_lr; so do
+            # the adapters and the teacher their names and shapes (another model: a bare ValueError of torch's)
             "scheduler": Part(Scope.GLOBAL, sched.state_dict, functools.partial(load_scheduler_state, sched)),
+            **({"adapters": tensors_part(dict(p for c in self.student.chunks for p in adapter_parameters(c)))}
+               if self.cfg.lora.enabled else {}),
+            **self.method.parts(),
             "optimizer": optimizer_part(self.student.optimizer),
             "data": stateful_part(self.sampler, Scope.GLOBAL),
-            **self.method.parts(),
             "rng": rng_part(),
         }
-        if self.cfg.lora.enabled:
-            parts["adapters"] = tensors_part(dict(p for c in self.student.chunks for p in adapter_parameters(c)))
-        else:
+        if not self.cfg.lora.enabled:
             for i, chunk in enumerate(self.student.chunks):
                 parts[f"model{i}"] = dist_model_part(chunk.module)
         if self.prefetch is not None:

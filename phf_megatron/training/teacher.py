@@ -37,6 +37,7 @@ import torch
 
 from ..lora import adapters_off
 from ..objectives import ema_update
+from .checkpoint_parts import PartMismatch
 from .config_sections import EMA_STARTS, TEACHER_MODES
 
 
@@ -95,13 +96,19 @@ class PrivilegedTeacher:
                 "shadow": [s.clone() for s in self.shadow]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Checks everything (``PartMismatch``: the checkpoint names the file) before it copies anything;
+        a shape is compared, not broadcast (a rank-1 adapter would fill a rank-8 one)."""
         if state["mode"] != self.mode:
-            raise ValueError(f"teacher.mode: checkpoint has {state['mode']!r}, config asks for {self.mode!r}")
+            raise PartMismatch(f"teacher.mode: checkpoint has {state['mode']!r}, config asks for {self.mode!r}")
         saved_start = state.get("ema_start", "initial")  # checkpoints before the option started at theta_0
         if saved_start != self.ema_start:
-            raise ValueError(f"teacher.ema_start: checkpoint has {saved_start!r}, config asks for {self.ema_start!r}")
-        self.started = bool(state.get("started", True))
+            raise PartMismatch(f"teacher.ema_start: checkpoint has {saved_start!r}, config asks for {self.ema_start!r}")
         if len(state["shadow"]) != len(self.shadow):
-            raise ValueError(f"teacher: checkpoint holds {len(state['shadow'])} tensors, model has {len(self.shadow)}")
+            raise PartMismatch(f"teacher: checkpoint holds {len(state['shadow'])} tensors, model has {len(self.shadow)}")
+        for i, (s, loaded) in enumerate(zip(self.shadow, state["shadow"])):
+            if loaded.shape != s.shape:
+                raise PartMismatch(f"teacher tensor {i}: shape {tuple(loaded.shape)} in the checkpoint, "
+                                   f"{tuple(s.shape)} in the model")
+        self.started = bool(state.get("started", True))
         for s, loaded in zip(self.shadow, state["shadow"]):
             s.copy_(loaded)

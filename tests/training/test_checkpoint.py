@@ -237,7 +237,9 @@ def test_bad_requests_raise_clear_errors(tmp_path):
         ckpt.load_checkpoint(str(tmp_path), {"data": stateful_part(run.sampler, Scope.RANK)}, RankLayout())
     other = ToyRun(seed=0)
     other.model[0] = torch.nn.Linear(DIM, 8)
-    with pytest.raises(ValueError, match=r"0.weight: shape \(16, 6\) in the checkpoint, \(8, 6\) in the model"):
+    with pytest.raises(InputFileError, match=r"iter_0000001/model_parallel_tp00_pp000.pt: part 'model' does not fit this "
+                                             r"run: checkpoint tensor 0.weight: shape \(16, 6\) in the checkpoint, "
+                                             r"\(8, 6\) in the model$"):
         ckpt.load_checkpoint(str(tmp_path), {"model": tensors_part(dict(other.model.named_parameters()))}, RankLayout())
     (tmp_path / ckpt.LATEST_FILE).write_text("release")
     with pytest.raises(ValueError, match="pretrained_checkpoint"):

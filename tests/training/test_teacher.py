@@ -84,6 +84,19 @@ def test_state_round_trip_and_mode_mismatch():
         PrivilegedTeacher([m], mode="average")
 
 
+def test_a_shadow_of_another_shape_is_refused_not_broadcast():
+    """A rank-1 LoRA teacher's shadow (1, 4) was copied into a rank-3 one's (3, 4) by broadcasting, silently
+    (a resume with --lora.r changed and --checkpoint.strict_config=false); now refused before any copy."""
+    m = _model()
+    saved = PrivilegedTeacher([m], mode="ema", decay=0.5, lora=False).state_dict()
+    saved["shadow"][0] = saved["shadow"][0][:1]   # (1, 4), as rank 1 beside rank 3
+    teacher = PrivilegedTeacher([m], mode="ema", decay=0.5, lora=False)
+    before = [s.clone() for s in teacher.shadow]
+    with pytest.raises(ValueError, match=r"^teacher tensor 0: shape \(1, 4\) in the checkpoint, \(3, 4\) in the model$"):
+        teacher.load_state_dict(saved)
+    assert all(torch.equal(a, b) for a, b in zip(teacher.shadow, before))
+
+
 class _OfficialEma:
     """The official EMA teacher's rule, transcribed from ``opsd_trainer.py`` at commit 7448751
     (``louieworth/OPSD``): ``_ema_params`` starts as None (line 193); the teacher forward swaps in

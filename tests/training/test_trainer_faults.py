@@ -97,6 +97,20 @@ def test_checkpoints_without_a_latest_file_are_not_trained_over(tiny_inputs, two
     assert line.startswith(f"error: {latest}: missing, but ") and _tree(run) == before
 
 
+def test_a_resume_with_another_model_names_the_checkpoint_file(tiny_inputs, two_step_run, tmp_path):
+    """--model.hf_dir may change on resume (a moved model), to a model with a third layer: torch's optimizer
+    load raised "loaded state dict contains a parameter group that doesn't match..." (a traceback, no file);
+    the adapters are now checked first and the file and part named."""
+    from ..helpers.tiny_qwen3 import make_tiny_hf
+
+    run = shutil.copytree(two_step_run, str(tmp_path / "run"))
+    three = make_tiny_hf(str(tmp_path / "three_layers"), num_layers=3)
+    line = _one_error_line(train(three, tiny_inputs[1], run, "--training.train_iters=3"))
+    shard = os.path.join(run, "checkpoints", "iter_0000002", "model_parallel_tp00_pp000.pt")
+    assert line.startswith(f"error: {shard}: part 'adapters' does not fit this run: checkpoint tensors: missing "
+                           "['layers.2.down_proj.lora_A', "), line
+
+
 def test_full_disk_at_the_first_checkpoint(tiny_inputs, tmp_path):
     with small_tmpfs(str(tmp_path / "full"), size="200k") as full:
         run = os.path.join(full, "run")
