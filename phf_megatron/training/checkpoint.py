@@ -309,15 +309,15 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
                                        f"the run asks for {part.scope.value!r} (checkpoint.model_format or optimizer.use_distributed_optimizer changed?)")
         saved, now = meta["layout"], layout.sizes()
         diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
-        if diffs:
-            other = {"rng": "skip it (--checkpoint.no_load_rng)", "optimizer": "skip it (--checkpoint.no_load_optim)"}
+        if diffs:   # LoRA adapters and the teacher have no other format (checkpoint.model_format): no way round
+            skip = {"rng": ", or skip it (--checkpoint.no_load_rng)",
+                    "optimizer": ", or skip it (--checkpoint.no_load_optim)"}
             raise InputFileError(
                 path, f"part {name!r} is stored per {'rank' if part.scope is Scope.RANK else 'model-parallel rank'} and cannot be "
                 f"resharded "
                 f"({', '.join(diffs)}). Resume with the checkpoint's layout (--model.tensor_model_parallel_size="
                 f"{saved['tp_size']} --model.pipeline_model_parallel_size={saved['pp_size']}, "
-                f"{saved['world_size']} ranks), or "
-                f"{other.get(name, 'save with --checkpoint.model_format=torch_dist')}")
+                f"{saved['world_size']} ranks){skip.get(name, '')}")
 
 
 def check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str) -> None:

@@ -103,6 +103,10 @@ class TrainConfig:
             if self.ablation == "selected_layers" and self.objective.flow_layers is None:
                 raise fail("objective.flow_layers", "--ablation=selected_layers needs the layer subset, "
                            "e.g. --objective.flow_layers=6,7,20,21")
+        written = "per_rank" if self.lora.enabled else "torch_dist"   # what Trainer._parts saves
+        if self.checkpoint.model_format not in ("auto", written):
+            raise fail("checkpoint.model_format", f"{self.checkpoint.model_format}: the trainer saves "
+                       f"{'LoRA adapters' if self.lora.enabled else 'the full model'} as {written} only; leave it at auto")
         if self.teacher.mode == "fixed" and not self.lora.enabled:
             raise fail("teacher.mode", "'fixed' is the base model with the adapters off and needs "
                        "--lora.enabled=true (or use --teacher.mode=ema)")

@@ -313,7 +313,8 @@ class CheckpointConfig:
     and plots the intermediate ones)."""
     model_format: str = "auto"
     """torch_dist (Megatron dist-checkpointing, reshardable) | per_rank (torch.save of each rank's
-    trainable tensors, same layout to resume) | auto (per_rank with LoRA, torch_dist otherwise)."""
+    trainable tensors, same layout to resume) | auto (per_rank with LoRA, torch_dist otherwise: the
+    only formats the trainer writes, the other is refused)."""
     no_load_optim: bool = False
     """Do not restore the optimizer state on resume (Megatron's --no-load-optim)."""
     no_load_rng: bool = False

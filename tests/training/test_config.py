@@ -192,6 +192,13 @@ def test_cross_section_rules():
     with pytest.raises(ValueError, match=r"training.global_batch_size: 32 rollouts do not split .* rollout.n = 3"):
         load_config(argv=["--rollout.n=3"])
     assert load_config(argv=["--teacher.mode=dynamic", "--lora.enabled=false"]).model_format == "torch_dist"
+    # the trainer saves LoRA per_rank and full fine-tuning torch_dist, whatever the setting said (it was ignored)
+    with pytest.raises(ValueError, match=r"^checkpoint.model_format: torch_dist: the trainer saves LoRA adapters as "
+                                         r"per_rank only; leave it at auto"):
+        load_config(argv=["--checkpoint.model_format=torch_dist"])
+    with pytest.raises(ValueError, match=r"^checkpoint.model_format: per_rank: the trainer saves the full model as "
+                                         r"torch_dist only"):
+        load_config(argv=["--checkpoint.model_format=per_rank", "--teacher.mode=dynamic", "--lora.enabled=false"])
     assert load_config(argv=["--tensor_model_parallel_size=1", "--sequence_parallel"]).model.sequence_parallel is False
     with pytest.raises(ValueError, match=r"teacher.ema_start: 'after_first_step' applies to the EMA teacher only"):
         load_config(argv=["--teacher.mode=dynamic", "--teacher.ema_start=after_first_step"])
