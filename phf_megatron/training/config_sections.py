@@ -307,7 +307,7 @@ class CheckpointConfig:
     """Resume from this directory; None: from ``save`` when it holds a checkpoint."""
     save_interval: int = 50
     """Save every this many steps, and at the last step (official OPSD scripts at
-    7448751: save_steps 25); 0: last step only."""
+    7448751: save_steps 25); 0: last step only (and a failing rollout engine's step)."""
     keep_last: int | None = None
     """Keep only the newest this many checkpoints; None: keep all (the paper evaluates step 100
     and plots the intermediate ones)."""

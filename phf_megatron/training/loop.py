@@ -16,7 +16,8 @@ the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is
 error propagates at a step the weights are pushed after (``Trainer.at_push``; a failed push too: the
 resumed run pushes at its start); between pushes the last checkpoint is kept (``checkpoint.save_interval``
 puts it at a push) and the resume redoes the steps after it: it equals the uninterrupted run (overlapped,
-but for a failed prefetch: ``rollout_async``).
+but for a failed prefetch: ``rollout_async``); without ``save_interval`` the step is saved (the resume
+samples the rest of the interval with its weights).
 
 A step whose loss or gradient holds a NaN or inf on any rank changes nothing (``update``,
 ``nonfinite``): it is counted (``nonfinite_steps`` in the metrics, cumulative over the run, and on
@@ -342,15 +343,18 @@ class Trainer:
         except RolloutFailure as err:
             if metrics is not None:
                 self._log(metrics)  # the step trained; its sync failed
-            pushed = self.at_push()
-            if pushed:
+            pushed = self.at_push()  # without save_interval no checkpoint is at a push: saved between, not lost
+            saved = pushed or (not interval and self.step % self.method.iterations == 0)
+            if saved:
                 self.save()  # nothing lost: the next run resumes from here
             if stop is not None and stop.agreed():  # Slurm signals every process of the job step: the engines too
-                return self._stopped(stop.name, engines=str(err))
-            if pushed:
-                raise RunStopped(f"{err}; {self._kept()}; rerun the same command to resume") from err
-            raise RunStopped(f"{err}; not saved at step {self.step}, between weight pushes (rollout.sync_interval = "
-                             f"{cfg.rollout.sync_interval}); {self._kept(redone=True)}; "
+                return self._stopped(stop.name, engines=str(err), redone=not saved)
+            n, sync = self.step, cfg.rollout.sync_interval
+            between = (f"saved at step {n}, between weight pushes (rollout.sync_interval = {sync}, checkpoint."
+                       f"save_interval = 0): the resumed run samples the steps to the next push with step {n}'s "
+                       f"weights, not step {n - n % sync}'s as this run did" if saved else
+                       f"not saved at step {n}, between weight pushes (rollout.sync_interval = {sync})")
+            raise RunStopped(f"{err}; {'' if pushed else between + '; '}{self._kept(redone=not saved)}; "
                              "rerun the same command to resume") from err
         finally:
             if stop is not None:
@@ -364,15 +368,15 @@ class Trainer:
                   f"outputs:\n{outputs_message(cfg, self.step)}", flush=True)
         return 0
 
-    def _stopped(self, name: str, engines: str | None = None) -> int:
+    def _stopped(self, name: str, engines: str | None = None, redone: bool = False) -> int:
         """The run stops on ``name`` after its current step, saved there; returns 128 + the signal's number.
-        ``engines``: the engines' failure after the signal (saved already, at a push; else the last push kept)."""
+        ``engines``: the engines' failure after the signal (saved already; ``redone``: not, the last push kept)."""
         if engines is None:
             self._save_last()
         self.metrics.end_progress()
         if self.ctx.is_rank0:
             saved = (f"saved as {os.path.join(self.cfg.save_dir, iter_dir_name(self.step))}" if engines is None else
-                     f"the rollout engines stopped on it too ({engines}); {self._kept(redone=not self.at_push())}")
+                     f"the rollout engines stopped on it too ({engines}); {self._kept(redone=redone)}")
             print(f"phf_megatron.train: {name} received: stopped after step {self.step} of "
                   f"{self.cfg.training.train_iters}, {saved}; rerun the same command to resume", flush=True)
         return 128 + int(getattr(signal, name))

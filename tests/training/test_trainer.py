@@ -197,3 +197,28 @@ def test_tp2_run_under_torchrun_with_vllm_on_rank0(tiny_inputs, tmp_path):
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:   # fp32 engine and trainer: the probe's logprobs agree after every sync
         assert m["sync_probe_diff"] is not None and m["sync_probe_diff"] <= 1e-4, m
+
+
+def test_an_engine_failure_without_save_interval_saves_between_pushes(tiny_inputs, tmp_path, push_every_2):
+    """checkpoint.save_interval = 0 puts no checkpoint at a push: an engine failing at step 3 (rollout.sync_interval
+    = 2) left no checkpoint at all ("no checkpoint was saved"), and the rerun trained from step 0. Now step 3 is saved
+    and the line says what the resume changes: step 4 sampled with step 3's weights (staleness 0), not step 2's."""
+    hf, data = tiny_inputs
+    run = str(tmp_path / "failed")
+    flags = (*PUSH_EVERY_2, "--checkpoint.save_interval=0")
+    proc = train_failing_engine(hf, data, run, "sample", 3, *flags)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    ckpt = os.path.join(run, "checkpoints", "iter_0000003")
+    assert [x for x in proc.stderr.splitlines() if x.startswith("error:")] == [
+        "error: rollout engine 0 (host rank 0): sampling failed at step 3 (RuntimeError): injected engine fault; saved "
+        "at step 3, between weight pushes (rollout.sync_interval = 2, checkpoint.save_interval = 0): the resumed run "
+        "samples the steps to the next push with step 3's weights, not step 2's as this run did; the last checkpoint "
+        f"is {ckpt}; rerun the same command to resume"]
+    resumed = train(hf, data, run, *flags)
+    _ok(resumed)
+    assert f"resuming from step 3 of 4 ({ckpt})" in resumed.stdout
+    straight, metrics = read_metrics(push_every_2), read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for a, b in zip(straight[:3], metrics[:3]):   # the steps before the failure: kept as the uninterrupted run's
+        assert all(a[k] == b[k] for k in ("rollout_digest", "loss", "grad_norm")), a["step"]
+    assert [m["rollout_staleness"] for m in metrics] == [0, 1, 0, 0]   # uninterrupted: [0, 1, 0, 1]
