@@ -96,11 +96,19 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
+def _step(record: dict[str, Any], path: str) -> int:
+    """A record's step (0 without one); one that is not a whole number is named (was int()'s traceback)."""
+    step = record.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise InputFileError(path, f"a record whose step is {step!r}, not a step number")
+    return step
+
+
 def truncate_jsonl(path: str, last_step: int) -> int:
     """Keep the records with ``step <= last_step`` (atomic rewrite); returns how many remain."""
     if not os.path.isfile(path):
         return 0
-    kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= last_step]
+    kept = [r for r in read_jsonl(path) if _step(r, path) <= last_step]
     write_jsonl(path, kept)
     return len(kept)
 
@@ -191,7 +199,7 @@ def _last_step(path: str) -> int:
     """The last step of a metrics file (0 if none)."""
     if not os.path.isfile(path):
         return 0
-    return max((int(r.get("step", 0)) for r in read_jsonl(path)), default=0)
+    return max((_step(r, path) for r in read_jsonl(path)), default=0)
 
 
 class MetricsLogger:

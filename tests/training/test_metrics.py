@@ -54,6 +54,10 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     with pytest.raises(InputFileError, match=r"metrics.jsonl:2: expected a JSON object, got list"):
         read_jsonl(str(path))
     assert truncate_jsonl(str(tmp_path / "absent.jsonl"), 3) == 0
+    path.write_text('{"step": "one"}\n{"step": 2}\n')   # a resume truncates: int()'s ValueError traceback before
+    with pytest.raises(InputFileError) as err:
+        truncate_jsonl(str(path), 1)
+    assert err.value.line == f"{path}: a record whose step is 'one', not a step number"
 
 
 def test_a_loss_tokens_line_cut_inside_a_character_is_a_torn_line(tmp_path):
