@@ -326,9 +326,13 @@ def reading_dist_checkpoint(ckpt_dir: str):
         damaged = _damaged_dist_file(ckpt_dir)
         if damaged is not None:
             raise InputFileError(*damaged) from err
+        # each rank's error, wrapped: its last line (str() is every rank's traceback)
+        cause = next(iter(err.failures.values()))[0] if isinstance(err, CheckpointException) and err.failures else err
+        said = f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+        if "shape mismatch" in str(cause):   # megatron's check of the model's shapes: another model, not damage
+            raise InputFileError(ckpt_dir, f"saved from another model than this run's ({said})") from err
         if isinstance(err, (EOFError, json.JSONDecodeError, pickle.UnpicklingError, CheckpointException)):
-            raise InputFileError(ckpt_dir, f"a file of this dist checkpoint is truncated or corrupt "
-                                           f"({type(err).__name__}: {err})") from err
+            raise InputFileError(ckpt_dir, f"a file of this dist checkpoint is truncated or corrupt ({said})") from err
         raise
 
 
@@ -336,5 +340,8 @@ def load_dist_checkpoint(sharded_state_dict: dict, ckpt_dir: str) -> dict:
     """``megatron.core.dist_checkpointing.load``, damaged files named (``reading_dist_checkpoint``)."""
     from megatron.core import dist_checkpointing
 
+    for name in ("metadata.json", "common.pt", ".metadata"):   # Megatron's loader: a traceback without one
+        if not os.path.isfile(os.path.join(ckpt_dir, name)):
+            raise InputFileError(os.path.join(ckpt_dir, name), "missing (not a complete torch_dist checkpoint)")
     with reading_dist_checkpoint(ckpt_dir):
         return dist_checkpointing.load(sharded_state_dict, ckpt_dir)

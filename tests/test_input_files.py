@@ -172,6 +172,19 @@ def test_dist_checkpoint_names_the_damaged_file(tmp_path, damage, culprit, detai
     assert err.value.path == str(tmp_path / culprit) and err.value.detail.startswith(detail), err.value
 
 
+@pytest.mark.parametrize("gone", ["metadata.json", "common.pt", ".metadata"])
+def test_a_megatron_dist_checkpoint_without_one_of_its_files_names_it(tmp_path, gone):
+    """Megatron's loader raised its CheckpointingException ("... is not a distributed checkpoint") or, without
+    common.pt, "AttributeError: 'str' object has no attribute 'iterdir'": tracebacks naming no file."""
+    from phf_megatron.input_files import load_dist_checkpoint
+
+    for name in {"metadata.json", "common.pt", ".metadata"} - {gone}:
+        (tmp_path / name).write_bytes(b"{}")
+    with pytest.raises(InputFileError) as err:
+        load_dist_checkpoint({}, str(tmp_path))
+    assert err.value.line == f"{tmp_path / gone}: missing (not a complete torch_dist checkpoint)"
+
+
 # ----------------------------------------------------------------------------- through the command lines
 
 

@@ -111,6 +111,20 @@ def test_a_resume_with_another_model_names_the_checkpoint_file(tiny_inputs, two_
                            "['layers.2.down_proj.lora_A', "), line
 
 
+def test_a_full_fine_tuning_resume_with_another_model_is_not_called_damage(tiny_inputs, tmp_path):
+    """The dist checkpoint of a full fine-tuning, resumed with a model of a third layer: Megatron's shape check
+    was reported as "a file of this dist checkpoint is truncated or corrupt", with every rank's traceback."""
+    from ..helpers.tiny_qwen3 import make_tiny_hf
+
+    run, full = str(tmp_path / "run"), ("--lora.enabled=false", "--training.train_iters=1")
+    assert_ok(train(*tiny_inputs, run, *full))
+    three = make_tiny_hf(str(tmp_path / "three_layers"), num_layers=3)
+    line = _one_error_line(train(three, tiny_inputs[1], run, *full[:1], "--training.train_iters=2"))
+    assert line.startswith(f"error: {run}/checkpoints/iter_0000001/dist: saved from another model than this run's "
+                           "(CheckpointingException: Global shape mismatch for loaded (torch.Size([2, 32])) and "
+                           "expected ((3, 32)) tensor for key decoder."), line
+
+
 def test_full_disk_at_the_first_checkpoint(tiny_inputs, tmp_path):
     with small_tmpfs(str(tmp_path / "full"), size="200k") as full:
         run = os.path.join(full, "run")
