@@ -131,6 +131,15 @@ def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
+#: A complete checkpoint's record in its directory (written last: the trainer's checkpoints).
+META_FILE = "meta.json"
+
+
+def checkpoint_saved(save_dir: str, iteration: int) -> bool:
+    """Whether ``save_dir`` holds the complete checkpoint of ``iteration`` (its ``META_FILE``)."""
+    return os.path.isfile(os.path.join(save_dir, iter_dir_name(iteration), META_FILE))
+
+
 #: A training run's resolved settings, in its run directory (``training.config_io`` writes it).
 RUN_CONFIG_FILE = "config.yaml"
 

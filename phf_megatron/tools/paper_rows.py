@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from ..errors import InputFileError
-from ..input_files import read_json, read_latest
+from ..input_files import checkpoint_saved, read_json, read_latest
 from .paper_recipes import PAPER_COMMON, SCALE_LAYERS, method_flags, toy_method_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,7 +102,8 @@ def training_finished(row: Row, step: int) -> bool:
     if row.train is None:
         return True
     latest = trained_step(row)
-    return latest is not None and latest >= step and os.path.isdir(row.adapter or "")
+    return (latest is not None and latest >= step and os.path.isdir(row.adapter or "")
+            and checkpoint_saved(_save_dir(tuple(row.train_flags)), latest))
 
 
 def trained_step(row: Row) -> int | None:

@@ -40,9 +40,9 @@ import torch.distributed as dist
 
 from ..config_errors import fail
 from ..errors import InputFileError, NonFiniteError, OutputFileError, SettingsDiffer, write_failure
-from ..input_files import (  # noqa: F401 - iter_dir_name, list_checkpoints, read_latest: re-exported
-    ITER_RE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file, missing_dir,
-    read_json, read_latest, refuse_unnamed_checkpoints,
+from ..input_files import (  # noqa: F401 - META_FILE, iter_dir_name, list_checkpoints, read_latest: re-exported
+    ITER_RE, META_FILE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file,
+    missing_dir, read_json, read_latest, refuse_unnamed_checkpoints,
 )
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, PartMismatch, RankLayout, Scope
@@ -50,7 +50,6 @@ from .config import LATEST_FILE, TrainConfig
 from .config_io import fingerprint_diff, fingerprint_hash
 
 FORMAT_VERSION = 1
-META_FILE = "meta.json"
 DIST_DIR = "dist"
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import (
-    RUN_CONFIG_FILE, checkpoint_names, list_checkpoints, missing_dir, read_json, run_checkpoints_dir, saved_path)
+    RUN_CONFIG_FILE, checkpoint_names, checkpoint_saved, list_checkpoints, missing_dir, read_json, run_checkpoints_dir, saved_path)
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import load_config, resume_fingerprint
@@ -44,9 +44,9 @@ def finished_step(cfg: TrainConfig) -> int | None:
     step = read_latest(cfg.load_dir)
     if step is None or step < cfg.training.train_iters or not os.path.isdir(export_dir(cfg)):
         return None
-    meta = os.path.join(cfg.load_dir, iter_dir_name(step), META_FILE)
-    if not os.path.isfile(meta):   # the latest file names a deleted checkpoint: the resume names it
+    if not checkpoint_saved(cfg.load_dir, step):   # the latest file names a deleted checkpoint: the resume names it
         return None
+    meta = os.path.join(cfg.load_dir, iter_dir_name(step), META_FILE)
     if cfg.checkpoint.strict_config:   # another run's directory: refused as a resume is
         saved = read_json(meta)
         if not isinstance(saved, dict):

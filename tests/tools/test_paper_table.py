@@ -22,6 +22,7 @@ from phf_megatron.tools.paper_recipes import (ABLATION_ROWS, BENCHMARKS, PAPER_C
                                                PaperNumbers, method_flags)
 
 from ..helpers import REPO, python_env
+from .rows import fake_trained
 
 
 
@@ -326,9 +327,7 @@ def test_table_only_assembles_rows_run_as_separate_jobs(tmp_path, capsys):
                    "benchmarks": {b: {"average_at_k_by_grader": {"official": score + i, "extended": 99.0}}
                                   for i, b in enumerate(BENCHMARKS)}}, open(row.eval_result, "w"))
         if row.train:
-            os.makedirs(os.path.join(row.run_dir, "checkpoints"))
-            open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
-            os.makedirs(row.adapter)
+            fake_trained(row, 100)
     assert paper_table.main([*argv, "--table_only"]) == 0
     assert "training" not in capsys.readouterr().out
     table = json.load(open(os.path.join(out, "table.json")))
@@ -350,10 +349,7 @@ def test_a_damaged_summary_or_latest_file_is_one_line_or_not_finished(tmp_path, 
     row = paper_table.plan_row(paper_table.parse_args(argv), "sft")
     os.makedirs(os.path.dirname(row.eval_result))
     open(row.eval_result, "w").write('{"k": 12, "suite_aver')
-    latest = os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt")
-    os.makedirs(os.path.dirname(latest))
-    open(latest, "w").write("100")
-    os.makedirs(row.adapter)
+    latest = os.path.join(fake_trained(row, 100), "..", "latest_checkpointed_iteration.txt")
     assert paper_table.main([*argv, "--table_only"]) == 2
     assert capsys.readouterr().err.strip() == (f"error: {row.eval_result}: not valid JSON: Unterminated string "
                                                "starting at line 1 column 11")
@@ -370,13 +366,9 @@ def test_a_row_saved_elsewhere_by_checkpoint_save_is_finished_where_it_saved(cap
     argv = ["--toy", "--out", str(tmp_path), "--rows", "sft", "--step", "4", "--dry_run", "--",
             f"--checkpoint.save={tmp_path / 'elsewhere'}"]
     row = paper_rows.plan_row(paper_table.parse_args(argv), "sft")
-    iteration = tmp_path / "elsewhere" / "iter_0000004"
-    iteration.mkdir(parents=True)
-    (tmp_path / "elsewhere" / "latest_checkpointed_iteration.txt").write_text("4")
-    os.makedirs(row.adapter)
-    assert paper_rows.training_finished(row, 4) and not paper_rows.training_finished(row, 5)
     trained = json.loads(json.dumps(resume_fingerprint(config_from_argv(row.train_flags)), default=str))
-    (iteration / "meta.json").write_text(json.dumps({"fingerprint": trained}))
+    iteration = fake_trained(row, 4, meta={"fingerprint": trained}, save=str(tmp_path / "elsewhere"))
+    assert paper_rows.training_finished(row, 4) and not paper_rows.training_finished(row, 5)
     assert paper_table.main([*argv, "--optimizer.lr=3e-5"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {iteration}: the run's settings differ")
 

@@ -9,6 +9,8 @@ import pytest
 
 from phf_megatron.tools import paper_rows, paper_table
 
+from .rows import fake_trained
+
 
 def _fake_model(tmp_path):
     d = tmp_path / "hf"
@@ -260,9 +262,7 @@ def test_a_trained_row_without_its_eval_is_said_to_be_trained(tmp_path, capsys):
     hf, out = _fake_model(tmp_path), str(tmp_path / "t")
     argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "base,sft,opsd", "--table_only"]
     row = paper_table.plan_row(paper_table.parse_args(argv), "sft")
-    os.makedirs(os.path.join(row.run_dir, "checkpoints"))
-    open(os.path.join(row.run_dir, "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("100")
-    os.makedirs(row.adapter)
+    fake_trained(row, 100)
     os.makedirs(os.path.join(out, "opsd", "checkpoints"))
     open(os.path.join(out, "opsd", "checkpoints", "latest_checkpointed_iteration.txt"), "w").write("40")
     assert paper_table.main(argv) == 0, capsys.readouterr().err
@@ -379,3 +379,15 @@ def test_eval_args_the_eval_refuses_are_refused_before_any_row_runs(tmp_path, ca
     assert err == f"error: --eval_args: {said} (in {eval_args!r}, with the table's --k 12)", err
     assert paper_table.main([*argv, "--dry_run", "--k", "16"]) == (0 if "pass_ks" in eval_args else 2)
     assert not os.path.exists(out)
+
+
+def test_a_latest_file_naming_a_missing_checkpoint_is_not_a_finished_row(tmp_path):
+    """As the trainer decides (``training.export.finished_step``): a latest file whose checkpoint is gone (deleted,
+    or a save killed before its meta.json) is no finished training; the table took the row as trained and went on
+    to evaluate an export the trainer would not have called finished."""
+    argv = ["--hf_model", _fake_model(tmp_path), "--scale", "4b", "--out", str(tmp_path / "t"), "--rows", "sft"]
+    row = paper_rows.plan_row(paper_table.parse_args(argv), "sft")
+    iteration = fake_trained(row, 100)
+    assert paper_rows.training_finished(row, 100)
+    shutil.rmtree(iteration)
+    assert not paper_rows.training_finished(row, 100)
