@@ -261,8 +261,11 @@ def save_run_config(cfg: TrainConfig) -> str | None:
 
 
 def resume_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
-    """The flat settings a resumed run must share with its checkpoint (all but ``RESUME_MUTABLE``)."""
+    """The flat settings a resumed run must share with its checkpoint (all but ``RESUME_MUTABLE``).
+    ``model.disable_dropout`` enters as what the run does (``TrainConfig.dropout_disabled``), not as set: a
+    checkpoint saved when it defaulted to true resumes a phf run at today's default (None, the method's)."""
     flat = flatten(to_dict(cfg))
+    flat["model.disable_dropout"] = cfg.dropout_disabled
     return {k: v for k, v in flat.items() if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MUTABLE)}
 
 

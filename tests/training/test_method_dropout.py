@@ -45,3 +45,19 @@ def test_an_sft_step_trains_with_lora_dropout_by_default(tiny_inputs, tmp_path):
     (a,), (b,) = read_metrics(off), read_metrics(default)
     assert a["num_tokens"] == b["num_tokens"] and a["loss"] == b["loss"]
     assert a["grad_norm"] != b["grad_norm"], a["grad_norm"]
+
+
+@pytest.mark.parametrize("method", list(METHOD_FLAGS))
+def test_a_checkpoint_saved_when_dropout_defaulted_to_off_resumes_where_the_run_is_the_same(method):
+    """Before the per-method default (None) every run saved ``model.disable_dropout: true``: resumed at today's
+    default a phf run does the same and resumes; an sft/grpo run now trains with dropout: one line naming it."""
+    from phf_megatron.training.checkpoint import SettingsDiffer, check_fingerprint
+    from phf_megatron.training.config_io import resume_fingerprint
+
+    saved = {"fingerprint": resume_fingerprint(config_from_argv((*METHOD_FLAGS[method], "--model.disable_dropout=true")))}
+    now = resume_fingerprint(config_from_argv(METHOD_FLAGS[method]))
+    if method == "phf":
+        check_fingerprint(saved, now, "ckpt")
+    else:
+        with pytest.raises(SettingsDiffer, match="model.disable_dropout: True -> False"):
+            check_fingerprint(saved, now, "ckpt")
