@@ -17,6 +17,10 @@ Sharding follows the base weight, ``p`` = tensor-parallel size:
   reduce-scattered along the sequence with SP — an r-wide tensor, cheap), then ``B a`` is added
   to the base output. With SP each rank holds a sequence slice, so ``B`` is also wrapped in
   ``copy_to_tensor_model_parallel_region`` to sum its gradient over the slices.
+
+LoRA dropout (training only): a column-parallel input is whole on every rank, so its masks (one per HF
+projection) come from the default generator, equal on every TP rank; a row-parallel input is a feature shard,
+so each rank draws its shard's mask from Megatron's model-parallel RNG tracker (else every shard got one mask).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -174,7 +179,15 @@ class LoRARowParallelLinear(_LoRAWrapper):
         if not self.enabled:
             return out, bias
         (adapter,) = self.adapters.values()
-        a_partial = F.linear(self.dropout(x), adapter.lora_A)  # [s, b, r], this rank's input shard
+        if self.training and isinstance(self.dropout, torch.nn.Dropout) and self.tp_group is not None \
+                and self.tp_group.size() > 1:
+            # x is this rank's shard of the features: its own mask (the model-parallel RNG, as Megatron's dropout
+            # in TP regions), not the default generator's, which is equal on every TP rank (one mask for all shards)
+            with get_cuda_rng_tracker().fork():
+                x = self.dropout(x)
+        else:
+            x = self.dropout(x)
+        a_partial = F.linear(x, adapter.lora_A)  # [s, b, r], this rank's input shard
         if self.sequence_parallel:
             a = reduce_scatter_to_sequence_parallel_region(a_partial, group=self.tp_group)
             lora_b = copy_to_tensor_model_parallel_region(adapter.lora_B, group=self.tp_group)

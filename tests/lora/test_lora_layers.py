@@ -140,3 +140,32 @@ def test_each_projection_of_a_fused_layer_draws_its_own_dropout_mask():
     """PEFT's q_proj, k_proj, v_proj (gate_proj, up_proj) are separate modules, each with its own LoRA dropout:
     the fused layer's projections must not share one mask of the input (no dropout in eval mode)."""
     run_ranks(_check_dropout_per_projection, 1)
+
+
+def _check_row_parallel_dropout_per_shard(rank, world_size):
+    megatron_layout(2, 1)
+    from megatron.core.tensor_parallel import RowParallelLinear
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from phf_megatron.lora.layers import LoRARowParallelLinear
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=HID, num_attention_heads=HEADS, tensor_model_parallel_size=2,
+                            use_cpu_initialization=True, params_dtype=torch.float64, add_bias_linear=False)
+    row = RowParallelLinear(HID, HID, config=cfg, init_method=torch.nn.init.zeros_, bias=False, input_is_parallel=True,
+                            skip_bias_add=True)
+    lrow = LoRARowParallelLinear(row, "o_proj", HID, HID, 0.5)
+    cols = slice(rank * HID // 2, (rank + 1) * HID // 2)
+    lrow.adapters["o_proj"].lora_A.data.copy_(torch.eye(HID, dtype=torch.float64)[:, cols])  # B A = I: the output
+    lrow.adapters["o_proj"].lora_B.data.copy_(torch.eye(HID, dtype=torch.float64))          # is the dropped input
+    torch.manual_seed(0)   # the default generator: equal on every TP rank (Megatron seeds it so)
+    out, _ = lrow(torch.ones(S, B, HID // 2, dtype=torch.float64))
+    kept = out != 0
+    assert 0 < int(kept.sum()) < kept.numel()
+    return kept
+
+
+def test_a_row_parallel_adapter_drops_each_tensor_parallel_shard_with_its_own_mask():
+    """At TP 1 each input feature of o_proj/down_proj has its own dropout draw; at TP 2 each rank holds half the
+    features: the two halves must not be dropped with one mask (feature j and feature j + h/2 together)."""
+    kept = run_ranks(_check_row_parallel_dropout_per_shard, 2)[0]
+    assert not torch.equal(kept[..., :HID // 2], kept[..., HID // 2:])
