@@ -49,6 +49,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_pipeline_stage(seed: int) -> None:
+    """torch's generators and Megatron's RNG tracker seeded ``seed + 100 x pipeline rank`` (Megatron's
+    ``_set_random_seed``): seeded alike, every stage drew the same dropout masks
+    (layer i of stage 0 and layer i of stage 1 had one draw). TP and DP peers of a stage stay alike."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    stage_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    torch.manual_seed(stage_seed)
+    model_parallel_cuda_manual_seed(stage_seed)
+
+
 def init_distributed(cfg: TrainConfig) -> DistributedContext:
     """Join (or create) the default process group and build Megatron's model-parallel groups.
 
@@ -68,6 +80,7 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     seed_everything(cfg.training.seed)
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
                         m.virtual_pipeline_model_parallel_size, seed=cfg.training.seed)
+    seed_pipeline_stage(cfg.training.seed)
     return DistributedContext(rank, world, local, torch.device("cuda", local) if cuda else torch.device("cpu"))
 
 

@@ -4,6 +4,7 @@ False, so the official SFT and GRPO baselines (``sft_train.py``, ``grpo_train.py
 ``get_peft_config``) train with ModelConfig's LoRA dropout 0.05."""
 
 import pytest
+import torch
 
 from phf_megatron.training.config_io import config_from_argv
 from phf_megatron.training.model_setup import _config_overrides, student_lora
@@ -61,3 +62,26 @@ def test_a_checkpoint_saved_when_dropout_defaulted_to_off_resumes_where_the_run_
     else:
         with pytest.raises(SettingsDiffer, match="model.disable_dropout: True -> False"):
             check_fingerprint(saved, now, "ckpt")
+
+
+def _draws_after_init(rank, world_size):
+    import torch
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    from phf_megatron.training.distributed import init_distributed
+
+    init_distributed(config_from_argv(("--model.pipeline_model_parallel_size=2", "--training.global_batch_size=4",
+                                       "--training.micro_batch_size=1", "--rollout.n=4")))
+    with get_cuda_rng_tracker().fork():
+        tracker = torch.rand(8)
+    return torch.rand(8), tracker
+
+
+def test_each_pipeline_stage_draws_its_own_dropout_masks():
+    """Dropout draws from torch's default generator (column-parallel adapters) and Megatron's tracker (row-parallel
+    ones at TP > 1): seeded alike on every pipeline stage, layer i of stage 0 and layer i of stage 1 (equal shapes,
+    the same schedule) were dropped with one mask. Stage 1's generators differ from stage 0's (Megatron's seed + 100 x stage)."""
+    from ..helpers.spawn import run_ranks
+
+    (default0, tracker0), (default1, tracker1) = run_ranks(_draws_after_init, 2)
+    assert not torch.equal(default0, default1) and not torch.equal(tracker0, tracker1)
