@@ -41,6 +41,20 @@ def test_sft_resume_reproduces_the_straight_run(tiny_inputs, tmp_path):
     assert not written & {"loss_opsd", "loss_flow", "time_teacher_s", "sync_probe_diff"}
 
 
+def test_an_sft_resume_with_lora_dropout_draws_the_straight_runs_masks(tiny_inputs, tmp_path):
+    """SFT trains with LoRA dropout by default (the tiny preset turns it off): the checkpoint's RNG state gives
+    the resumed steps the uninterrupted run's masks, so its losses and gradient norms are equal (with
+    --checkpoint.no_load_rng=true steps 3 and 4 differ)."""
+    hf, data = tiny_inputs
+    sft = (*SFT, "--model.disable_dropout=null")
+    common = (*sft, "--training.train_iters=4", "--checkpoint.save_interval=2")
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    assert_ok(train(hf, data, straight, *common))
+    assert_ok(train(hf, data, resumed, *sft, "--training.train_iters=2", "--checkpoint.save_interval=2"))
+    assert_ok(train(hf, data, resumed, *common))
+    assert_same_steps(straight, resumed, ("loss", "grad_norm", "lr", "num_tokens"), 4)
+
+
 def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tmp_path):
     """``--optimizer.use_distributed_optimizer`` at DP 2: each rank saves its shard of the main parameters
     and Adam moments (Megatron's ``state_dict`` leaves them out), so 2 steps + resume + 2 steps equal 4 straight
