@@ -34,7 +34,9 @@ class EvalConfig:
     model: str | None = None
     """HF model directory (the base model when ``adapter`` or a training run's checkpoint is given)."""
     adapter: str | None = None
-    """PEFT adapter directory, merged into ``model`` (into <out_dir>/merged_model) before evaluation."""
+    """PEFT adapter directory, merged into ``model`` (into <out_dir>/merged_model) before evaluation. A resume
+    must find the same adapter and base files (their digests): samples of an adapter retrained since are not mixed
+    with the new one's."""
     megatron_checkpoint: str | None = None
     """Megatron-Core checkpoint converted to HF on the fly into <out_dir>/converted_model: hf_to_mcore's,
     or a training run's (runs/x/checkpoints/iter_N; runs/x or runs/x/checkpoints: its latest, also where the

@@ -14,6 +14,7 @@ half-written model that a rerun would trust; a rerun reuses a finished one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -78,6 +79,46 @@ def merged_model_dir(run_dir: str) -> str:
     return os.path.join(run_dir, "merged_model")
 
 
+#: ``merge_inputs`` reads a base model's weight file at this many evenly spaced offsets, this many bytes each.
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16
+
+
+def _files_digest(paths: list[str], *, sampled: bool) -> str:
+    """16 hex digits of sha256 over each file's name, size and bytes; ``sampled``: a file over SAMPLES x
+    SAMPLE_BYTES contributes those SAMPLES chunks only (a few MiB read for a multi-GB model)."""
+    h = hashlib.sha256()
+    for path in filter(os.path.isfile, paths):
+        size = os.path.getsize(path)
+        h.update(f"{os.path.basename(path)}:{size};".encode())
+        with open(path, "rb") as f:
+            if sampled and size > SAMPLES * SAMPLE_BYTES:
+                for i in range(SAMPLES):
+                    f.seek(i * (size - SAMPLE_BYTES) // (SAMPLES - 1))
+                    h.update(f.read(SAMPLE_BYTES))
+            else:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def merge_inputs(base_dir: str, adapter_dir: str) -> dict:
+    """What a merged model is made from, as the eval's resume compares it (``base_digest``, ``adapter_digest``):
+    the adapter's ``adapter_config.json`` and weights read whole (a LoRA is ~1% of its base: what is retrained in
+    place), the base's ``config.json``, weight index and weight files by name, size and sampled bytes (training
+    changes nearly every tensor; no multi-GB read on each resume)."""
+    adapter = [os.path.join(adapter_dir, n) for n in ("adapter_config.json", "adapter_model.safetensors",
+                                                      "adapter_model.bin")]
+    base = [os.path.join(base_dir, n) for n in sorted(os.listdir(base_dir))
+            if n == "config.json" or n.endswith((".safetensors", ".bin", ".index.json"))]
+    return {"base_digest": _files_digest(base, sampled=True), "adapter_digest": _files_digest(adapter, sampled=False)}
+
+
+def merged_inputs(model_dir: str) -> dict:
+    """The ``merge_inputs`` ``merge_adapter`` made ``model_dir`` from (its marker)."""
+    marker = read_json(os.path.join(model_dir, MARKER))
+    return {key: marker[key] for key in ("base_digest", "adapter_digest")}
+
+
 def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
     """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
     check_hf_dir(base_dir, "base model")
@@ -97,7 +138,7 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
 
     final = merged_model_dir(run_dir)
     marker = {"base": os.path.abspath(base_dir), "adapter": os.path.abspath(adapter_dir), "dtype": dtype,
-              "adapter_mtime": os.path.getmtime(os.path.join(adapter_dir, "adapter_config.json"))}
+              **merge_inputs(base_dir, adapter_dir)}   # a retrained adapter or base in place: merged again
     if _reusable(final, marker):
         return final
     _say(f"merging {adapter_dir} into {base_dir} in {final} (a rerun reuses it)")

@@ -21,12 +21,14 @@ from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, res
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
-from ..input_files import read_json
+from ..input_files import missing_dir, read_json
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
-from .models import MARKER, converted_checkpoint, merged_model_dir, model_context_limit, resolve_model_dir
+from .models import (
+    MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, resolve_model_dir,
+)
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
 from .records import SampleWriter, grade_record, load_records, other_problems, problem_digest, shard_path
@@ -62,6 +64,9 @@ def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[
 
 #: Fingerprint fields that are paths: compared as the files they name, not as typed.
 PATH_KEYS = ("model_dir", "adapter", "megatron_checkpoint")
+#: With --adapter: what the merged model was made from (``models.merge_inputs``); a ``run_config.json`` written
+#: before it held them resumes as before, and is rewritten with them (``_check_fingerprint``).
+MERGE_KEYS = ("base_digest", "adapter_digest")
 
 
 def _same_path_form(fingerprint: dict, out_dir: str, stored: bool = False) -> dict:
@@ -91,7 +96,8 @@ def resume_differences(out_dir: str, fingerprint: dict, model_limit: int | None 
     old = _same_path_form(old, out_dir, stored=True)
     if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
         old["max_model_len"] = model_limit
-    return {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items() if old.get(k) != v}
+    return {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items()
+            if old.get(k) != v and (k in old or k not in MERGE_KEYS)}
 
 
 def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None,
@@ -103,7 +109,8 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
         if diff := resume_differences(out_dir, fingerprint, model_limit):
             raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
                                           "(old, new); use another --out_dir")
-        return
+        if all(k in read_json(path) for k in MERGE_KEYS if k in fingerprint):
+            return                                  # else written before it held them: upgraded to this model's
     write_json(path, _same_path_form(fingerprint, out_dir), indent=1)
 
 
@@ -120,8 +127,9 @@ def other_problem_samples(done: dict, problems: dict[str, list[Problem]]) -> str
 def planned_resume_refusals(config: EvalConfig) -> tuple[dict, str | None]:
     """What ``run_eval`` will refuse to resume in ``config.out_dir``, told before any model is merged: the
     settings its samples were made with otherwise (``resume_differences``) and the problems they were generated
-    for otherwise (``other_problem_samples``); ``({}, None)``: none there, or they resume. Not for a
-    ``megatron_checkpoint``, whose iteration is known once converted (its eval checks)."""
+    for otherwise (``other_problem_samples``); ``({}, None)``: none there, or they resume. With an adapter, what the
+    merge will be made from (``merge_inputs``: cheap). Not for a ``megatron_checkpoint``, whose iteration is known
+    once converted (its eval checks)."""
     done = load_records(config.out_dir)[0] if config.megatron_checkpoint is None else {}
     if not done:
         return {}, None
@@ -129,6 +137,8 @@ def planned_resume_refusals(config: EvalConfig) -> tuple[dict, str | None]:
     model_dir = merged_model_dir(config.out_dir) if config.adapter else config.model
     limit = model_context_limit(config.model)   # a merged model's: its base's config
     fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
+    if config.adapter and not missing_dir(config.adapter):   # (a row's adapter not trained yet: its eval checks)
+        fingerprint.update(merge_inputs(config.model, config.adapter))
     return resume_differences(config.out_dir, fingerprint, limit), other_problem_samples(done, problems)
 
 
@@ -307,6 +317,8 @@ def run_eval(config: EvalConfig) -> Summary:
     if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the
         fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
         _upgrade_typed_checkpoint(config.out_dir, fingerprint, config.megatron_checkpoint, before)
+    if config.adapter is not None:   # the merged path alone: a retrained adapter or another --model mixed in silence
+        fingerprint.update(merged_inputs(model_dir))
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
     if other := other_problem_samples(done, problems):   # were kept, graded against the new answers: other outputs
         raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other}: the "

@@ -1,0 +1,96 @@
+"""--adapter A --model BASE into an --out_dir that holds samples: the eval merges A into BASE in
+<out_dir>/merged_model, and its resume check held only that merged path (and A's path as typed), the same for
+every A and BASE. A retrained in place, or another --model, was merged again and its samples mixed with the old
+model's into one Average@k in silence. The resume now compares what the merge was made from (``merge_inputs``:
+``adapter_digest``, ``base_digest``); a directory written before it recorded them resumes as before and is
+upgraded; paper_table's pre-check (``planned_resume_refusals``) agrees with the eval's own.
+
+Tiny data (two problems), the tiny Qwen3 with a rank-2 LoRA, the transformers backend, 4 new tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from phf_megatron.errors import InputFileError
+from phf_megatron.eval import EvalConfig, run_eval
+from phf_megatron.eval.runner import planned_resume_refusals
+
+
+def _save_adapter(path, seed: int) -> None:
+    """A LoRA of the tiny Qwen3 with random lora_B (``seed``): another seed, another (retrained) adapter."""
+    peft = pytest.importorskip("peft")
+    import torch
+
+    from ..helpers.tiny_qwen3 import build_tiny_qwen3
+
+    lora = peft.get_peft_model(build_tiny_qwen3(), peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    lora.save_pretrained(str(path))
+
+
+@pytest.fixture
+def problems(tmp_path) -> str:
+    path = tmp_path / "two.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in (1, 2)))
+    return str(path)
+
+
+def _config(tmp_path, model, problems, n: int) -> EvalConfig:
+    return EvalConfig(out_dir=str(tmp_path / "eval"), model=str(model), adapter=str(tmp_path / "adapter"),
+                      benchmarks=(problems,), n=n, max_new_tokens=4, backend="hf", dtype="float32", batch_size=2,
+                      pass_ks=(1,))
+
+
+def _refused(config: EvalConfig, key: str) -> None:
+    """The eval and paper_table's pre-check both refuse ``config``'s resume for ``key``, nothing written."""
+    shard = os.path.join(config.out_dir, "samples.rank0.jsonl")
+    samples = open(shard).read()
+    assert key in planned_resume_refusals(config)[0]
+    with pytest.raises(InputFileError) as err:
+        run_eval(config)
+    line = str(err.value)
+    assert line.startswith(f"{config.out_dir}: holds samples generated with other settings {{'{key}': (")
+    assert line.endswith("(old, new); use another --out_dir") and "\n" not in line, line
+    assert open(shard).read() == samples
+
+
+def test_a_retrained_adapter_or_another_base_is_refused_the_same_resumes(tmp_path, tiny_dir, problems):
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    assert planned_resume_refusals(_config(tmp_path, tiny_dir, problems, n=2)) == ({}, None)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2   # the same adapter: resumed
+    shutil.copytree(tiny_dir, tmp_path / "copy")                                  # the same base elsewhere: too
+    assert run_eval(_config(tmp_path, tmp_path / "copy", problems, n=3)).generated == 2
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "copy"                                         # another base model: its weights differ
+    weights = load_file(str(other / "model.safetensors"))
+    save_file({k: v + 0.01 for k, v in weights.items()}, str(other / "model.safetensors"), metadata={"format": "pt"})
+    _refused(_config(tmp_path, other, problems, n=4), "base_digest")
+    _save_adapter(tmp_path / "adapter", seed=2)                     # retrained in place: same path, new weights
+    _refused(_config(tmp_path, tiny_dir, problems, n=4), "adapter_digest")
+
+
+def test_an_out_dir_from_before_the_record_resumes_and_is_upgraded(tmp_path, tiny_dir, problems):
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    path = tmp_path / "eval" / "run_config.json"
+    recorded = json.loads(path.read_text())
+    assert {"base_digest", "adapter_digest"} <= recorded.keys()
+    legacy = {k: v for k, v in recorded.items() if k not in ("base_digest", "adapter_digest")}
+    path.write_text(json.dumps(legacy))                              # as written before it recorded them
+    assert planned_resume_refusals(_config(tmp_path, tiny_dir, problems, n=2)) == ({}, None)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2   # resumed as before
+    assert json.loads(path.read_text()) == recorded                  # upgraded: the adapter's identity recorded
+    _save_adapter(tmp_path / "adapter", seed=2)                      # from then on a retrained adapter is refused
+    _refused(_config(tmp_path, tiny_dir, problems, n=3), "adapter_digest")
