@@ -20,6 +20,10 @@ import torch
 
 #: what vLLM 0.24.0-0.33.0 says when the free memory is below its share at start-up
 VLLM_FREE_MEMORY_MESSAGE = "is less than desired GPU memory utilization"
+#: what vLLM 0.24.0-0.33.0 says when its share leaves no room, or too little, for the KV cache of one request of
+#: max_model_len tokens (``v1/core/kv_cache_utils.py``, ``_check_enough_kv_cache_memory``)
+VLLM_KV_CACHE_MESSAGES = ("No available memory for the cache blocks",
+                          "KV cache is needed, which is larger than the available KV cache memory")
 #: what the parent of a spawned engine process sees when the engine's start fails, whatever the
 #: cause (vLLM 0.24 ``v1/engine/utils.py:1272``, 0.32 ``:1432``); the cause is in the engine's log
 VLLM_SPAWNED_START_FAILURE = "Engine core initialization failed"
@@ -45,7 +49,8 @@ def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utiliza
     """The message of the ``EngineStartError`` raised when ``vllm.LLM(...)`` fails.
 
     For vLLM's free-memory refusal it names ``rollout.gpu_memory_utilization`` and what else
-    holds memory on the GPU at that point; otherwise it is vLLM's own error, prefixed.
+    holds memory on the GPU at that point, and so for a KV cache too small for one request (on a GPU:
+    on CPU the cache is ``kv_cache_bytes``, no setting); otherwise it is vLLM's own error, prefixed.
     """
     text = f"{type(exc).__name__}: {exc}"
     free = f"{free_bytes / 2**30:.1f} GiB free after releasing the trainer's cache" if free_bytes is not None else ""
@@ -55,6 +60,11 @@ def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utiliza
         return (f"rollout.gpu_memory_utilization: vLLM needs {gpu_memory_utilization:g} x the GPU's memory free "
                 f"when it starts, but the trainer's model, optimizer state and EMA teacher already hold part of it"
                 f"{' (' + free + ')' if free else ''}. {fit} vLLM said: {text}")
+    if free_bytes is not None and any(m in str(exc) for m in VLLM_KV_CACHE_MESSAGES):   # (CPU: kv_cache_bytes)
+        return (f"rollout.gpu_memory_utilization: vLLM's share, {gpu_memory_utilization:g} x the GPU's memory, "
+                f"leaves too little KV cache beside its weights for one request of data.max_prompt_length + "
+                f"rollout.max_tokens tokens: raise it if the training leaves room ({free}), or lower those. "
+                f"vLLM said: {text}")
     if VLLM_SPAWNED_START_FAILURE in str(exc):
         why = (f" (on a GPU shared with training most often less free memory than rollout.gpu_memory_utilization="
                f"{gpu_memory_utilization:g} x the GPU's memory, {free}; if so, {fit[0].lower()}{fit[1:-1]})"

@@ -19,7 +19,7 @@ probe sequence scored by the engine against the trainer's logprobs.
 
 A failure on a host (engine start, a hung or dead engine, a failed sync) reaches every rank in
 the next collective, so all ranks raise ``RolloutFailure`` together, naming the engine and its
-host rank, and the loop saves a checkpoint (at a weight push: ``Trainer.at_push``) before exiting. These collectives run over gloo
+host rank (an engine that does not start: one line, ``engine_start``), and the loop saves a checkpoint (at a weight push: ``Trainer.at_push``) before exiting. These collectives run over gloo
 groups of their own (:func:`control_group`) with a timeout long enough for an engine start and
 a generate call: the other ranks wait in them while the hosts work, and NCCL's watchdog would
 abort a collective that waits past its 10 minutes.
@@ -27,6 +27,7 @@ abort a collective that waits past its 10 minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -41,10 +42,16 @@ from ..rollout import EngineConfig, SamplingParams, SyncProbe, build_engine, pro
 from ..rollout.sync import probe_tolerance
 from ..rollout.gpu_memory import release_cached_memory
 from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_node
+from ..rollout.config import RolloutConfig
 from ..rollout.seeds import sample_seed
 from .config import TrainConfig
+from .engine_start import classify, start_failed
 from .model_setup import StudentModel
 from .probe import megatron_logprobs
+
+#: the ``rollout`` section's fields (a start error "tensor_parallel_size: ..." names ``--rollout.tensor_parallel_size``)
+_ROLLOUT_FIELDS = frozenset(f.name for f in dataclasses.fields(RolloutConfig))
+
 
 class RolloutFailure(RuntimeError):
     """A rollout engine failed; raised on every rank, naming the engine and its host rank."""
@@ -127,13 +134,16 @@ class RolloutDriver:
         self.is_host = rank == self.host_rank
         self.name = f"rollout engine {self.engine_index} (host rank {self.host_rank})"
         self.group = self._group_process_group()
-        error = None
+        failure = cause = None
         if self.is_host:
             try:
                 self.engine = build_engine(self._engine_config(engine_model_dir))
-            except Exception as err:  # noqa: BLE001 - reported to every rank
-                error = f"failed to start ({type(err).__name__}): {err}"
-        self._agree(error)
+            except Exception as err:  # noqa: BLE001 - reported to every rank (``engine_start``)
+                failure, cause = classify(err, cfg.rollout.vllm_kwargs, _ROLLOUT_FIELDS), err
+        failures = [r for r in self.gather((self.name, failure) if failure else None) if r is not None]
+        if failures:   # a setting or the engine's own failure: one line; a bug: the host's traceback
+            raise start_failed(failures, cfg.save_dir) or RolloutFailure(
+                "; ".join(f"{name}: failed to start {f.text}" for name, f in failures)) from cause
 
     def _engine_config(self, model_dir: str) -> EngineConfig:
         cfg, r = self.cfg, self.cfg.rollout

@@ -71,6 +71,20 @@ def test_vllms_free_memory_refusal_becomes_an_error_naming_the_setting():
     assert other == "vLLM could not start on '/m': RuntimeError: no such model"
 
 
+@pytest.mark.parametrize("available", [0, 1 << 20])
+def test_a_kv_cache_too_small_on_a_gpu_names_the_setting(available):
+    """vLLM's own refusals (no room for the cache; too little for one request): on a GPU one line naming
+    rollout.gpu_memory_utilization (the trainer's ``engine_start`` makes it exit code 2); on CPU the cache is
+    ``kv_cache_bytes``, no setting, and the message stays vLLM's."""
+    kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+    with pytest.raises(ValueError) as info:
+        kv_cache_utils._check_enough_kv_cache_memory(available, lambda: 2 << 20, 4096, lambda memory: 1024)
+    msg = explain_start_failure(info.value, "/m", 0.4, 20 << 30)
+    assert msg.startswith("rollout.gpu_memory_utilization: vLLM's share, 0.4 x the GPU's memory, leaves too little "
+                          "KV cache") and msg.endswith(f"vLLM said: ValueError: {info.value}") and "\n" not in msg
+    assert explain_start_failure(info.value, "/m", 0.4, None) == f"vLLM could not start on '/m': ValueError: {info.value}"
+
+
 def test_a_spawned_engines_start_failure_gets_the_same_explanation():
     import inspect
 

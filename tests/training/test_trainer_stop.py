@@ -303,8 +303,9 @@ sys.exit(main(sys.argv[2:]))
 
 
 @pytest.mark.parametrize("failure, code, line", [
-    ("engine", 1, "[rank0]: phf_megatron.training.rollouts.RolloutFailure: rollout engine 0 (host rank 0): failed to start "
-                  "(EngineStartError): injected: the engine did not start"),
+    # the engine's own failure to start: one line (was the RolloutFailure traceback: engine_start.py)
+    ("engine", 1, "error: rollout engine 0 (host rank 0): failed to start: injected: the engine did not start; "
+                  "no checkpoint was saved; rerun the same command to resume"),
     ("resume", 2, "error: --checkpoint.load: injected refusal"),
     ("run", 1, "error: rollout engine 0 (host rank 0): sampling failed at step 0 (RuntimeError): injected engine "
                "fault; the last checkpoint is {run}/checkpoints/iter_0000000; rerun the same command to resume")])
