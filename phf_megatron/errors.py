@@ -128,6 +128,15 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
 FULL_DISK_BYTES = 1 << 20
 
 
+def error_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err`` and what it was raised from or during, outermost first."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
 def _causes(err: BaseException) -> Iterator[BaseException]:
     """``err``, its causes and contexts, and the per-rank errors a ``CheckpointException`` holds."""
     todo, seen = [err], set()

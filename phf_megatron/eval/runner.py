@@ -17,10 +17,12 @@ import multiprocessing as mp
 import os
 import time
 
-from phf_megatron.rollout import EngineConfig, SamplingParams, build_engine, resolve_backend
+from phf_megatron.rollout import EngineConfig, RolloutEngine, SamplingParams, build_engine, resolve_backend
+from phf_megatron.rollout.errors import RolloutEngineError
+from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
-from ..errors import ConfigError, InputFileError
+from ..errors import ConfigError, InputFileError, RunStopped
 from ..input_files import missing_dir, read_json
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
@@ -168,6 +170,16 @@ def _upgrade_typed_checkpoint(out_dir: str, fingerprint: dict, typed: str, befor
         write_json(path, {**old, "megatron_checkpoint": held}, indent=1)
 
 
+def check_max_model_len(config: EvalConfig, model_dir: str, model_limit: int | None) -> None:
+    """``--max_model_len`` above the model's ``max_position_embeddings``: one line before an engine starts (was
+    vLLM's ValidationError traceback from its engine)."""
+    if (config.max_model_len is not None and model_limit is not None and config.max_model_len > model_limit
+            and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") != "1"):
+        raise ConfigError("max_model_len", f"{config.max_model_len} is above the model's context, max_position_"
+                          f"embeddings {model_limit} in {os.path.join(model_dir, 'config.json')}: give at most "
+                          f"{model_limit}, or leave it out (the official length capped at the model's)")
+
+
 def check_prompts_fit(config: EvalConfig, model_dir: str, items: list[WorkItem], model_limit: int | None) -> None:
     """Every pending prompt leaves room for a new token in the engine's context: one line naming the
     longest, before an engine starts (it was vLLM's or the HF engine's traceback after loading)."""
@@ -198,8 +210,8 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     tok = load_qwen3_tokenizer(model_dir)
     engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
     max_model_len = config.engine_max_model_len(model_context_limit(model_dir))
-    engine = build_engine(EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype, seed=config.seed,
-                                       max_model_len=max_model_len, **engine_kwargs))
+    engine = start_engine(config, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
+                                               seed=config.seed, max_model_len=max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(done + len(items), done=done, enabled=show_progress)
     try:
@@ -224,6 +236,22 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     finally:
         bar.close()
         engine.close()
+
+
+def start_engine(config: EvalConfig, engine_config: EngineConfig) -> RolloutEngine:
+    """``build_engine``, its failures told as the trainer's are (``training/engine_start.py``): a
+    ``--engine_kwargs`` vLLM keyword vLLM refused is one line naming the flag; the engine's own failure (no memory,
+    its process died) one line, the samples written so far kept; any other error (a bug) keeps its traceback."""
+    try:
+        return build_engine(engine_config)
+    except Exception as err:
+        said = refused_keyword(err, engine_config.vllm_kwargs)
+        if said is not None:
+            raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
+        if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
+            raise RunStopped(f"the engine did not start: {one_line(err)}; the samples written before are kept in "
+                             f"{config.out_dir}; rerun the same command to resume") from err
+        raise
 
 
 def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, require_boxed: bool) -> dict:
@@ -312,6 +340,7 @@ def run_eval(config: EvalConfig) -> Summary:
     _check_qwen3(model_dir)
     backend = resolve_backend(config.backend)
     limit = model_context_limit(model_dir)
+    check_max_model_len(config, model_dir, limit)
     done, _ = load_records(config.out_dir)
     fingerprint = config.generation_fingerprint(model_dir, backend, limit)
     if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the

