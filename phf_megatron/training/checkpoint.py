@@ -47,7 +47,7 @@ from ..input_files import (  # noqa: F401 - META_FILE, iter_dir_name, list_check
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, PartMismatch, RankLayout, Scope
 from .config import LATEST_FILE, TrainConfig
-from .config_io import fingerprint_diff, fingerprint_hash
+from .config_io import fingerprint_diff, fingerprint_hash, saved_as_run
 
 FORMAT_VERSION = 1
 DIST_DIR = "dist"
@@ -323,7 +323,7 @@ def check_fingerprint(meta: dict, fingerprint: dict[str, Any] | None, path: str)
     saved = meta.get("fingerprint")
     if fingerprint is None or saved is None:
         return
-    diffs = fingerprint_diff(saved, json.loads(json.dumps(fingerprint, default=str)))  # tuples -> lists, as saved
+    diffs = fingerprint_diff(saved_as_run(saved), json.loads(json.dumps(fingerprint, default=str)))  # tuples -> lists, as saved
     if diffs:
         raise SettingsDiffer(path, f"the run's settings differ from the checkpoint's: {'; '.join(diffs)}. Use a new "
                                    "--checkpoint.save directory, or --checkpoint.strict_config=false to resume anyway")

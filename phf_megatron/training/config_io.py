@@ -269,6 +269,15 @@ def resume_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MUTABLE)}
 
 
+def saved_as_run(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's fingerprint with ``model.disable_dropout`` as what its run did: one saved between 731af8c and
+    96a718c holds it as set, None (the method's default: true for phf only), which today's fingerprint
+    (``TrainConfig.dropout_disabled``, never None) would call another setting on every resume."""
+    if "model.disable_dropout" in saved and saved["model.disable_dropout"] is None:
+        return {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}
+    return saved
+
+
 def fingerprint_hash(fingerprint: dict[str, Any] | None) -> str | None:
     """sha256 (16 hex digits) of a JSON-able settings dict; None for None."""
     if fingerprint is None:

@@ -64,6 +64,21 @@ def test_a_checkpoint_saved_when_dropout_defaulted_to_off_resumes_where_the_run_
             check_fingerprint(saved, now, "ckpt")
 
 
+@pytest.mark.parametrize("method", list(METHOD_FLAGS))
+def test_a_checkpoint_saved_with_the_per_method_default_as_none_resumes(method):
+    """Between 731af8c and 96a718c a checkpoint's fingerprint held ``model.disable_dropout: null`` (as set: the
+    method's default); the run did what today's default does, so it resumes (was 'None -> True' / 'None -> False')."""
+    from phf_megatron.training.checkpoint import SettingsDiffer, check_fingerprint
+    from phf_megatron.training.config_io import resume_fingerprint
+
+    now = resume_fingerprint(config_from_argv(METHOD_FLAGS[method]))
+    check_fingerprint({"fingerprint": {**now, "model.disable_dropout": None}}, now, "ckpt")
+    other = not now["model.disable_dropout"]   # the other choice, set explicitly: still another run
+    explicit = resume_fingerprint(config_from_argv((*METHOD_FLAGS[method], f"--model.disable_dropout={other}")))
+    with pytest.raises(SettingsDiffer, match=f"model.disable_dropout: {not other} -> {other}"):
+        check_fingerprint({"fingerprint": {**now, "model.disable_dropout": None}}, explicit, "ckpt")
+
+
 def _draws_after_init(rank, world_size):
     import torch
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
