@@ -211,7 +211,8 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
     max_model_len = config.engine_max_model_len(model_context_limit(model_dir))
     engine = start_engine(config, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
-                                               seed=config.seed, max_model_len=max_model_len, **engine_kwargs))
+                                               seed=config.seed, max_model_len=max_model_len, for_eval=True,
+                                               **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(done + len(items), done=done, enabled=show_progress)
     try:

