@@ -102,6 +102,10 @@ def resume_differences(out_dir: str, fingerprint: dict, model_limit: int | None 
             if old.get(k) != v and (k in old or k not in MERGE_KEYS)}
 
 
+def other_settings(out_dir: str, diff: dict) -> InputFileError:
+    return InputFileError(out_dir, f"holds samples generated with other settings {diff} (old, new); use another --out_dir")
+
+
 def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None,
                        has_samples: bool = True) -> None:
     """Refuse to mix samples of different generation settings in one run directory (a
@@ -109,8 +113,7 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
     path = os.path.join(out_dir, RUN_CONFIG)
     if os.path.isfile(path) and has_samples:
         if diff := resume_differences(out_dir, fingerprint, model_limit):
-            raise InputFileError(out_dir, f"holds samples generated with other settings {diff} "
-                                          "(old, new); use another --out_dir")
+            raise other_settings(out_dir, diff)
         if all(k in read_json(path) for k in MERGE_KEYS if k in fingerprint):
             return                                  # else written before it held them: upgraded to this model's
     write_json(path, _same_path_form(fingerprint, out_dir), indent=1)
@@ -334,6 +337,9 @@ def run_eval(config: EvalConfig) -> Summary:
                           "runs transformers here (vLLM does not import): install vLLM or leave them out")
     problems, sources = load_problems(config)
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
+    if config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)):   # before a merge of
+        if diff := planned_resume_refusals(config)[0]:   # minutes that would replace the kept one (its samples' model)
+            raise other_settings(config.out_dir, diff)
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
                                   dtype=config.dtype)

@@ -94,3 +94,17 @@ def test_an_out_dir_from_before_the_record_resumes_and_is_upgraded(tmp_path, tin
     assert json.loads(path.read_text()) == recorded                  # upgraded: the adapter's identity recorded
     _save_adapter(tmp_path / "adapter", seed=2)                      # from then on a retrained adapter is refused
     _refused(_config(tmp_path, tiny_dir, problems, n=3), "adapter_digest")
+
+
+def test_a_refused_resume_keeps_the_merged_model_of_its_samples(tmp_path, tiny_dir, problems):
+    """A retrained adapter was merged (minutes at 8B) into <out_dir>/merged_model over the one the samples were
+    made with, then refused: the kept model no longer was its samples'. Now refused before any merge."""
+    from phf_megatron.eval.models import MARKER
+
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    marker = tmp_path / "eval" / "merged_model" / MARKER
+    merged = marker.read_text()
+    _save_adapter(tmp_path / "adapter", seed=2)                     # retrained in place
+    _refused(_config(tmp_path, tiny_dir, problems, n=2), "adapter_digest")
+    assert marker.read_text() == merged                              # still the samples' model, not merged again
