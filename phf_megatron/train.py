@@ -62,7 +62,7 @@ def train(argv: list[str], quiet: bool = True) -> int:
             trainer = Trainer(cfg)
         return trainer.run()  # 0, or 128 + signal number: stopped by checkpoint.exit_signal (saved)
     finally:
-        with ignoring(cfg.checkpoint):  # a signal in the teardown does not take the place of the error it follows
+        with ignoring(cfg.checkpoint):  # a signal in the teardown does not take the place of the run's end (its error)
             if trainer is not None:
                 trainer.close()
             if started:

@@ -56,8 +56,9 @@ def stopping_at_once(checkpoint: CheckpointConfig, save_dir: str) -> Iterator[No
 
 @contextmanager
 def ignoring(checkpoint: CheckpointConfig) -> Iterator[None]:
-    """Inside (the cleanup after an error: a failed start's engines' stop, the run's teardown):
-    ``checkpoint.exit_signal`` is ignored, then the handler from before is put back. So the error the cleanup
+    """Inside (a failed start's engines' stop; the run's teardown after any end, an error's, a finished or a
+    stopped run's): ``checkpoint.exit_signal`` is ignored, then the handler from before is put back (a teardown
+    that hangs is ended by the launcher's SIGKILL: torchrun's, Slurm's KillWait). So the error the cleanup
     follows stays the one said, with its exit code (a signal then took its place: ``stopping_at_once``'s line
     and 143, or, in the teardown after the start's handler was gone, a death by the signal without a line).
     Ctrl-C (SIGINT) keeps its own; nothing changes with ``exit_signal_handler`` off or off the main thread."""
