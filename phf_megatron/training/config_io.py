@@ -92,7 +92,8 @@ def help_text(description: str, argv: Sequence[str] = ()) -> str:
         return SETTINGS.help(description, OPTIONS)
     preset = load_config(path)
     note = textwrap.fill(f"The defaults shown are {path}'s, marked 'from {path}' where they differ from the code's; "
-                         "--print-config prints the resolved config with the flags given.", 100)
+                         "--print-config prints the resolved config with the flags given.", 100,
+                         break_on_hyphens=False, break_long_words=False)   # the path whole: copied from here
     return SETTINGS.help(f"{description.strip()}\n\n{note}", OPTIONS,
                          defaults={key: setting(preset, key) for key in SETTINGS.types}, source=path)
 

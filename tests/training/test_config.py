@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 
 import pytest
 import yaml
@@ -406,3 +407,15 @@ def test_help_after_a_preset_shows_its_values_as_the_defaults(capsys, name):
         assert marked == (code[key] != _show(value)), key   # marked where the preset changes the code's
     assert f"The defaults shown are {path}'s" in " ".join(out.split()) and "The defaults shown" not in code_out
     assert any(defaults[k] != code[k] for k in code)
+
+
+def test_help_after_a_preset_keeps_its_path_whole(tmp_path, capsys):
+    """The help's note wrapped the preset's path at a hyphen (CI's /tmp/phf-ci.X/phf-megatron/...: 'phf-' and
+    'megatron/...' on two lines), so the path shown could not be copied."""
+    from phf_megatron.train import train
+
+    path = tmp_path / ("a-directory-" * 6) / "my-preset.yaml"
+    path.parent.mkdir()
+    shutil.copy(os.path.join(CONFIGS, "tiny_cpu.yaml"), path)
+    assert train(["--config", str(path), "--help"]) == 0
+    assert f"The defaults shown are {path}'s" in " ".join(capsys.readouterr().out.split())
