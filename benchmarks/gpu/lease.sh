@@ -31,7 +31,7 @@ collect() {  # collect OUT: what finished so far, into OUT
   for p in p1 p2; do [ -f "$L/$p/stages.tsv" ] && "$PY" benchmarks/gpu/summarize_main_job.py "$L/$p" >/dev/null 2>&1; done
   # every log, JSON, junit file and run config; no model, checkpoint or bundle
   (cd "$L" && find . \( -path ./vb -o -path ./mc -o -name 'model_*' -o -name 'iter_*' -o -name mcore_base \) -prune -o \
-     -type f -size -4M \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.xml' -o -name '*.tsv' \
+     -type f -size -4096k \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.xml' -o -name '*.tsv' \
      -o -name '*.md' -o -name '*.out' -o -name '*.yaml' -o -name '*.txt' \) -print | tar czf "$out/lease.tar.gz.part" -T -)
   mv -f "$out/lease.tar.gz.part" "$out/lease.tar.gz"   # a call cut off mid-write keeps the last whole archive
   { echo "# lease $(date -u +%FT%TZ)"; for p in p1 p2; do echo "## $p"; cat "$L/$p/stages.tsv" 2>/dev/null

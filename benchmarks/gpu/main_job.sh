@@ -64,7 +64,7 @@ stage() {  # stage NAME SECONDS CMD...: run with a limit, log, record the exit c
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $(date +%T) [$name] $*" >>"$LOG"
-  timeout "$limit" "$@" >>"$LOG" 2>&1
+  timeout -k 30 "$limit" "$@" >>"$LOG" 2>&1   # -k: a stage deaf to SIGTERM (stuck in a CUDA call) is killed 30 s later
   local rc=$?
   echo "=== [$name] exit $rc after $((SECONDS - t0)) s" >>"$LOG"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" >>"$STATUS"
