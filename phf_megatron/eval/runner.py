@@ -269,15 +269,18 @@ def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, requi
 
 
 def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
-            gpus: list[int] | None):
+            gpus: list[str] | None):
     if gpus is not None:                      # before any CUDA call in this (spawned) process
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     generate_samples(config, model_dir, backend, items, rank, show_progress=False)
 
 
-def _replica_gpus(config: EvalConfig) -> list[list[int]] | None:
-    """GPUs of each engine replica (tensor_parallel_size each), or None on a CPU machine."""
+def _replica_gpus(config: EvalConfig, environ=os.environ) -> list[list[str]] | None:
+    """GPUs of each engine replica (tensor_parallel_size each) as ``CUDA_VISIBLE_DEVICES`` names them: slices
+    of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set (else indices), or None on a CPU machine."""
     import torch
+
+    from phf_megatron.rollout.vllm_worker import visible_devices
     gpus = torch.cuda.device_count()
     per = int(config.engine_kwargs.get("tensor_parallel_size", 1))
     size = config.data_parallel or max(gpus // per, 1)
@@ -286,7 +289,8 @@ def _replica_gpus(config: EvalConfig) -> list[list[int]] | None:
     if size * per > gpus:
         raise ConfigError("data_parallel", f"{size} replicas x tensor_parallel_size {per} needs {size * per} GPUs, "
                                            f"{gpus} are visible")
-    return [list(range(r * per, (r + 1) * per)) for r in range(size)]
+    visible = (visible_devices(environ) or [str(i) for i in range(gpus)])[:gpus]
+    return [visible[r * per:(r + 1) * per] for r in range(size)]
 
 
 def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem],
