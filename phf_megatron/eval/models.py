@@ -119,8 +119,10 @@ def merged_inputs(model_dir: str) -> dict:
     return {key: marker[key] for key in ("base_digest", "adapter_digest")}
 
 
-def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16") -> str:
-    """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``."""
+def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str = "bfloat16",
+                  inputs: dict | None = None) -> str:
+    """Merge a PEFT adapter into its base; returns ``<run_dir>/merged_model``. ``inputs``: their ``merge_inputs``
+    when the caller has read them already (the eval's resume check), else read here."""
     check_hf_dir(base_dir, "base model")
     if why := missing_dir(adapter_dir):
         raise ConfigError("adapter", why)
@@ -138,7 +140,7 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
 
     final = merged_model_dir(run_dir)
     marker = {"base": os.path.abspath(base_dir), "adapter": os.path.abspath(adapter_dir), "dtype": dtype,
-              **merge_inputs(base_dir, adapter_dir)}   # a retrained adapter or base in place: merged again
+              **(inputs or merge_inputs(base_dir, adapter_dir))}   # a retrained adapter or base in place: merged again
     if _reusable(final, marker):
         return final
     _say(f"merging {adapter_dir} into {base_dir} in {final} (a rerun reuses it)")
@@ -269,8 +271,9 @@ def converted_checkpoint(model_dir: str) -> str:
 
 
 def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkpoint: str | None,
-                      run_dir: str, dtype: str = "bfloat16") -> str:
-    """The HF directory to evaluate (see the module docstring)."""
+                      run_dir: str, dtype: str = "bfloat16", merged_from: dict | None = None) -> str:
+    """The HF directory to evaluate (see the module docstring); ``merged_from``: the adapter's and the base's
+    ``merge_inputs`` when read already."""
     if megatron_checkpoint is not None:
         if adapter is not None:
             raise ConfigError("adapter", "not supported with megatron_checkpoint (merge LoRA before saving)")
@@ -278,5 +281,5 @@ def resolve_model_dir(*, model: str | None, adapter: str | None, megatron_checkp
     if model is None:
         raise ConfigError("model", "give a HF model directory (or megatron_checkpoint)")
     if adapter is not None:
-        return merge_adapter(model, adapter, run_dir, dtype=dtype)
+        return merge_adapter(model, adapter, run_dir, dtype=dtype, inputs=merged_from)
     return check_hf_dir(model)

@@ -129,22 +129,28 @@ def other_problem_samples(done: dict, problems: dict[str, list[Problem]]) -> str
     return f"{other[0][0]} {other[0][1]!r}" + (f" and {len(other) - 1} more" if len(other) > 1 else "")
 
 
-def planned_resume_refusals(config: EvalConfig) -> tuple[dict, str | None]:
-    """What ``run_eval`` will refuse to resume in ``config.out_dir``, told before any model is merged: the
-    settings its samples were made with otherwise (``resume_differences``) and the problems they were generated
-    for otherwise (``other_problem_samples``); ``({}, None)``: none there, or they resume. With an adapter, what the
-    merge will be made from (``merge_inputs``: cheap). Not for a ``megatron_checkpoint``, whose iteration is known
-    once converted (its eval checks)."""
-    done = load_records(config.out_dir)[0] if config.megatron_checkpoint is None else {}
-    if not done:
-        return {}, None
-    problems, _ = load_problems(config)
+def planned_fingerprint(config: EvalConfig) -> tuple[dict, int | None]:
+    """The fingerprint ``run_eval`` records for ``config``, and the model's context limit, known before any model
+    is merged: with an adapter, what the merge will be made from (``merge_inputs``: cheap; the merged model's marker
+    holds the same). Not for a ``megatron_checkpoint``, whose iteration is known once converted."""
     model_dir = merged_model_dir(config.out_dir) if config.adapter else config.model
     limit = model_context_limit(config.model)   # a merged model's: its base's config
     fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
     if config.adapter and not missing_dir(config.adapter):   # (a row's adapter not trained yet: its eval checks)
         fingerprint.update(merge_inputs(config.model, config.adapter))
-    return resume_differences(config.out_dir, fingerprint, limit), other_problem_samples(done, problems)
+    return fingerprint, limit
+
+
+def planned_resume_refusals(config: EvalConfig) -> tuple[dict, str | None]:
+    """What ``run_eval`` will refuse to resume in ``config.out_dir``, told before any model is merged: the
+    settings its samples were made with otherwise (``resume_differences`` with ``planned_fingerprint``) and the
+    problems they were generated for otherwise (``other_problem_samples``); ``({}, None)``: none there, or they
+    resume. Not for a ``megatron_checkpoint``, whose iteration is known once converted (its eval checks)."""
+    done = load_records(config.out_dir)[0] if config.megatron_checkpoint is None else {}
+    if not done:
+        return {}, None
+    problems, _ = load_problems(config)
+    return resume_differences(config.out_dir, *planned_fingerprint(config)), other_problem_samples(done, problems)
 
 
 def _converted_before(out_dir: str) -> str | None:
@@ -341,24 +347,26 @@ def run_eval(config: EvalConfig) -> Summary:
                           "runs transformers here (vLLM does not import): install vLLM or leave them out")
     problems, sources = load_problems(config)
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
-    if config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)):   # before a merge of
-        if diff := planned_resume_refusals(config)[0]:   # minutes that would replace the kept one (its samples' model)
+    done, _ = load_records(config.out_dir)
+    planned = None   # with samples to resume and an adapter: checked before a merge of minutes that would replace
+    if done and config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)):   # the kept one
+        planned, planned_limit = planned_fingerprint(config)                                   # (its samples' model)
+        if diff := resume_differences(config.out_dir, planned, planned_limit):
             raise other_settings(config.out_dir, diff)
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written
                                   megatron_checkpoint=config.megatron_checkpoint, run_dir=config.out_dir,
-                                  dtype=config.dtype)
+                                  dtype=config.dtype, merged_from=planned and {k: planned[k] for k in MERGE_KEYS})
     os.makedirs(config.out_dir, exist_ok=True)
     _check_qwen3(model_dir)
     backend = resolve_backend(config.backend)
     limit = model_context_limit(model_dir)
     check_max_model_len(config, model_dir, limit)
-    done, _ = load_records(config.out_dir)
-    fingerprint = config.generation_fingerprint(model_dir, backend, limit)
+    fingerprint = planned or config.generation_fingerprint(model_dir, backend, limit)
     if config.megatron_checkpoint is not None:   # the iteration converted, not the run as typed: a resume after the
         fingerprint["megatron_checkpoint"] = converted_checkpoint(model_dir)   # run saved a later one mixed the two
         _upgrade_typed_checkpoint(config.out_dir, fingerprint, config.megatron_checkpoint, before)
-    if config.adapter is not None:   # the merged path alone: a retrained adapter or another --model mixed in silence
-        fingerprint.update(merged_inputs(model_dir))
+    if config.adapter is not None and planned is None:   # the merged path alone: a retrained adapter or another
+        fingerprint.update(merged_inputs(model_dir))     # --model mixed in silence
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
     if other := other_problem_samples(done, problems):   # were kept, graded against the new answers: other outputs
         raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other}: the "

@@ -108,3 +108,25 @@ def test_a_refused_resume_keeps_the_merged_model_of_its_samples(tmp_path, tiny_d
     _save_adapter(tmp_path / "adapter", seed=2)                     # retrained in place
     _refused(_config(tmp_path, tiny_dir, problems, n=2), "adapter_digest")
     assert marker.read_text() == merged                              # still the samples' model, not merged again
+
+
+def test_a_resume_reads_what_the_merge_is_made_from_once(tmp_path, tiny_dir, problems, monkeypatch):
+    """The resume's check before the merge and the merge's own marker share one ``merge_inputs`` (the adapter read
+    whole, the base's sampled chunks), which was read twice; the fingerprint recorded is the same."""
+    from phf_megatron.eval import models, runner
+
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    recorded = (tmp_path / "eval" / "run_config.json").read_text()
+    calls, read = [], models.merge_inputs
+
+    def counted(*args):
+        calls.append(args)
+        return read(*args)
+
+    monkeypatch.setattr(runner, "merge_inputs", counted)
+    monkeypatch.setattr(models, "merge_inputs", counted)   # (models' own name, read by merge_adapter)
+    shutil.rmtree(tmp_path / "eval" / "merged_model")      # merged again, from the inputs read for the check
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2
+    assert len(calls) == 1
+    assert (tmp_path / "eval" / "run_config.json").read_text() == recorded
