@@ -165,24 +165,37 @@ def saved_checkpoints_dir(run_dir: str) -> str | None:
 
 def saved_path(config_file: str, key: str, value: str | None, run_dir: str | None = None,
                saved_run_dir: str | None = None) -> str | None:
-    """A path setting ``key`` read from a run's ``config_file``. The trainer records them absolute; a
-    ``config.yaml`` written before it did holds the path as given, relative to the launch directory: read from
-    here as before, and one that is not here raises ``InputFileError`` saying so. An absolute one that is not
-    here, below ``saved_run_dir`` (the config's ``run_dir``), is read below ``run_dir``, where the run directory
-    is now (moved or copied with its checkpoints); else it is one line too."""
-    if value and not os.path.isabs(value) and not os.path.exists(value):
+    """A path setting ``key`` read from a run's ``config_file``: absolute as the trainer records it
+    (``moved_with_run``), or relative as a ``config.yaml`` written before it did holds it (``launch_relative``)."""
+    if not value:
+        return value
+    if os.path.isabs(value):
+        return moved_with_run(config_file, key, value, run_dir, saved_run_dir)
+    return launch_relative(config_file, key, value)
+
+
+def launch_relative(config_file: str, key: str, value: str) -> str:
+    """A relative path of a ``config.yaml`` written before the trainer recorded them absolute: relative to the
+    launch directory, read from here as before; one that is not here raises ``InputFileError`` saying so."""
+    if not os.path.exists(value):
         raise InputFileError(config_file, f"{key} {value!r} is relative to the directory the run was launched from "
                                           f"(written before config.yaml recorded absolute paths) and "
                                           f"{os.path.abspath(value)} does not exist: run this from that directory")
-    if value and os.path.isabs(value) and not os.path.exists(value):
-        inside = os.path.relpath(value, saved_run_dir) if saved_run_dir and os.path.isabs(saved_run_dir) else ""
-        if run_dir and inside and inside != os.pardir and not inside.startswith(os.pardir + os.sep):
-            if os.path.exists(moved := os.path.normpath(os.path.join(run_dir, inside))):
-                return moved
-        raise InputFileError(config_file, f"{key} {value!r} does not exist here (no checkpoint saved yet, or moved "
-                                          "since the run wrote this file): give the checkpoints directory as it "
-                                          "is now")
     return value
+
+
+def moved_with_run(config_file: str, key: str, value: str, run_dir: str | None, saved_run_dir: str | None) -> str:
+    """An absolute path ``value`` as recorded; one that is not here, below ``saved_run_dir`` (the config's
+    ``run_dir``), is read below ``run_dir``, where the run directory is now (moved or copied with its checkpoints);
+    else it raises ``InputFileError`` in one line."""
+    if os.path.exists(value):
+        return value
+    inside = os.path.relpath(value, saved_run_dir) if saved_run_dir and os.path.isabs(saved_run_dir) else ""
+    if run_dir and inside and inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+        if os.path.exists(moved := os.path.normpath(os.path.join(run_dir, inside))):
+            return moved
+    raise InputFileError(config_file, f"{key} {value!r} does not exist here (no checkpoint saved yet, or moved "
+                                      "since the run wrote this file): give the checkpoints directory as it is now")
 
 
 def read_latest(save_dir: str) -> int | None:
