@@ -32,7 +32,8 @@ class EvalConfig:
     """run directory (a rerun resumes it): samples.rank*.jsonl, summary.json, run_config.json, and
     merged_model/ (with adapter), converted_model/ (with megatron_checkpoint), avg_at_k.png (with plot)."""
     model: str | None = None
-    """HF model directory (the base model when ``adapter`` or a training run's checkpoint is given)."""
+    """HF model directory (the base model when ``adapter`` or a training run's checkpoint is given). A resume must
+    find the same files (their digest): samples of a model retrained or overwritten in place are not mixed."""
     adapter: str | None = None
     """PEFT adapter directory, merged into ``model`` (into <out_dir>/merged_model) before evaluation. A resume
     must find the same adapter and base files (their digests): samples of an adapter retrained since are not mixed

@@ -108,9 +108,15 @@ def merge_inputs(base_dir: str, adapter_dir: str) -> dict:
     changes nearly every tensor; no multi-GB read on each resume)."""
     adapter = [os.path.join(adapter_dir, n) for n in ("adapter_config.json", "adapter_model.safetensors",
                                                       "adapter_model.bin")]
-    base = [os.path.join(base_dir, n) for n in sorted(os.listdir(base_dir))
-            if n == "config.json" or n.endswith((".safetensors", ".bin", ".index.json"))]
-    return {"base_digest": _files_digest(base, sampled=True), "adapter_digest": _files_digest(adapter, sampled=False)}
+    return {"base_digest": model_digest(base_dir), "adapter_digest": _files_digest(adapter, sampled=False)}
+
+
+def model_digest(model_dir: str) -> str:
+    """A HF model directory's ``config.json``, weight index and weight files by name, size and sampled bytes
+    (``_files_digest``): what the eval's resume compares of a plain ``--model`` (``model_digest``) and of an
+    adapter's base (``base_digest``), retrained or overwritten in place."""
+    return _files_digest([os.path.join(model_dir, n) for n in sorted(os.listdir(model_dir))
+                          if n == "config.json" or n.endswith((".safetensors", ".bin", ".index.json"))], sampled=True)
 
 
 def merged_inputs(model_dir: str) -> dict:

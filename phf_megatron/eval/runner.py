@@ -29,7 +29,8 @@ from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
 from .models import (
-    MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, resolve_model_dir,
+    MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, model_digest,
+    resolve_model_dir,
 )
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
@@ -66,9 +67,12 @@ def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[
 
 #: Fingerprint fields that are paths: compared as the files they name, not as typed.
 PATH_KEYS = ("model_dir", "adapter", "megatron_checkpoint")
-#: With --adapter: what the merged model was made from (``models.merge_inputs``); a ``run_config.json`` written
-#: before it held them resumes as before, and is rewritten with them (``_check_fingerprint``).
+#: With --adapter: what the merged model was made from (``models.merge_inputs``).
 MERGE_KEYS = ("base_digest", "adapter_digest")
+#: What the evaluated model's files were (``model_digest`` of a plain --model, ``MERGE_KEYS``), by the flag that
+#: names them: a ``run_config.json`` written before it held one resumes as before and is rewritten with it
+#: (``_check_fingerprint``).
+DIGEST_FLAGS = {"model_digest": "--model", "base_digest": "--model", "adapter_digest": "--adapter"}
 
 
 def _same_path_form(fingerprint: dict, out_dir: str, stored: bool = False) -> dict:
@@ -99,11 +103,14 @@ def resume_differences(out_dir: str, fingerprint: dict, model_limit: int | None 
     if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
         old["max_model_len"] = model_limit
     return {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items()
-            if old.get(k) != v and (k in old or k not in MERGE_KEYS)}
+            if old.get(k) != v and (k in old or k not in DIGEST_FLAGS)}
 
 
 def other_settings(out_dir: str, diff: dict) -> InputFileError:
-    return InputFileError(out_dir, f"holds samples generated with other settings {diff} (old, new); use another --out_dir")
+    flags = " and ".join(sorted({DIGEST_FLAGS[k] for k in diff if k in DIGEST_FLAGS}, reverse=True))
+    changed = f"; {flags}: not the files its samples were made with" if flags else ""   # (retrained in place?)
+    return InputFileError(out_dir, f"holds samples generated with other settings {diff} (old, new){changed}; "
+                                   "use another --out_dir")
 
 
 def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None = None,
@@ -114,7 +121,7 @@ def _check_fingerprint(out_dir: str, fingerprint: dict, model_limit: int | None 
     if os.path.isfile(path) and has_samples:
         if diff := resume_differences(out_dir, fingerprint, model_limit):
             raise other_settings(out_dir, diff)
-        if all(k in read_json(path) for k in MERGE_KEYS if k in fingerprint):
+        if all(k in read_json(path) for k in DIGEST_FLAGS if k in fingerprint):
             return                                  # else written before it held them: upgraded to this model's
     write_json(path, _same_path_form(fingerprint, out_dir), indent=1)
 
@@ -138,6 +145,8 @@ def planned_fingerprint(config: EvalConfig) -> tuple[dict, int | None]:
     fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
     if config.adapter and not missing_dir(config.adapter):   # (a row's adapter not trained yet: its eval checks)
         fingerprint.update(merge_inputs(config.model, config.adapter))
+    elif not config.adapter:   # retrained or overwritten in place: its path alone resumed it, mixing two models
+        fingerprint["model_digest"] = model_digest(config.model)
     return fingerprint, limit
 
 
@@ -367,6 +376,8 @@ def run_eval(config: EvalConfig) -> Summary:
         _upgrade_typed_checkpoint(config.out_dir, fingerprint, config.megatron_checkpoint, before)
     if config.adapter is not None and planned is None:   # the merged path alone: a retrained adapter or another
         fingerprint.update(merged_inputs(model_dir))     # --model mixed in silence
+    if config.adapter is None and config.megatron_checkpoint is None:   # the path alone: a --model retrained or
+        fingerprint["model_digest"] = model_digest(model_dir)            # overwritten in place mixed in silence
     _check_fingerprint(config.out_dir, fingerprint, limit, has_samples=bool(done))
     if other := other_problem_samples(done, problems):   # were kept, graded against the new answers: other outputs
         raise InputFileError(config.out_dir, f"holds samples of other problems under the same ids ({other}: the "

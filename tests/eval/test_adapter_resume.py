@@ -3,7 +3,9 @@
 every A and BASE. A retrained in place, or another --model, was merged again and its samples mixed with the old
 model's into one Average@k in silence. The resume now compares what the merge was made from (``merge_inputs``:
 ``adapter_digest``, ``base_digest``); a directory written before it recorded them resumes as before and is
-upgraded; paper_table's pre-check (``planned_resume_refusals``) agrees with the eval's own.
+upgraded; paper_table's pre-check (``planned_resume_refusals``) agrees with the eval's own. A plain --model
+retrained or overwritten in place resumed the same way on its path alone: its files are compared too
+(``model_digest``).
 
 Tiny data (two problems), the tiny Qwen3 with a rank-2 LoRA, the transformers backend, 4 new tokens.
 """
@@ -45,14 +47,16 @@ def problems(tmp_path) -> str:
     return str(path)
 
 
-def _config(tmp_path, model, problems, n: int) -> EvalConfig:
-    return EvalConfig(out_dir=str(tmp_path / "eval"), model=str(model), adapter=str(tmp_path / "adapter"),
+def _config(tmp_path, model, problems, n: int, adapter: bool = True) -> EvalConfig:
+    return EvalConfig(out_dir=str(tmp_path / "eval"), model=str(model),
+                      adapter=str(tmp_path / "adapter") if adapter else None,
                       benchmarks=(problems,), n=n, max_new_tokens=4, backend="hf", dtype="float32", batch_size=2,
                       pass_ks=(1,))
 
 
 def _refused(config: EvalConfig, key: str) -> None:
-    """The eval and paper_table's pre-check both refuse ``config``'s resume for ``key``, nothing written."""
+    """The eval and paper_table's pre-check both refuse ``config``'s resume for ``key``, in one line naming the
+    out_dir and the flag whose files changed; nothing written."""
     shard = os.path.join(config.out_dir, "samples.rank0.jsonl")
     samples = open(shard).read()
     assert key in planned_resume_refusals(config)[0]
@@ -60,7 +64,9 @@ def _refused(config: EvalConfig, key: str) -> None:
         run_eval(config)
     line = str(err.value)
     assert line.startswith(f"{config.out_dir}: holds samples generated with other settings {{'{key}': (")
-    assert line.endswith("(old, new); use another --out_dir") and "\n" not in line, line
+    flag = "--adapter" if key == "adapter_digest" else "--model"
+    assert line.endswith(f"(old, new); {flag}: not the files its samples were made with; use another --out_dir")
+    assert "\n" not in line, line
     assert open(shard).read() == samples
 
 
@@ -71,11 +77,8 @@ def test_a_retrained_adapter_or_another_base_is_refused_the_same_resumes(tmp_pat
     assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2   # the same adapter: resumed
     shutil.copytree(tiny_dir, tmp_path / "copy")                                  # the same base elsewhere: too
     assert run_eval(_config(tmp_path, tmp_path / "copy", problems, n=3)).generated == 2
-    from safetensors.torch import load_file, save_file
-
     other = tmp_path / "copy"                                         # another base model: its weights differ
-    weights = load_file(str(other / "model.safetensors"))
-    save_file({k: v + 0.01 for k, v in weights.items()}, str(other / "model.safetensors"), metadata={"format": "pt"})
+    _perturb(other)
     _refused(_config(tmp_path, other, problems, n=4), "base_digest")
     _save_adapter(tmp_path / "adapter", seed=2)                     # retrained in place: same path, new weights
     _refused(_config(tmp_path, tiny_dir, problems, n=4), "adapter_digest")
@@ -94,6 +97,34 @@ def test_an_out_dir_from_before_the_record_resumes_and_is_upgraded(tmp_path, tin
     assert json.loads(path.read_text()) == recorded                  # upgraded: the adapter's identity recorded
     _save_adapter(tmp_path / "adapter", seed=2)                      # from then on a retrained adapter is refused
     _refused(_config(tmp_path, tiny_dir, problems, n=3), "adapter_digest")
+
+
+def _perturb(model_dir) -> None:
+    """``model_dir``'s weights changed in place (a retrained or overwritten model under the same path)."""
+    from safetensors.torch import load_file, save_file
+
+    path = str(model_dir / "model.safetensors")
+    save_file({k: v + 0.01 for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+
+
+def test_a_plain_model_overwritten_in_place_is_refused_an_old_out_dir_upgraded(tmp_path, tiny_dir, problems):
+    """--model DIR without an adapter: its path was all run_config.json held, so DIR retrained or overwritten in
+    place resumed in the same --out_dir and its samples were mixed with the old model's into one Average@k."""
+    shutil.copytree(tiny_dir, tmp_path / "model")
+
+    def config(n: int) -> EvalConfig:
+        return _config(tmp_path, tmp_path / "model", problems, n, adapter=False)
+
+    assert run_eval(config(1)).generated == 2
+    path = tmp_path / "eval" / "run_config.json"
+    recorded = json.loads(path.read_text())
+    assert "model_digest" in recorded
+    path.write_text(json.dumps({k: v for k, v in recorded.items() if k != "model_digest"}))   # as written before
+    assert planned_resume_refusals(config(2)) == ({}, None)
+    assert run_eval(config(2)).generated == 2                        # resumed as before
+    assert json.loads(path.read_text()) == recorded                  # upgraded: the model's identity recorded
+    _perturb(tmp_path / "model")                                     # overwritten in place: same path, new weights
+    _refused(config(3), "model_digest")
 
 
 def test_a_refused_resume_keeps_the_merged_model_of_its_samples(tmp_path, tiny_dir, problems):
