@@ -190,12 +190,17 @@ def moved_with_run(config_file: str, key: str, value: str, run_dir: str | None, 
     else it raises ``InputFileError`` in one line."""
     if os.path.exists(value):
         return value
-    inside = os.path.relpath(value, saved_run_dir) if saved_run_dir and os.path.isabs(saved_run_dir) else ""
-    if run_dir and inside and inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+    if run_dir and (inside := below(value, saved_run_dir)) is not None:
         if os.path.exists(moved := os.path.normpath(os.path.join(run_dir, inside))):
             return moved
     raise InputFileError(config_file, f"{key} {value!r} does not exist here (no checkpoint saved yet, or moved "
                                       "since the run wrote this file): give the checkpoints directory as it is now")
+
+
+def below(path: str, root: str | None) -> str | None:
+    """``path`` relative to the absolute directory ``root`` when it lies in it (``.``: ``root`` itself), else None."""
+    inside = os.path.relpath(path, root) if root and os.path.isabs(root) and os.path.isabs(path) else ""
+    return None if inside in ("", os.pardir) or inside.startswith(os.pardir + os.sep) else inside
 
 
 def read_latest(save_dir: str) -> int | None:

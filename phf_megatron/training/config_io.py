@@ -23,7 +23,7 @@ import yaml
 
 from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
-from ..input_files import RUN_CONFIG_FILE, load_yaml
+from ..input_files import RUN_CONFIG_FILE, below, load_yaml
 from ..output_files import write_text
 from .config import ABLATIONS, TrainConfig
 
@@ -153,9 +153,11 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 
 
 def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfig:
-    """Defaults < YAML file < ``--ablation`` < command-line overrides."""
+    """Defaults < YAML file < ``--ablation`` < command-line overrides; a run's own ``config.yaml`` whose run
+    directory is elsewhere now, with its paths there (``moved_run_paths``)."""
     values: dict[str, Any] = read_yaml(path) if path else {}
     overrides = parse_overrides(argv)
+    values.update(moved_run_paths(path, values, overrides) if path else {})
     ablation = overrides.get("ablation", values.get("ablation"))
     if ablation not in (None, "none", "null") and ablation not in ABLATIONS:
         raise ConfigError("ablation", f"{ablation!r} is not one of {tuple(ABLATIONS)}")
@@ -163,6 +165,35 @@ def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfi
         values.update({f"objective.{k}": v for k, v in ABLATIONS[ablation].items()})
     values.update(overrides)
     return build_config(values)
+
+
+def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
+    """``{key: path}``: a run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from
+    that run_dir (the run directory moved or copied with it) or given with another ``--run_dir``: the run is there,
+    the file's directory or the one given, and each path setting recorded in the old run_dir follows it (as
+    ``input_files.saved_path`` reads a moved run's ``checkpoint.save``): nothing is written into the old run_dir.
+    ``{}`` for a preset, a run's config in its place, and the settings given as flags."""
+    old = values.get("run_dir")
+    if os.path.basename(path) != RUN_CONFIG_FILE or not (isinstance(old, str) and os.path.isabs(old)):
+        return {}
+    new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
+    if os.path.realpath(new) == os.path.realpath(old):
+        return {}
+    return {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
+            if key not in overrides and isinstance(values.get(key), str)
+            and (inside := below(values[key], old)) is not None}
+
+
+def moved_run_note(path: str | None, argv: Sequence[str]) -> str | None:
+    """One line naming the settings of a run's own ``config.yaml`` read in another run directory than it recorded
+    (``moved_run_paths``), None when none is."""
+    values = read_yaml(path) if path else {}
+    moved = moved_run_paths(path, values, overrides := parse_overrides(argv)) if path else {}
+    if not moved:
+        return None
+    new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
+    return (f"note: {path} records the run in {values['run_dir']}; its {', '.join(moved)} there are read in {new} "
+            "(give --run_dir for another run directory)")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[str | None, bool, list[str]]:

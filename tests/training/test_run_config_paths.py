@@ -126,3 +126,35 @@ def test_a_run_directory_moved_with_its_checkpoints_is_read_where_it_is_now(laun
         assert str(err.value) == line
     assert find_run_checkpoint("ckpts", "runs/y/config.yaml").iteration == 2 and latest_checkpoint("ckpts") == (
         os.path.join("ckpts", "iter_0000002"))   # as the line says
+
+
+def test_a_runs_config_yaml_given_from_where_the_run_moved_is_that_run_not_the_old_one(launch, tmp_path, capsys):
+    """``train --config MOVED/config.yaml`` after the run directory was moved (or copied) read run_dir and the paths
+    recorded in it (absolute) at the old place: the run trained from step 0 there, or went on writing into the
+    original. Now the run is where its config.yaml is (or the --run_dir given), the paths recorded in the old run
+    directory follow it, as saved_path reads a moved run, and one line says so; a path outside it is kept."""
+    from phf_megatron.train import train
+    from phf_megatron.training.config_io import config_from_argv, load_config, save_run_config
+
+    a, _ = launch
+    old = os.path.join(a, "runs", "x")
+    recorded = load_config(save_run_config(config_from_argv(
+        ["--run_dir=runs/x", "--checkpoint.save=runs/x/ckpts", "--logging.tensorboard_dir=runs/x/tb",
+         "--model.hf_dir=models/qwen3"])))
+    assert (recorded.run_dir, recorded.checkpoint.save) == (old, os.path.join(old, "ckpts"))   # in its place
+    moved = str(tmp_path / "moved")
+    shutil.move(old, moved)
+    path = os.path.join(moved, "config.yaml")
+    cfg = load_config(path)
+    assert (cfg.run_dir, cfg.checkpoint.save, cfg.logging.tensorboard_dir, cfg.model.hf_dir) == (
+        moved, os.path.join(moved, "ckpts"), os.path.join(moved, "tb"), os.path.join(a, "models", "qwen3"))
+    other = load_config(path, [f"--run_dir={tmp_path}/y", f"--logging.tensorboard_dir={tmp_path}/tb"])
+    assert (other.run_dir, other.checkpoint.save, other.logging.tensorboard_dir) == (   # the flags win
+        f"{tmp_path}/y", f"{tmp_path}/y/ckpts", f"{tmp_path}/tb")
+    assert train(["--config", path, "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert f"run_dir: {moved}\n" in out
+    assert err == (f"note: {path} records the run in {old}; its run_dir, checkpoint.save, logging.tensorboard_dir "
+                   f"there are read in {moved} (give --run_dir for another run directory)\n")
+    assert train(["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), "--print-config"]) == 0
+    assert capsys.readouterr().err == ""   # a preset: no note
