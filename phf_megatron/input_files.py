@@ -363,12 +363,23 @@ def reading_dist_checkpoint(ckpt_dir: str):
         raise
 
 
+def _common_inside(ckpt_dir: str) -> bool:
+    """Whether the checkpoint keeps its common state among its DCP objects (``common_state/...`` in ``.metadata``):
+    Megatron-Core 0.19 writes no ``common.pt`` (``dist_checkpointing.save``), earlier releases do."""
+    try:
+        with open(os.path.join(ckpt_dir, ".metadata"), "rb") as f:
+            metadata = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, AttributeError):
+        return False
+    return any(str(key).startswith("common_state/") for key in getattr(metadata, "state_dict_metadata", None) or {})
+
+
 def load_dist_checkpoint(sharded_state_dict: dict, ckpt_dir: str) -> dict:
     """``megatron.core.dist_checkpointing.load``, damaged files named (``reading_dist_checkpoint``)."""
     from megatron.core import dist_checkpointing
 
-    for name in ("metadata.json", "common.pt", ".metadata"):   # Megatron's loader: a traceback without one
-        if not os.path.isfile(os.path.join(ckpt_dir, name)):
+    for name in ("metadata.json", ".metadata", "common.pt"):   # Megatron's loader: a traceback without one
+        if not os.path.isfile(os.path.join(ckpt_dir, name)) and not (name == "common.pt" and _common_inside(ckpt_dir)):
             raise InputFileError(os.path.join(ckpt_dir, name), "missing (not a complete torch_dist checkpoint)")
     with reading_dist_checkpoint(ckpt_dir):
         return dist_checkpointing.load(sharded_state_dict, ckpt_dir)

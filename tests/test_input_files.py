@@ -185,6 +185,27 @@ def test_a_megatron_dist_checkpoint_without_one_of_its_files_names_it(tmp_path, 
     assert err.value.line == f"{tmp_path / gone}: missing (not a complete torch_dist checkpoint)"
 
 
+def test_a_megatron_0_19_dist_checkpoint_without_common_pt_is_read(tmp_path, monkeypatch):
+    """Megatron-Core 0.19 (the GPU image's 0.19.2) saves no common.pt: the common state is a DCP object,
+    'common_state/shard_0_1' in .metadata. Every such checkpoint (a full fine-tuning's, hf_to_mcore's, read by
+    --model.pretrained_checkpoint, mcore_to_hf and a resume) was refused as 'common.pt: missing'. Written here as
+    0.19 writes it (torch's DCP, the installed Megatron's loader standing in for 0.19's, which reads it)."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+    from megatron.core import dist_checkpointing
+
+    from phf_megatron.input_files import load_dist_checkpoint
+
+    dcp.save({"w": torch.ones(3), "common_state/shard_0_1": io.BytesIO(b"common")}, checkpoint_id=str(tmp_path))
+    (tmp_path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    monkeypatch.setattr(dist_checkpointing, "load", lambda state, ckpt_dir: {"read": ckpt_dir})
+    assert load_dist_checkpoint({}, str(tmp_path)) == {"read": str(tmp_path)}
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path))   # an older one's common.pt is still required
+    with pytest.raises(InputFileError, match="common.pt: missing"):
+        load_dist_checkpoint({}, str(tmp_path))
+
+
 # ----------------------------------------------------------------------------- through the command lines
 
 
