@@ -358,7 +358,8 @@ def run_eval(config: EvalConfig) -> Summary:
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     done, _ = load_records(config.out_dir)
     planned = None   # with samples to resume and an adapter: checked before a merge of minutes that would replace
-    if done and config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)):   # the kept one
+    if done and config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)) and os.path.isfile(
+            os.path.join(config.model, "config.json")):   # the kept one (else not a model: merge_adapter names --model)
         planned, planned_limit = planned_fingerprint(config)                                   # (its samples' model)
         if diff := resume_differences(config.out_dir, planned, planned_limit):
             raise other_settings(config.out_dir, diff)

@@ -161,3 +161,16 @@ def test_a_resume_reads_what_the_merge_is_made_from_once(tmp_path, tiny_dir, pro
     assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2
     assert len(calls) == 1
     assert (tmp_path / "eval" / "run_config.json").read_text() == recorded
+
+
+def test_a_base_without_config_json_is_one_line_on_a_resume_too(tmp_path, tiny_dir, problems):
+    """A wrong --model (a directory, not a model's: no config.json) into an --out_dir with samples: the check before
+    any merge read its config.json, a FileNotFoundError traceback; now merge_adapter's line, as on a first run."""
+    from phf_megatron.errors import ConfigError
+
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError) as err:
+        run_eval(_config(tmp_path, tmp_path / "models", problems, n=2))
+    assert err.value.line == f"--model: {tmp_path / 'models'} has no config.json (not a HF base model directory)"
