@@ -178,7 +178,9 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
      "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),
     ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
     ("--engine_kwargs={vllm_kwargs: {dtype: float32}}",
-     "error: --engine_kwargs: vllm_kwargs: dtype is set by the engine from its dtype setting, not here"),
+     "error: --engine_kwargs: vllm_kwargs: dtype is set by the eval from --dtype: use that setting instead"),
+    ("--engine_kwargs={vllm_kwargs: {gpu_memory_utilization: 0.5}}", "error: --engine_kwargs: vllm_kwargs: "
+     "gpu_memory_utilization is set by the eval from --engine_kwargs gpu_memory_utilization: use that setting instead"),
     # the eval passes them itself: accepted here, they were a TypeError traceback when the engine started
     ("--engine_kwargs={seed: 1}", "error: --engine_kwargs: seed is set by the eval from --seed: give it there"),
     ("--engine_kwargs={max_model_len: 64}",

@@ -7,6 +7,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from phf_megatron.rollout.choices import ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
+
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
 #: What official OPSD's eval/evaluate_math.py (7448751) picks when unset, by thinking mode:
 #: top-p (lines 653-654) and the engine's context length (lines 114-116).
@@ -16,6 +18,10 @@ OFFICIAL_MAX_MODEL_LEN = {True: 40_960, False: 32_768}
 #: ``--engine_kwargs``, which would pass them twice.
 ENGINE_FIELDS_SET = {"model_dir": "--model", "backend": "--backend", "dtype": "--dtype", "seed": "--seed",
                      "max_model_len": "--max_model_len"}
+#: The flag each ``vllm.LLM`` keyword the eval's engine sets comes from: refused in ``--engine_kwargs '{vllm_kwargs:
+#: ...}'`` naming it (the engine's own keywords, absent, named as such).
+VLLM_KWARG_FLAGS = {key: ENGINE_FIELDS_SET.get(name, f"--engine_kwargs {name}")
+                    for key, name in ENGINE_SET_VLLM_KWARGS.items() if name}
 
 #: The settings a rerun into an out_dir must share with its samples to resume them (``generation_fingerprint``,
 #: with top_p and max_model_len as the engine gets them, the model and the backend); --n, --limit, --benchmarks resume.
@@ -151,6 +157,10 @@ class EvalConfig:
         for key, flag in ENGINE_FIELDS_SET.items():   # runner.generate_samples passes them: a duplicate keyword there
             if key in self.engine_kwargs:
                 raise ValueError(f"engine_kwargs: {key} is set by the eval from {flag}: give it there")
+        problem = vllm_kwargs_problem(self.engine_kwargs.get("vllm_kwargs", {}), self.backend, VLLM_KWARG_FLAGS,
+                                      by="the eval", backend_flag="--backend")
+        if problem is not None:
+            raise ValueError(f"engine_kwargs: vllm_kwargs: {problem}")
         try:
             EngineConfig(model_dir="", backend=self.backend, dtype=self.dtype, **self.engine_kwargs)
         except (TypeError, ValueError) as err:

@@ -23,3 +23,23 @@ ENGINE_SET_VLLM_KWARGS = {
     "enable_sleep_mode": "enable_sleep_mode", "enforce_eager": "enforce_eager", "logprobs_mode": "logprobs_mode",
     "distributed_executor_backend": None, "worker_extension_cls": None,
 }
+
+
+def vllm_kwargs_problem(vllm_kwargs, backend: str, settings: dict, by: str, backend_flag: str) -> str | None:
+    """What is wrong with ``vllm_kwargs`` (extra ``vllm.LLM`` keywords), None when nothing: not a mapping of names, a
+    keyword the engine sets (``ENGINE_SET_VLLM_KWARGS``: named with the setting that gives it, ``settings[key]``, or
+    the engine's own), or a ``backend`` that starts no vLLM engine. ``by`` starts the engine (``"the trainer"``) and
+    ``backend_flag`` chooses its backend; the callers (``RolloutConfig``, ``EngineConfig``, the eval's
+    ``--engine_kwargs``) prefix the flag of the keywords."""
+    if not isinstance(vllm_kwargs, dict) or not all(isinstance(k, str) for k in vllm_kwargs):
+        return f"expected a mapping of vllm.LLM keywords like {{max_num_seqs: 64}}, got {vllm_kwargs!r}"
+    for key in vllm_kwargs:
+        if key in ENGINE_SET_VLLM_KWARGS:
+            owner = settings.get(key)
+            return (f"{key} is set by {by} from {owner}: use that setting instead" if owner else
+                    f"{key} is set by the rollout engine itself (its weight sync needs it): leave it out")
+    if vllm_kwargs and backend in ("hf", "vllm_server"):
+        return (f"only applies to a vLLM engine {by} starts ({backend_flag}=vllm or auto), not to "
+                f"{backend_flag}={backend}" + (" (give them to the server's own command line)"
+                                               if backend == "vllm_server" else ""))
+    return None

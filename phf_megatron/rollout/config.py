@@ -147,18 +147,10 @@ class RolloutConfig:
 
     def _check_vllm_kwargs(self) -> None:
         """``vllm_kwargs``: a mapping of ``vllm.LLM`` keywords, none that a setting already gives, only for vLLM."""
-        where = "rollout.vllm_kwargs"
-        if not isinstance(self.vllm_kwargs, dict) or not all(isinstance(k, str) for k in self.vllm_kwargs):
-            raise fail(where, f"expected a mapping of vllm.LLM keywords like {{max_num_seqs: 64}}, got {self.vllm_kwargs!r}")
-        for key in self.vllm_kwargs:
-            if key in rollout_choices.ENGINE_SET_VLLM_KWARGS:
-                owner = VLLM_KWARG_SETTINGS.get(key)
-                raise fail(where, f"{key} is set by the trainer from {owner}: use that setting instead" if owner else
-                           f"{key} is set by the rollout engine itself (its weight sync needs it): leave it out")
-        if self.vllm_kwargs and self.backend in ("hf", "vllm_server"):
-            raise fail(where, f"only applies to a vLLM engine the trainer starts (rollout.backend=vllm or auto), not "
-                       f"to rollout.backend={self.backend}" + (" (give them to the server's own command line)"
-                                                               if self.backend == "vllm_server" else ""))
+        problem = rollout_choices.vllm_kwargs_problem(self.vllm_kwargs, self.backend, VLLM_KWARG_SETTINGS,
+                                                      by="the trainer", backend_flag="rollout.backend")
+        if problem is not None:
+            raise fail("rollout.vllm_kwargs", problem)
 
     def _check_engines(self) -> None:
         """``num_engines`` and ``async_steps`` (the layout itself is checked at start: rollout/groups.py)."""

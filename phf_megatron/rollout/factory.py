@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .choices import BACKENDS, DEFAULT_NCCL_PORT, ENGINE_SET_VLLM_KWARGS, LOGPROBS_MODES, WEIGHT_TRANSPORTS
+from .choices import (
+    BACKENDS, DEFAULT_NCCL_PORT, ENGINE_SET_VLLM_KWARGS, LOGPROBS_MODES, WEIGHT_TRANSPORTS, vllm_kwargs_problem,
+)
 from .engine import RolloutEngine
 
 #: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
 DEFAULT_SERVER_TIMEOUT_S = 600.0
+#: The ``EngineConfig`` field each ``vllm.LLM`` keyword that ``build_engine`` sets comes from (the engine's own: absent).
+VLLM_KWARG_FIELDS = {key: f"EngineConfig.{name}" for key, name in ENGINE_SET_VLLM_KWARGS.items() if name}
 
 
 @dataclass
@@ -89,15 +93,10 @@ class EngineConfig:
 
     def _check_vllm_kwargs(self, backend: str) -> None:
         """A mapping of ``vllm.LLM`` keywords, none that the engine sets, only for vLLM (``backend``: as resolved)."""
-        if not isinstance(self.vllm_kwargs, dict) or not all(isinstance(k, str) for k in self.vllm_kwargs):
-            raise ValueError(f"vllm_kwargs: expected a mapping of vllm.LLM keywords, got {self.vllm_kwargs!r}")
-        for key in self.vllm_kwargs:
-            if key in ENGINE_SET_VLLM_KWARGS:
-                own = ENGINE_SET_VLLM_KWARGS[key]
-                raise ValueError(f"vllm_kwargs: {key} is set by the engine" + (f" from its {own} setting, not here"
-                                 if own else " itself (its weight sync needs it): leave it out"))
-        if self.vllm_kwargs and backend in ("hf", "vllm_server"):
-            raise ValueError(f"vllm_kwargs: only for a vLLM engine started here, not backend {backend}")
+        problem = vllm_kwargs_problem(self.vllm_kwargs, backend, VLLM_KWARG_FIELDS, by="build_engine",
+                                      backend_flag="backend")
+        if problem is not None:
+            raise ValueError(f"vllm_kwargs: {problem}")
 
 
 def resolve_backend(backend: str) -> str:

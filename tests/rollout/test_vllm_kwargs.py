@@ -85,13 +85,15 @@ def test_a_preset_s_vllm_kwargs_load_dump_reload_and_leave_the_resume_fingerprin
 def test_engine_config_refuses_what_the_engine_sets_and_a_backend_without_vllm(monkeypatch, tiny_dir):
     """The library and the eval tool's ``--engine_kwargs '{vllm_kwargs: ...}'``: a keyword the engine sets
     would replace its setting (or, for ``dtype``, fail at the start with a duplicate keyword)."""
-    with pytest.raises(ValueError, match=r"^vllm_kwargs: seed is set by the engine from its seed setting, not here$"):
+    with pytest.raises(ValueError, match=r"^vllm_kwargs: seed is set by build_engine from EngineConfig.seed: use that "
+                                         r"setting instead$"):
         EngineConfig(model_dir="m", vllm_kwargs={"seed": 1})
-    with pytest.raises(ValueError, match=r"^vllm_kwargs: only for a vLLM engine started here, not backend hf$"):
+    with pytest.raises(ValueError, match=r"^vllm_kwargs: only applies to a vLLM engine build_engine starts \(backend="
+                                         r"vllm or auto\), not to backend=hf$"):
         EngineConfig(model_dir="m", backend="hf", vllm_kwargs={"max_num_seqs": 3})
     import phf_megatron.rollout.vllm_engine as vllm_engine
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)    # auto -> hf: not dropped in silence
-    with pytest.raises(ValueError, match=r"not backend hf$"):
+    with pytest.raises(ValueError, match=r"not to backend=hf$"):
         build_engine(EngineConfig(model_dir=tiny_dir, vllm_kwargs={"max_num_seqs": 3}))
 
 
