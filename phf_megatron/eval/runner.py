@@ -18,6 +18,7 @@ import os
 import time
 
 from phf_megatron.rollout import EngineConfig, RolloutEngine, SamplingParams, build_engine, resolve_backend
+from phf_megatron.rollout.factory import vllm_kwargs_dropped
 from phf_megatron.rollout.errors import RolloutEngineError
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 from phf_megatron.tokenizer import load_qwen3_tokenizer
@@ -351,9 +352,8 @@ def _check_qwen3(model_dir: str) -> None:
 def run_eval(config: EvalConfig) -> Summary:
     """Evaluate (or finish evaluating) ``config``; returns the summary also written to disk."""
     # --backend auto without vLLM: build_engine refuses them too, but after the model is merged or converted
-    if config.engine_kwargs.get("vllm_kwargs") and resolve_backend(config.backend) == "hf":
-        raise ConfigError("engine_kwargs", f"vllm_kwargs: only for a vLLM engine, and --backend {config.backend} "
-                          "runs transformers here (vLLM does not import): install vLLM or leave them out")
+    if dropped := vllm_kwargs_dropped(config.engine_kwargs.get("vllm_kwargs"), config.backend, "--backend"):
+        raise ConfigError("engine_kwargs", f"vllm_kwargs: {dropped}")
     problems, sources = load_problems(config)
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     done, _ = load_records(config.out_dir)

@@ -111,11 +111,10 @@ class RolloutConfig:
     def check_vllm_installed(self) -> None:
         """``vllm_kwargs`` with backend auto where vLLM does not import (auto runs transformers): refused when a run
         starts (``TrainConfig.require_inputs``), before the student is built, not when a config loads."""
-        if self.vllm_kwargs and self.backend == "auto":
-            from .vllm_engine import vllm_available
-            if not vllm_available():
-                raise fail("rollout.vllm_kwargs", "only for a vLLM engine, and rollout.backend=auto runs transformers "
-                           "here (vLLM does not import): install vLLM or leave them out")
+        from .factory import vllm_kwargs_dropped
+        dropped = vllm_kwargs_dropped(self.vllm_kwargs, self.backend, "rollout.backend")
+        if dropped is not None:
+            raise fail("rollout.vllm_kwargs", dropped)
 
     def __post_init__(self) -> None:
         check_choice("rollout.backend", self.backend, rollout_choices.BACKENDS)

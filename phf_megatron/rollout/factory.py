@@ -89,11 +89,8 @@ class EngineConfig:
             raise ValueError(f"server_weight_transport: {self.server_weight_transport!r} is not one of {WEIGHT_TRANSPORTS}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization: must lie in (0, 1], got {self.gpu_memory_utilization}")
-        self._check_vllm_kwargs(self.backend)
-
-    def _check_vllm_kwargs(self, backend: str) -> None:
-        """A mapping of ``vllm.LLM`` keywords, none that the engine sets, only for vLLM (``backend``: as resolved)."""
-        problem = vllm_kwargs_problem(self.vllm_kwargs, backend, VLLM_KWARG_FIELDS, by="build_engine",
+        # a mapping of vllm.LLM keywords, none that the engine sets, only for vLLM (auto: build_engine, once resolved)
+        problem = vllm_kwargs_problem(self.vllm_kwargs, self.backend, VLLM_KWARG_FIELDS, by="build_engine",
                                       backend_flag="backend")
         if problem is not None:
             raise ValueError(f"vllm_kwargs: {problem}")
@@ -107,10 +104,22 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
+def vllm_kwargs_dropped(vllm_kwargs, backend: str, backend_flag: str) -> str | None:
+    """What to say of ``vllm_kwargs`` given with ``backend`` auto where vLLM does not import (auto runs transformers,
+    which would drop them in silence), naming ``backend_flag``; None otherwise. Said by the trainer
+    (``RolloutConfig.check_vllm_installed``), the eval (``run_eval``, before any work) and ``build_engine``."""
+    if vllm_kwargs and backend == "auto" and resolve_backend(backend) == "hf":
+        return (f"only for a vLLM engine, and {backend_flag}=auto runs transformers here (vLLM does not import): "
+                "install vLLM or leave them out")
+    return None
+
+
 def build_engine(config: EngineConfig) -> RolloutEngine:
     """Start the configured backend (raises EngineStartError if it cannot)."""
+    dropped = vllm_kwargs_dropped(config.vllm_kwargs, config.backend, "backend")
+    if dropped is not None:
+        raise ValueError(f"vllm_kwargs: {dropped}")
     backend = resolve_backend(config.backend)
-    config._check_vllm_kwargs(backend)   # auto without vLLM: the kwargs would be dropped in silence
     if backend == "vllm_server":
         from .server_engine import VLLMServerEngine
         # every HTTP request and the wait for the server are bounded, even without an engine timeout

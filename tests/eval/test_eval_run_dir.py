@@ -230,6 +230,6 @@ def test_vllm_kwargs_for_an_auto_backend_without_vllm_is_one_line_before_any_wor
                                  engine_kwargs={"vllm_kwargs": {"max_num_seqs": 3}})
     with pytest.raises(UserError) as err:
         run_eval(config)
-    assert err.value.line == ("--engine_kwargs: vllm_kwargs: only for a vLLM engine, and --backend auto runs "
+    assert err.value.line == ("--engine_kwargs: vllm_kwargs: only for a vLLM engine, and --backend=auto runs "
                               "transformers here (vLLM does not import): install vLLM or leave them out")
     assert not (tmp_path / "run").exists()

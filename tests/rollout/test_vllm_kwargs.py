@@ -93,7 +93,8 @@ def test_engine_config_refuses_what_the_engine_sets_and_a_backend_without_vllm(m
         EngineConfig(model_dir="m", backend="hf", vllm_kwargs={"max_num_seqs": 3})
     import phf_megatron.rollout.vllm_engine as vllm_engine
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)    # auto -> hf: not dropped in silence
-    with pytest.raises(ValueError, match=r"not to backend=hf$"):
+    with pytest.raises(ValueError, match=r"^vllm_kwargs: only for a vLLM engine, and backend=auto runs transformers "
+                                         r"here \(vLLM does not import\): install vLLM or leave them out$"):
         build_engine(EngineConfig(model_dir=tiny_dir, vllm_kwargs={"max_num_seqs": 3}))
 
 
