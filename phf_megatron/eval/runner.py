@@ -17,18 +17,17 @@ import multiprocessing as mp
 import os
 import time
 
-from phf_megatron.rollout import EngineConfig, RolloutEngine, SamplingParams, build_engine, resolve_backend
+from phf_megatron.rollout import EngineConfig, SamplingParams, resolve_backend
 from phf_megatron.rollout.factory import vllm_kwargs_dropped
-from phf_megatron.rollout.errors import RolloutEngineError
-from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
-from ..errors import ConfigError, InputFileError, RunStopped
+from ..errors import ConfigError, InputFileError
 from ..input_files import missing_dir, read_json
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
+from .engine_start import start_engine
 from .models import (
     MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, model_digest,
     resolve_model_dir,
@@ -229,9 +228,8 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     tok = load_qwen3_tokenizer(model_dir)
     engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
     max_model_len = config.engine_max_model_len(model_context_limit(model_dir))
-    engine = start_engine(config, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
-                                               seed=config.seed, max_model_len=max_model_len, for_eval=True,
-                                               **engine_kwargs))
+    engine = start_engine(config.out_dir, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
+                                                       seed=config.seed, max_model_len=max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(done + len(items), done=done, enabled=show_progress)
     try:
@@ -256,22 +254,6 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     finally:
         bar.close()
         engine.close()
-
-
-def start_engine(config: EvalConfig, engine_config: EngineConfig) -> RolloutEngine:
-    """``build_engine``, its failures told as the trainer's are (``training/engine_start.py``): a
-    ``--engine_kwargs`` vLLM keyword vLLM refused is one line naming the flag; the engine's own failure (no memory,
-    its process died) one line, the samples written so far kept; any other error (a bug) keeps its traceback."""
-    try:
-        return build_engine(engine_config)
-    except Exception as err:
-        said = refused_keyword(err, engine_config.vllm_kwargs)
-        if said is not None:
-            raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
-        if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
-            raise RunStopped(f"the engine did not start: {one_line(err)}; the samples written before are kept in "
-                             f"{config.out_dir}; rerun the same command to resume") from err
-        raise
 
 
 def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, require_boxed: bool) -> dict:

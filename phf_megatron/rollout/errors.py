@@ -2,6 +2,7 @@
 
     RolloutEngineError                  base; the trainer saves a checkpoint and exits on it
     ├── EngineStartError                the engine could not start (bad model dir, no memory, ...)
+    │   └── VLLMStartError              ``vllm.LLM(...)`` failed (its error: the cause)
     ├── GenerationTimeoutError          a generate() call ran past its timeout (engine now unusable)
     ├── EngineUnusableError             a call after a timeout, a failed sync or close()
     ├── EngineDiedError                 the engine's process exited (killed, crashed): unusable
@@ -21,6 +22,18 @@ class RolloutEngineError(RuntimeError):
 
 class EngineStartError(RolloutEngineError):
     """The engine failed to start; the message names the backend and the model directory."""
+
+
+class VLLMStartError(EngineStartError):
+    """``vllm.LLM(...)`` raised (its error is the cause); the message is the trainer's (``gpu_memory.
+    explain_start_failure``). ``free_bytes`` (the device memory free when it started, None off a GPU) and ``process``
+    (its spawned engine process that died, described; "" when none) let a caller say it in its own flags (the
+    eval: ``eval.engine_start``)."""
+
+    def __init__(self, message: str, *, free_bytes: int | None = None, process: str = ""):
+        super().__init__(message)
+        self.free_bytes = free_bytes
+        self.process = process
 
 
 class GenerationTimeoutError(RolloutEngineError):

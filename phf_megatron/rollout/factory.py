@@ -66,8 +66,6 @@ class EngineConfig:
     ``processed_logprobs``; GRPO's importance-sampling correction). Scoring (``score``) stays raw.
     vllm_server: the server's own flag, ``--logprobs-mode processed_logprobs``
     (``server_process.server_command(logprobs_mode=...)``); the client cannot change it."""
-    for_eval: bool = False
-    """the evaluator's engine: a vLLM start failure names its flags, not the trainer's (``gpu_memory``)."""
     vllm_kwargs: dict = field(default_factory=dict)
     """extra keyword arguments for ``vllm.LLM`` (backend vllm; auto when vLLM imports), none that a field
     above sets (``choices.ENGINE_SET_VLLM_KWARGS``)."""
@@ -136,7 +134,7 @@ def build_engine(config: EngineConfig) -> RolloutEngine:
                           gpu_memory_utilization=config.gpu_memory_utilization,
                           kv_cache_bytes=config.kv_cache_bytes, enable_sleep_mode=config.enable_sleep_mode,
                           bucket_bytes=config.bucket_bytes, timeout_s=config.timeout_s,
-                          separate_process=config.separate_process, for_eval=config.for_eval,
+                          separate_process=config.separate_process,
                           **{"enforce_eager": config.enforce_eager, **config.vllm_kwargs,
                              **({"logprobs_mode": "processed_logprobs"} if config.logprobs_mode == "processed" else {})})
     from .hf_engine import HFEngine

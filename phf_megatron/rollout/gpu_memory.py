@@ -45,18 +45,15 @@ def release_cached_memory() -> int | None:
 
 
 def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utilization: float,
-                          free_bytes: int | None, for_eval: bool = False) -> str:
+                          free_bytes: int | None) -> str:
     """The message of the ``EngineStartError`` raised when ``vllm.LLM(...)`` fails.
 
     For vLLM's free-memory refusal it names ``rollout.gpu_memory_utilization`` and what else
     holds memory on the GPU at that point, and so for a KV cache too small for one request (on a GPU:
-    on CPU the cache is ``kv_cache_bytes``, no setting); otherwise it is vLLM's own error, prefixed.
-    ``for_eval``: the evaluator's engine, alone on its GPU, whose flags are --engine_kwargs and --max_model_len
-    (``eval_start_failure``: the trainer's flags and memory are not the eval's).
+    on CPU the cache is ``kv_cache_bytes``, no setting); otherwise it is vLLM's own error, prefixed. The trainer's
+    words: the eval says it in its own flags (``eval.engine_start``).
     """
     text = f"{type(exc).__name__}: {exc}"
-    if for_eval:
-        return eval_start_failure(text, model_dir, gpu_memory_utilization, free_bytes)
     free = f"{free_bytes / 2**30:.1f} GiB free after releasing the trainer's cache" if free_bytes is not None else ""
     fit = ("Lower rollout.gpu_memory_utilization (it sizes vLLM's weights + KV cache), or free training memory "
            "(model.recompute_granularity=full, a smaller training.micro_batch_size, more model parallelism).")
@@ -77,18 +74,3 @@ def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utiliza
                 f"{why}. vLLM said: {text}")
     return f"vLLM could not start on {model_dir!r}: {text}"
 
-
-def eval_start_failure(text: str, model_dir: str, gpu_memory_utilization: float, free_bytes: int | None) -> str:
-    """``explain_start_failure`` for the evaluator: its flags, and no trainer beside it on the GPU."""
-    flag = f"--engine_kwargs gpu_memory_utilization ({gpu_memory_utilization:g} x the GPU's memory"
-    free = f"; {free_bytes / 2**30:.1f} GiB free)" if free_bytes is not None else ")"
-    if VLLM_FREE_MEMORY_MESSAGE in text:
-        return (f"{flag}{free} is more than is free when vLLM starts (another process holds part of the GPU): lower "
-                f"it, or free the GPU. vLLM said: {text}")
-    if free_bytes is not None and any(m in text for m in VLLM_KV_CACHE_MESSAGES):
-        return (f"{flag}{free} leaves too little KV cache beside the weights for one request of the engine's "
-                f"context: raise it, or lower --max_model_len. vLLM said: {text}")
-    if VLLM_SPAWNED_START_FAILURE in text:
-        return (f"vLLM's engine process could not start on {model_dir!r}: its own error is in the log above. "
-                f"vLLM said: {text}")
-    return f"vLLM could not start on {model_dir!r}: {text}"

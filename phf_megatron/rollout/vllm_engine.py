@@ -63,7 +63,7 @@ import torch
 from ..runtime.children import Reaper, exit_code
 from ..startup import started_quiet
 from .engine import RolloutEngine
-from .errors import EngineDiedError, EngineStartError
+from .errors import EngineDiedError, VLLMStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_environ import engine_start_environ, scoped_environ
@@ -176,7 +176,7 @@ class VLLMEngine(RolloutEngine):
                  gpu_memory_utilization: float = 0.5, kv_cache_bytes: int | None = None,
                  enable_sleep_mode: bool = False, enforce_eager: bool | None = None,
                  bucket_bytes: int = 1 << 30, timeout_s: float | None = None, separate_process: bool = False,
-                 for_eval: bool = False, **llm_kwargs):
+                 **llm_kwargs):
         on_gpu = torch.cuda.is_available()
         self.in_process = tensor_parallel_size == 1 and not separate_process and not _inside_multi_rank_group()
         self.timed_loads = not self.in_process   # a spawned engine may hang in a weight push: given up on
@@ -214,8 +214,9 @@ class VLLMEngine(RolloutEngine):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
-            raise EngineStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before, for_eval)
-                                   + (f" (engine process: {died})" if died else "")) from exc
+            raise VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)
+                                 + (f" (engine process: {died})" if died else ""), free_bytes=free_before,
+                                 process=died) from exc
         finally:
             # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
             # TF32 off for the trainer too); the trainer keeps its own

@@ -1,4 +1,4 @@
-"""The eval's engine start, as a user meets its failures (``eval.runner.start_engine``,
+"""The eval's engine start, as a user meets its failures (``eval.engine_start.start_engine``,
 ``check_max_model_len``), told as the trainer's are (``training/engine_start.py``):
 * ``--max_model_len`` above the model's ``max_position_embeddings``: one line naming the flag and the file,
   before an engine starts (was vLLM's ValidationError traceback from the engine);
@@ -75,3 +75,30 @@ def test_an_engine_short_of_gpu_memory_names_the_evals_flags_not_the_trainers(tm
                            "20.0 GiB free) leaves too little KV cache beside the weights for one request of the "
                            "engine's context: raise it, or lower --max_model_len. vLLM said: ") and "\n" not in text
     assert "rollout." not in text and "trainer" not in text
+
+
+def test_the_evals_free_memory_refusal_names_its_own_flag():
+    """The evaluator's engine owns its GPU: vLLM's free-memory refusal names --engine_kwargs' gpu_memory_utilization,
+    not the trainer's rollout.gpu_memory_utilization and its model and optimizer (``gpu_memory.explain_start_failure``,
+    the message the engine raised)."""
+    pytest.importorskip("vllm")
+    from vllm.config import CacheConfig
+    from vllm.utils.mem_utils import MemorySnapshot
+    from vllm.v1.worker.utils import request_memory
+
+    from phf_megatron.eval.engine_start import vllm_start_failure
+    from phf_megatron.rollout import EngineConfig
+    from phf_megatron.rollout.errors import VLLMStartError
+    from phf_megatron.rollout.gpu_memory import explain_start_failure
+
+    snap = MemorySnapshot(device="cpu", auto_measure=False, free_memory=20 << 30, total_memory=80 << 30)
+    with pytest.raises(ValueError) as info:
+        request_memory(snap, CacheConfig(gpu_memory_utilization=0.4))
+    try:
+        raise VLLMStartError(explain_start_failure(info.value, "/m", 0.4, 20 << 30), free_bytes=20 << 30) from info.value
+    except VLLMStartError as err:
+        assert str(err).startswith("rollout.gpu_memory_utilization: ")   # the trainer's
+        msg = vllm_start_failure(err, EngineConfig(model_dir="/m", backend="vllm", gpu_memory_utilization=0.4))
+    assert msg == (f"--engine_kwargs gpu_memory_utilization (0.4 x the GPU's memory; 20.0 GiB free) is more than is "
+                   f"free when vLLM starts (another process holds part of the GPU): lower it, or free the GPU. vLLM "
+                   f"said: ValueError: {info.value}")

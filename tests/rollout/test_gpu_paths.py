@@ -376,20 +376,3 @@ def test_rank0_status_broadcasts_outlast_the_default_groups_timeout(tmp_path):
     mp.spawn(_control_group_rank, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     assert results[1] == ("engine up", False) and results[0][0] == "engine up"
-
-
-def test_the_evals_free_memory_refusal_names_its_own_flag():
-    """The evaluator's engine (``for_eval``) owns its GPU: vLLM's free-memory refusal names --engine_kwargs'
-    gpu_memory_utilization, not the trainer's rollout.gpu_memory_utilization and its model and optimizer."""
-    pytest.importorskip("vllm")
-    from vllm.config import CacheConfig
-    from vllm.utils.mem_utils import MemorySnapshot
-    from vllm.v1.worker.utils import request_memory
-
-    snap = MemorySnapshot(device="cpu", auto_measure=False, free_memory=20 << 30, total_memory=80 << 30)
-    with pytest.raises(ValueError) as info:
-        request_memory(snap, CacheConfig(gpu_memory_utilization=0.4))
-    msg = explain_start_failure(info.value, "/m", 0.4, 20 << 30, for_eval=True)
-    assert msg == (f"--engine_kwargs gpu_memory_utilization (0.4 x the GPU's memory; 20.0 GiB free) is more than is "
-                   f"free when vLLM starts (another process holds part of the GPU): lower it, or free the GPU. vLLM "
-                   f"said: ValueError: {info.value}")

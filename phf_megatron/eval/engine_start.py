@@ -1,0 +1,50 @@
+"""The eval's engine start, its failures told as the trainer's are (``training/engine_start.py``), in the eval's
+flags: a ``--engine_kwargs`` vLLM keyword vLLM refused is one line naming the flag (exit code 2); the engine's own
+failure (no memory, its process died) one line, the samples written so far kept (exit code 1); any other error (a
+bug) keeps its traceback. The eval's engine is alone on its GPU, and its flags are ``--engine_kwargs
+gpu_memory_utilization`` and ``--max_model_len``: vLLM's refusals for want of memory are said in them here
+(``gpu_memory.explain_start_failure`` says the trainer's, with its model and optimizer on the GPU)."""
+
+from __future__ import annotations
+
+from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
+from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
+from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
+from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
+
+from ..errors import ConfigError, RunStopped
+
+
+def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
+    """``build_engine``, its failures one line (see the module docstring); ``out_dir`` keeps the samples written."""
+    try:
+        return build_engine(engine_config)
+    except Exception as err:
+        said = refused_keyword(err, engine_config.vllm_kwargs)
+        if said is not None:
+            raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
+        if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
+            why = vllm_start_failure(err, engine_config) if isinstance(err, VLLMStartError) else one_line(err)
+            raise RunStopped(f"the engine did not start: {why}; the samples written before are kept in {out_dir}; "
+                             "rerun the same command to resume") from err
+        raise
+
+
+def vllm_start_failure(err: VLLMStartError, engine_config: EngineConfig) -> str:
+    """``vllm.LLM(...)``'s failure (``err.__cause__``) in the eval's flags, with no trainer beside it on the GPU."""
+    text = f"{type(err.__cause__).__name__}: {err.__cause__}"
+    model_dir, free_bytes = engine_config.model_dir, err.free_bytes
+    flag = f"--engine_kwargs gpu_memory_utilization ({engine_config.gpu_memory_utilization:g} x the GPU's memory"
+    free = f"; {free_bytes / 2**30:.1f} GiB free)" if free_bytes is not None else ")"
+    if VLLM_FREE_MEMORY_MESSAGE in text:
+        said = (f"{flag}{free} is more than is free when vLLM starts (another process holds part of the GPU): lower "
+                f"it, or free the GPU. vLLM said: {text}")
+    elif free_bytes is not None and any(m in text for m in VLLM_KV_CACHE_MESSAGES):
+        said = (f"{flag}{free} leaves too little KV cache beside the weights for one request of the engine's "
+                f"context: raise it, or lower --max_model_len. vLLM said: {text}")
+    elif VLLM_SPAWNED_START_FAILURE in text:
+        said = (f"vLLM's engine process could not start on {model_dir!r}: its own error is in the log above. "
+                f"vLLM said: {text}")
+    else:
+        said = f"vLLM could not start on {model_dir!r}: {text}"
+    return one_line(said + (f" (engine process: {err.process})" if err.process else ""))
