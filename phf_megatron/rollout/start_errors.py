@@ -3,13 +3,19 @@ an engine did not start: the trainer's ``training/engine_start.py`` and the eval
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import sys
+import typing
 
 from ..errors import error_chain
 from .gpu_memory import VLLM_KV_CACHE_MESSAGES
 
 #: vLLM's own ``TypeError`` for a keyword ``vllm.LLM`` does not take (0.24-0.33: ``EngineArgs.__init__()``).
 _UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
+#: The types a keyword's declared type (``vllm.engine.arg_utils.EngineArgs``) may be a union of for
+#: ``mistyped_keyword`` to check a value against it; vLLM converts richer ones (an enum, a config) its own way.
+_SCALARS = {int, float, bool, str, type(None)}
 #: an error the engine raised that says a bug, not the machine: its traceback stays.
 BUGS = (TypeError, AttributeError, NameError, LookupError, AssertionError, NotImplementedError, ImportError)
 
@@ -39,4 +45,31 @@ def refused_keyword(err: BaseException, vllm_kwargs: dict) -> str | None:
     key = next((k for k in vllm_kwargs if re.search(rf"\b{re.escape(k)}\b", str(root))), None)
     if key is not None:
         return f"{key}: {vllm_kwargs[key]!r}: vLLM refused it: {type(root).__name__}: {one_line(root)}"
+    # a value of another type ({max_num_seqs: abc}) fails where vLLM first uses it ("'<' not supported between
+    # instances of 'int' and 'str'"), naming no keyword
+    return mistyped_keyword(vllm_kwargs) if isinstance(root, (TypeError, ValueError, AttributeError)) else None
+
+
+def mistyped_keyword(vllm_kwargs: dict) -> str | None:
+    """The first keyword whose value is not of the type ``EngineArgs`` declares for it (a union of int, float, bool,
+    str and None: others are not checked), said as vLLM's other refusals are; None when none is (or without vLLM)."""
+    try:
+        import pydantic
+        from vllm.engine import arg_utils
+    except ImportError:
+        return None
+    declared = {f.name: f.type for f in dataclasses.fields(arg_utils.EngineArgs)}
+    for key, value in vllm_kwargs.items():
+        hint = declared.get(key)
+        if isinstance(hint, str):   # a postponed annotation
+            try:
+                hint = eval(hint, vars(sys.modules[arg_utils.EngineArgs.__module__]))   # noqa: S307 - vLLM's own
+            except Exception:   # noqa: BLE001 - a name its module does not hold: not checked
+                continue
+        if hint is None or not set(typing.get_args(hint) or (hint,)) <= _SCALARS:
+            continue
+        try:
+            pydantic.TypeAdapter(hint).validate_python(value)
+        except pydantic.ValidationError as err:
+            return f"{key}: {value!r}: vLLM refused it: {one_line(err.errors()[0]['msg'])}"
     return None

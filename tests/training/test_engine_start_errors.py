@@ -78,10 +78,16 @@ LINE = "error: --rollout.vllm_kwargs: max_num_seqs: -1: vLLM refused it: Input s
 
 
 @pytest.mark.vllm
-def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tiny_inputs, tmp_path):
+@pytest.mark.parametrize("argv, line", [
+    (VLLM, LINE),
+    # a value of another type: vLLM's TypeError names no keyword (was its traceback, exit code 1)
+    (("--rollout.backend=vllm", "--rollout.vllm_kwargs={max_num_seqs: abc}"), "error: --rollout.vllm_kwargs: "
+     "max_num_seqs: 'abc': vLLM refused it: Input should be a valid integer, unable to parse string as an integer"),
+])
+def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tiny_inputs, tmp_path, argv, line):
     pytest.importorskip("vllm")
-    proc = train(*tiny_inputs, str(tmp_path / "run"), *VLLM, timeout=300)
-    assert (proc.returncode, proc.stderr.splitlines()) == (2, [LINE]), proc.stderr[-4000:]
+    proc = train(*tiny_inputs, str(tmp_path / "run"), *argv, timeout=300)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-4000:]
 
 
 @pytest.mark.vllm
