@@ -38,6 +38,12 @@ ABLATIONS: dict[str, dict[str, object]] = {
 }
 
 
+def written_model_format(lora: bool) -> str:
+    """The one format the trainer saves the trainable weights in (``Trainer._parts``): the LoRA adapters per
+    model-parallel rank, a full fine-tuning's model as a dist checkpoint (``checkpoint.model_format`` names no other)."""
+    return "per_rank" if lora else "torch_dist"
+
+
 @dataclass
 class TrainConfig:
     """One PHF training run."""
@@ -103,7 +109,7 @@ class TrainConfig:
             if self.ablation == "selected_layers" and self.objective.flow_layers is None:
                 raise fail("objective.flow_layers", "--ablation=selected_layers needs the layer subset, "
                            "e.g. --objective.flow_layers=6,7,20,21")
-        written = "per_rank" if self.lora.enabled else "torch_dist"   # what Trainer._parts saves
+        written = written_model_format(self.lora.enabled)
         if self.checkpoint.model_format not in ("auto", written):
             raise fail("checkpoint.model_format", f"{self.checkpoint.model_format}: the trainer saves "
                        f"{'LoRA adapters' if self.lora.enabled else 'the full model'} as {written} only; leave it at auto")
@@ -197,7 +203,7 @@ class TrainConfig:
         """The resolved checkpoint format of the trainable weights."""
         if self.checkpoint.model_format != "auto":
             return self.checkpoint.model_format
-        return "per_rank" if self.lora.enabled else "torch_dist"
+        return written_model_format(self.lora.enabled)
 
     @property
     def prompts_per_step(self) -> int:

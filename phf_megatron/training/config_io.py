@@ -25,7 +25,7 @@ from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - re
 from ..errors import ConfigError, InputFileError, UsageError
 from ..input_files import RUN_CONFIG_FILE, below, load_yaml
 from ..output_files import write_text
-from .config import ABLATIONS, TrainConfig
+from .config import ABLATIONS, LoraConfig, TrainConfig, written_model_format
 
 #: Settings that may differ between a checkpoint and the run resuming from it: budgets, paths,
 #: logging, and the parallel layout (checkpoint.py checks layouts per part). Everything else
@@ -154,10 +154,12 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 
 def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfig:
     """Defaults < YAML file < ``--ablation`` < command-line overrides; a run's own ``config.yaml`` whose run
-    directory is elsewhere now, with its paths there (``moved_run_paths``)."""
+    directory is elsewhere now, with its paths there (``moved_run_paths``), and with the format its trainer
+    ignored read as auto (``unhonoured_format``)."""
     values: dict[str, Any] = read_yaml(path) if path else {}
     overrides = parse_overrides(argv)
-    values.update(moved_run_paths(path, values, overrides) if path else {})
+    values.update({**moved_run_paths(path, values, overrides), **unhonoured_format(path, values, overrides)}
+                  if path else {})
     ablation = overrides.get("ablation", values.get("ablation"))
     if ablation not in (None, "none", "null") and ablation not in ABLATIONS:
         raise ConfigError("ablation", f"{ablation!r} is not one of {tuple(ABLATIONS)}")
@@ -182,6 +184,22 @@ def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]
     return {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
             if key not in overrides and isinstance(values.get(key), str)
             and (inside := below(values[key], old)) is not None}
+
+
+def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
+    """``{"checkpoint.model_format": "auto"}`` for a run's own ``config.yaml`` that records a format its trainer
+    never wrote (one saved before 509d1c6: a LoRA run with torch_dist, as an older layout error told users to set,
+    or a full fine-tuning with per_rank): the trainer ignored it and wrote ``written_model_format``, so the run's
+    resume, export and conversion read it as auto. ``{}`` otherwise: a preset's value, or the flag, is refused."""
+    key, saved = "checkpoint.model_format", values.get("checkpoint.model_format")
+    if os.path.basename(path) != RUN_CONFIG_FILE or key in overrides or saved in (None, "auto"):
+        return {}
+    try:
+        lora = coerce(overrides.get("lora.enabled", values.get("lora.enabled", LoraConfig.enabled)),
+                      SETTINGS.types["lora.enabled"], "lora.enabled")
+    except ConfigError:   # the build names it
+        return {}
+    return {} if saved == written_model_format(lora) else {key: "auto"}
 
 
 def moved_run_note(path: str | None, argv: Sequence[str]) -> str | None:

@@ -314,7 +314,8 @@ class CheckpointConfig:
     model_format: str = "auto"
     """torch_dist (Megatron dist-checkpointing, reshardable) | per_rank (torch.save of each rank's
     trainable tensors, same layout to resume) | auto (per_rank with LoRA, torch_dist otherwise: the
-    only formats the trainer writes, the other is refused)."""
+    only formats the trainer writes, the other is refused; recorded in a run's config.yaml by an older
+    trainer, which ignored it, it reads as auto)."""
     no_load_optim: bool = False
     """Do not restore the optimizer state on resume (Megatron's --no-load-optim)."""
     no_load_rng: bool = False

@@ -142,10 +142,14 @@ class RunCheckpoint:
 
 
 def _run_config(candidates: list[str], where: str) -> tuple[TrainConfig, str]:
-    """The run's config and the file it was read from: the first of ``candidates`` there is."""
+    """The run's config and the file it was read from: the first of ``candidates`` there is. A setting it refuses
+    is the file's (``mcore_to_hf`` and the eval have no such flag)."""
     for path in candidates:
         if os.path.isfile(path):
-            return load_config(path), path
+            try:
+                return load_config(path), path
+            except ConfigError as err:
+                raise InputFileError(path, f"{err.key}: {err.detail}") from None
     raise FileNotFoundError(f"{where}: no {RUN_CONFIG_FILE} of the training run found (looked at "
                             f"{', '.join(candidates)}); give it with --run_config")
 
