@@ -303,12 +303,14 @@ def _check_compatible(meta: dict, parts: dict[str, Part], layout: RankLayout, pa
     for name, part in parts.items():
         if name not in saved_parts:
             raise InputFileError(path, f"has no part {name!r} (it holds {sorted(saved_parts)})")
-        if saved_parts[name] != part.scope.value:
+        if saved_parts[name] != part.scope.value:   # only the optimizer's has a setting (the others: one scope)
+            why = (f": resume with --optimizer.use_distributed_optimizer={str(saved_parts[name] == 'rank').lower()} "
+                   "(the checkpoint's), or skip it (--checkpoint.no_load_optim)" if name == "optimizer" else "")
             raise InputFileError(path, f"part {name!r} was saved with scope {saved_parts[name]!r}, "
-                                       f"the run asks for {part.scope.value!r} (checkpoint.model_format or optimizer.use_distributed_optimizer changed?)")
+                                       f"the run asks for {part.scope.value!r}{why}")
         saved, now = meta["layout"], layout.sizes()
         diffs = [f"{k} {saved[k]} -> {now[k]}" for k in SCOPE_LAYOUT_KEYS[part.scope] if saved[k] != now[k]]
-        if diffs:   # LoRA adapters and the teacher have no other format (checkpoint.model_format): no way round
+        if diffs:   # LoRA adapters and the teacher have no other format: no way round
             skip = {"rng": ", or skip it (--checkpoint.no_load_rng)",
                     "optimizer": ", or skip it (--checkpoint.no_load_optim)"}
             raise InputFileError(

@@ -234,8 +234,14 @@ def test_bad_requests_raise_clear_errors(tmp_path):
     ckpt.save_checkpoint(str(tmp_path), 1, run.parts(), RankLayout())
     with pytest.raises(ValueError, match="has no part 'teacher'"):
         ckpt.load_checkpoint(str(tmp_path), {"teacher": tensors_part({})}, RankLayout())
-    with pytest.raises(ValueError, match="saved with scope 'global'"):
+    with pytest.raises(InputFileError) as err:   # no setting changes it: no hint (it named checkpoint.model_format)
         ckpt.load_checkpoint(str(tmp_path), {"data": stateful_part(run.sampler, Scope.RANK)}, RankLayout())
+    assert err.value.detail == "part 'data' was saved with scope 'global', the run asks for 'rank'"
+    with pytest.raises(InputFileError) as err:   # the optimizer's: optimizer.use_distributed_optimizer, as saved
+        ckpt.load_checkpoint(str(tmp_path), {"optimizer": stateful_part(run.opt, Scope.RANK)}, RankLayout())
+    assert err.value.detail == ("part 'optimizer' was saved with scope 'model_parallel', the run asks for 'rank': "
+                                "resume with --optimizer.use_distributed_optimizer=false (the checkpoint's), or skip "
+                                "it (--checkpoint.no_load_optim)")
     other = ToyRun(seed=0)
     other.model[0] = torch.nn.Linear(DIM, 8)
     with pytest.raises(InputFileError, match=r"iter_0000001/model_parallel_tp00_pp000.pt: part 'model' does not fit this "

@@ -77,8 +77,8 @@ def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tm
         assert entries and all(e["exp_avg_sq"].abs().sum() > 0 for e in entries if e["exp_avg_sq"].numel())
     for flags, message in (
             (("--optimizer.use_distributed_optimizer=false",),
-             "part 'optimizer' was saved with scope 'rank', the run asks for 'model_parallel' (checkpoint.model_format "
-             "or optimizer.use_distributed_optimizer changed?)"),
+             "part 'optimizer' was saved with scope 'rank', the run asks for 'model_parallel': resume with "
+             "--optimizer.use_distributed_optimizer=true (the checkpoint's), or skip it (--checkpoint.no_load_optim)"),
             (("--lr=2e-3", "--checkpoint.strict_config=false"),  # past the settings check: the schedule's own
              "the learning-rate schedule differs from the checkpoint's (optimizer.* settings, training.global_batch_size, "
              "rollout.n, or the dataset's row count): max_lr: checkpoint 0.001, now 0.002")):
