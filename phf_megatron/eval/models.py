@@ -33,12 +33,21 @@ from phf_megatron.tokenizer import has_tokenizer_files, load_qwen3_tokenizer
 MARKER = "phf_source.json"
 
 
-def check_hf_dir(path: str, what: str = "model") -> str:
-    """``path`` is a HF model directory; else one line naming ``--model``, the flag that gave it."""
+def check_hf_config(path: str, what: str = "model") -> None:
+    """``path`` is a directory with a ``config.json`` that is a JSON object; else one line naming ``--model``, the
+    flag that gave it (or the damaged file). What ``model_context_limit`` reads: checked before a resume's planned
+    fingerprint reads it (the eval's, paper_table's), as before a merge."""
     if why := missing_dir(path):
         raise ConfigError("model", why)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError("model", f"{path} has no config.json (not a HF {what} directory)")
+    if not isinstance(read_json(os.path.join(path, "config.json")), dict):
+        raise InputFileError(os.path.join(path, "config.json"), "expected a JSON object")
+
+
+def check_hf_dir(path: str, what: str = "model") -> str:
+    """``path`` is a HF model directory; else one line naming ``--model``, the flag that gave it."""
+    check_hf_config(path, what)
     check_hf_model_dir(path, weights=True)  # a damaged or missing file is named before an engine loads it
     return path
 

@@ -30,8 +30,8 @@ from .benchmarks import Problem, load_benchmark_source
 from .config import EvalConfig, sample_seed
 from .engine_start import start_engine, worker_failure, workers_failed
 from .models import (
-    MARKER, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit, model_digest,
-    resolve_model_dir,
+    MARKER, check_hf_config, converted_checkpoint, merge_inputs, merged_inputs, merged_model_dir, model_context_limit,
+    model_digest, resolve_model_dir,
 )
 from .progress import ShardProgress, SampleProgress
 from .prompts import eval_prompt_ids
@@ -142,6 +142,7 @@ def planned_fingerprint(config: EvalConfig) -> tuple[dict, int | None]:
     is merged: with an adapter, what the merge will be made from (``merge_inputs``: cheap; the merged model's marker
     holds the same). Not for a ``megatron_checkpoint``, whose iteration is known once converted."""
     model_dir = merged_model_dir(config.out_dir) if config.adapter else config.model
+    check_hf_config(config.model, "base model" if config.adapter else "model")   # the eval's line, not a traceback
     limit = model_context_limit(config.model)   # a merged model's: its base's config
     fingerprint = config.generation_fingerprint(model_dir, resolve_backend(config.backend), limit)
     if config.adapter and not missing_dir(config.adapter):   # (a row's adapter not trained yet: its eval checks)
@@ -357,9 +358,8 @@ def run_eval(config: EvalConfig) -> Summary:
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     done, _ = load_records(config.out_dir)
     planned = None   # with samples to resume and an adapter: checked before a merge of minutes that would replace
-    if done and config.adapter and not (missing_dir(config.adapter) or missing_dir(config.model)) and os.path.isfile(
-            os.path.join(config.model, "config.json")):   # the kept one (else not a model: merge_adapter names --model)
-        planned, planned_limit = planned_fingerprint(config)                                   # (its samples' model)
+    if done and config.adapter and not missing_dir(config.adapter):   # the kept one (its samples' model); a --model
+        planned, planned_limit = planned_fingerprint(config)   # that is no model's: merge_adapter's line, said here
         if diff := resume_differences(config.out_dir, planned, planned_limit):
             raise other_settings(config.out_dir, diff)
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written
