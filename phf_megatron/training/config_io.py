@@ -169,14 +169,21 @@ def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfi
     return build_config(values)
 
 
+#: The top-level settings a run's own ``config.yaml`` holds, every one (``save_run_config`` writes them all, and has
+#: since its paths are absolute, 0af23ce): a preset, even one named config.yaml with an absolute run_dir, lists fewer.
+RUN_CONFIG_KEYS = ("run_dir", "method", "ablation", "model", "lora", "teacher", "rollout", "data", "optimizer",
+                   "training", "objective", "sft", "grpo", "checkpoint", "logging")
+
+
 def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
     """``{key: path}``: a run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from
     that run_dir (the run directory moved or copied with it) or given with another ``--run_dir``: the run is there,
     the file's directory or the one given, and each path setting recorded in the old run_dir follows it (as
     ``input_files.saved_path`` reads a moved run's ``checkpoint.save``): nothing is written into the old run_dir.
-    ``{}`` for a preset, a run's config in its place, and the settings given as flags."""
+    ``{}`` for a preset (not all ``RUN_CONFIG_KEYS``), a run's config in its place, the settings given as flags."""
     old = values.get("run_dir")
-    if os.path.basename(path) != RUN_CONFIG_FILE or not (isinstance(old, str) and os.path.isabs(old)):
+    if (os.path.basename(path) != RUN_CONFIG_FILE or not (isinstance(old, str) and os.path.isabs(old))
+            or not set(RUN_CONFIG_KEYS) <= {k.split(".")[0] for k in values}):   # a preset: its run_dir as written
         return {}
     new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
     if os.path.realpath(new) == os.path.realpath(old):

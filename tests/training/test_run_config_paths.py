@@ -158,3 +158,20 @@ def test_a_runs_config_yaml_given_from_where_the_run_moved_is_that_run_not_the_o
                    f"there are read in {moved} (give --run_dir for another run directory)\n")
     assert train(["--config", os.path.join(REPO, "configs", "tiny_cpu.yaml"), "--print-config"]) == 0
     assert capsys.readouterr().err == ""   # a preset: no note
+
+
+def test_a_preset_named_config_yaml_keeps_its_run_dir(tmp_path, capsys):
+    """A hand-written preset that happens to be named config.yaml, with an absolute run_dir elsewhere, was taken for
+    a moved run's own config.yaml: the run (its checkpoints) went into the preset's directory, said only by a note.
+    A run's own config.yaml holds every top-level setting (save_run_config); the preset's values are kept."""
+    from phf_megatron.train import train
+    from phf_megatron.training.config_io import load_config
+
+    run = str(tmp_path / "runs" / "exp1")
+    preset = tmp_path / "presets" / "config.yaml"
+    preset.parent.mkdir()
+    preset.write_text(f"run_dir: {run}\ncheckpoint:\n  save: {run}/checkpoints\n")
+    cfg = load_config(str(preset))
+    assert (cfg.run_dir, cfg.checkpoint.save) == (run, f"{run}/checkpoints")
+    assert train(["--config", str(preset), "--print-config"]) == 0
+    assert capsys.readouterr().err == ""   # no note
