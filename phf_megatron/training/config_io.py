@@ -169,6 +169,8 @@ def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfi
     return build_config(values)
 
 
+#: The ``PATH_SETTINGS`` a run reads and never writes: ``moved_run_paths`` moves one only where it is found there.
+READ_PATH_SETTINGS = ("model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.load")
 #: The top-level settings a run's own ``config.yaml`` holds, every one (``save_run_config`` writes them all, and has
 #: since its paths are absolute, 0af23ce): a preset, even one named config.yaml with an absolute run_dir, lists fewer.
 RUN_CONFIG_KEYS = ("run_dir", "method", "ablation", "model", "lora", "teacher", "rollout", "data", "optimizer",
@@ -179,7 +181,8 @@ def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]
     """``{key: path}``: a run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from
     that run_dir (the run directory moved or copied with it) or given with another ``--run_dir``: the run is there,
     the file's directory or the one given, and each path setting recorded in the old run_dir follows it (as
-    ``input_files.saved_path`` reads a moved run's ``checkpoint.save``): nothing is written into the old run_dir.
+    ``input_files.saved_path`` reads a moved run's ``checkpoint.save``; one it reads, ``READ_PATH_SETTINGS``, when
+    found there or gone from the old place): nothing is written into the old run_dir.
     ``{}`` for a preset (not all ``RUN_CONFIG_KEYS``), a run's config in its place, the settings given as flags."""
     old = values.get("run_dir")
     if (os.path.basename(path) != RUN_CONFIG_FILE or not (isinstance(old, str) and os.path.isabs(old))
@@ -188,9 +191,13 @@ def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]
     new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
     if os.path.realpath(new) == os.path.realpath(old):
         return {}
-    return {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
-            if key not in overrides and isinstance(values.get(key), str)
-            and (inside := below(values[key], old)) is not None}
+    moved = {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
+             if key not in overrides and isinstance(values.get(key), str)
+             and (inside := below(values[key], old)) is not None}
+    # what the run reads, not writes, follows only where it is there, or gone from the old place: a new --run_dir
+    # started from this file reads the old run's data and model where they still are
+    return {key: path for key, path in moved.items() if key not in READ_PATH_SETTINGS
+            or os.path.exists(path) or not os.path.exists(values[key])}
 
 
 def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:

@@ -175,3 +175,22 @@ def test_a_preset_named_config_yaml_keeps_its_run_dir(tmp_path, capsys):
     assert (cfg.run_dir, cfg.checkpoint.save) == (run, f"{run}/checkpoints")
     assert train(["--config", str(preset), "--print-config"]) == 0
     assert capsys.readouterr().err == ""   # no note
+
+
+def test_a_new_run_dir_from_a_runs_config_yaml_reads_the_old_runs_inputs_where_they_are(tmp_path):
+    """``--config A/config.yaml --run_dir B`` (a new run with A's settings) moved every path recorded inside A to B,
+    what the run reads too: a data.path A/train.jsonl that is still there became B/train.jsonl, which is not, and
+    the run could not start. What it writes follows to B; what it reads follows only where it is found in B (the
+    run directory moved or copied with it)."""
+    from phf_megatron.training.config_io import config_from_argv, load_config, save_run_config
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    os.makedirs(a)
+    open(os.path.join(a, "train.jsonl"), "w").close()
+    path = save_run_config(config_from_argv([f"--run_dir={a}", f"--data.path={a}/train.jsonl",
+                                             f"--checkpoint.save={a}/ckpts"]))
+    cfg = load_config(path, [f"--run_dir={b}"])
+    assert (cfg.run_dir, cfg.checkpoint.save, cfg.data.path) == (b, f"{b}/ckpts", f"{a}/train.jsonl")
+    shutil.move(a, b)   # moved: all of it is read in B
+    cfg = load_config(os.path.join(b, "config.yaml"))
+    assert (cfg.run_dir, cfg.checkpoint.save, cfg.data.path) == (b, f"{b}/ckpts", f"{b}/train.jsonl")
