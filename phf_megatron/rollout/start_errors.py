@@ -52,7 +52,8 @@ def refused_keyword(err: BaseException, vllm_kwargs: dict) -> str | None:
 
 def mistyped_keyword(vllm_kwargs: dict) -> str | None:
     """The first keyword whose value is not of the type ``EngineArgs`` declares for it (a union of int, float, bool,
-    str and None: others are not checked), said as vLLM's other refusals are; None when none is (or without vLLM)."""
+    str and None, or a container of those: others are not checked; a None value neither), said as vLLM's other
+    refusals are; None when none is (or without vLLM)."""
     try:
         import pydantic
         from vllm.engine import arg_utils
@@ -60,6 +61,8 @@ def mistyped_keyword(vllm_kwargs: dict) -> str | None:
         return None
     declared = {f.name: f.type for f in dataclasses.fields(arg_utils.EngineArgs)}
     for key, value in vllm_kwargs.items():
+        if value is None:   # vLLM's "unset", the default of fields it declares as a bare int or bool (0.32's
+            continue        # enable_flashinfer_autotune, elastic_ep_max_dp_size): not of another type
         hint = declared.get(key)
         if isinstance(hint, str):   # a postponed annotation
             try:

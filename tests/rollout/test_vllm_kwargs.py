@@ -130,3 +130,16 @@ def test_vllm_kwargs_for_an_auto_backend_without_vllm_is_one_line_when_the_run_s
         cfg.require_inputs()
     assert err.value.line == ("--rollout.vllm_kwargs: only for a vLLM engine, and rollout.backend=auto runs "
                               "transformers here (vLLM does not import): install vLLM or leave them out")
+
+
+def test_a_none_vllm_declares_as_a_bare_int_or_bool_is_not_blamed_for_another_keywords_type():
+    """vLLM 0.32 declares enable_flashinfer_autotune as bool and elastic_ep_max_dp_size as int, both defaulting to
+    None (unset): mistyped_keyword blamed such a None, the first keyword, for a failure another keyword's value made
+    ('enable_flashinfer_autotune: None: vLLM refused it: Input should be a valid boolean')."""
+    pytest.importorskip("vllm")
+    from phf_megatron.rollout.start_errors import mistyped_keyword
+
+    assert mistyped_keyword({"enable_flashinfer_autotune": None, "elastic_ep_max_dp_size": None,
+                             "max_num_seqs": "abc"}) == (
+        "max_num_seqs: 'abc': vLLM refused it: Input should be a valid integer, unable to parse string as an integer")
+    assert mistyped_keyword({"enable_flashinfer_autotune": None, "max_num_seqs": 4}) is None
