@@ -54,10 +54,12 @@ def mistyped_keyword(vllm_kwargs: dict) -> str | None:
     """The first keyword whose value is not of the type ``EngineArgs`` declares for it (a union of int, float, bool,
     str and None, or a container of those: others are not checked; a None value neither), said as vLLM's other
     refusals are; None when none is (or without vLLM)."""
+    if not vllm_kwargs:   # (the hf backend's failure: vLLM, maybe broken here, is not imported for it)
+        return None
     try:
         import pydantic
         from vllm.engine import arg_utils
-    except ImportError:
+    except Exception:   # noqa: BLE001 - not installed, or broken (a TypeError at import): not checked
         return None
     declared = {f.name: f.type for f in dataclasses.fields(arg_utils.EngineArgs)}
     for key, value in vllm_kwargs.items():

@@ -143,3 +143,24 @@ def test_a_none_vllm_declares_as_a_bare_int_or_bool_is_not_blamed_for_another_ke
                              "max_num_seqs": "abc"}) == (
         "max_num_seqs: 'abc': vLLM refused it: Input should be a valid integer, unable to parse string as an integer")
     assert mistyped_keyword({"enable_flashinfer_autotune": None, "max_num_seqs": 4}) is None
+
+
+def test_an_engine_failure_without_vllm_kwargs_does_not_import_vllm(monkeypatch):
+    """refused_keyword's type check (0e0f643) imported vLLM for every engine start failure whose root is a
+    TypeError/ValueError naming no keyword, the hf backend's with no vllm_kwargs too: seconds, and where vLLM is
+    installed but broken (its import raising another error than ImportError) the HF engine's failure became that
+    traceback. With no vllm_kwargs there is nothing to check."""
+    import sys
+
+    from phf_megatron.rollout.errors import EngineStartError
+    from phf_megatron.rollout.start_errors import refused_keyword
+
+    class Broken(type(sys)):
+        def __getattr__(self, name):
+            raise RuntimeError("vLLM built against another torch")
+
+    monkeypatch.setitem(sys.modules, "vllm", Broken("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.engine", Broken("vllm.engine"))
+    err = EngineStartError("hf engine did not start")
+    err.__cause__ = ValueError("config.json: not a Qwen3 model")
+    assert refused_keyword(err, {}) is None
