@@ -210,7 +210,13 @@ def tensors_part(tensors: dict[str, torch.Tensor], scope: Scope = Scope.MODEL_PA
 
 def rng_part() -> Part:
     """This rank's Python / NumPy / torch / CUDA / Megatron-tracker generator states."""
-    return Part(Scope.RANK, capture_rng_state, restore_rng_state)
+    def load(state: dict[str, Any]) -> None:
+        try:
+            restore_rng_state(state)
+        except ValueError as err:   # saved for other CUDA devices, or entries missing: load_checkpoint names the file
+            raise PartMismatch(str(err)) from err
+
+    return Part(Scope.RANK, capture_rng_state, load)
 
 
 def dist_model_part(model: torch.nn.Module) -> Part:
