@@ -4,7 +4,8 @@
 #   CONFIG=configs/phf_qwen3_8b.yaml HF_MODEL=/models/Qwen3-8B bash examples/launch_phf.sh [--section.field=value ...]
 #
 # Environment: HF_MODEL (required: the HF Qwen3 directory), DATA (default: the official OPSD set on
-# the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (8),
+# the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (the GPUs this
+# node shows: CUDA_VISIBLE_DEVICES's entries, else `nvidia-smi -L`'s; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
@@ -16,13 +17,31 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${HF_MODEL:?set HF_MODEL to the Hugging Face Qwen3 checkpoint directory}"
 DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
 RUN_DIR=${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)}
-NGPU=${NGPU:-8}
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank; else what the driver lists
+  IFS=, read -ra VISIBLE <<< "$CUDA_VISIBLE_DEVICES"; GPUS_HERE=${#VISIBLE[@]}
+else
+  GPUS_HERE=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+fi
+NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
+NNODES=${NNODES:-1}
+for v in NGPU NNODES; do
+  [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
+done
+if [ "$NNODES" -gt 1 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # said now, not after the conversion
+  [ -n "${NODE_RANK:-}" ] || { echo "error: NNODES=$NNODES: set NODE_RANK, this node's index (0 to $((NNODES - 1)))" >&2; exit 2; }
+  [ -n "${MASTER_ADDR:-}" ] || { echo "error: NNODES=$NNODES: set MASTER_ADDR, the address of the node of NODE_RANK=0" >&2; exit 2; }
+fi
+if [ "$GPUS_HERE" -gt 0 ] && [ "$NGPU" -gt "$GPUS_HERE" ]; then   # the ranks past them would die in CUDA's set_device
+  echo "error: NGPU=$NGPU: this node shows $GPUS_HERE GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}): one rank per GPU, NGPU <= $GPUS_HERE" >&2
+  exit 2
+fi
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 [ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
 TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
             --data.path="$DATA" "$@")
-# the settings first (a second, no torch): a mistyped flag or SCALE stops here in one line, not after the conversion
-python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
+# the settings first (a second, no torch): a mistyped flag or SCALE, or a layout the NGPU x NNODES ranks do not fit
+# (TP x PP, the batch over the data-parallel ranks), stops here in one line, not after the conversion
+RANK=0 WORLD_SIZE=$((NGPU * NNODES)) python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
 
@@ -32,8 +51,8 @@ if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dis
 fi
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 LAUNCH=(torchrun --nproc-per-node "$NGPU")
-if [ "${NNODES:-1}" -gt 1 ]; then
-  LAUNCH+=(--nnodes "$NNODES" --node-rank "${NODE_RANK:?set NODE_RANK}" --master-addr "${MASTER_ADDR:?}" --master-port "${MASTER_PORT:-29500}")
+if [ "$NNODES" -gt 1 ]; then
+  LAUNCH+=(--nnodes "$NNODES" --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "${MASTER_PORT:-29500}")
 else
   LAUNCH+=(--standalone)
 fi

@@ -15,6 +15,7 @@ line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .commands import command
@@ -34,6 +35,8 @@ def train(argv: list[str], quiet: bool = True) -> int:
     if (note := moved_run_note(path, overrides)) and process_rank() == 0:   # not the old run's directory: said
         print(note, file=sys.stderr, flush=True)
     if print_config:
+        if "RANK" in os.environ:   # torchrun's world, or a launcher's (examples/launch_phf.sh: NGPU x NNODES ranks);
+            cfg.check_world_size(int(os.environ["WORLD_SIZE"]))   # without RANK the run is one process (process_group)
         if process_rank() == 0:
             print(to_yaml(cfg), end="")
         return 0

@@ -217,6 +217,17 @@ class TrainConfig:
                        f"tensor_model_parallel_size x pipeline_model_parallel_size = {mp}")
         return world_size // mp
 
+    def check_world_size(self, world_size: int) -> None:
+        """What the run checks as it starts, for ``world_size`` ranks: TP x PP divides it and a step's samples split
+        over the data-parallel ranks and their micro-batches; one line naming the setting (``--print-config``
+        under ``RANK``/``WORLD_SIZE``: torchrun's, or a launcher's check before it converts the model and starts the ranks)."""
+        from .microbatch_plan import check_step_split
+
+        t, m = self.training, self.model
+        check_step_split(t.global_batch_size, self.data_parallel_size(world_size), t.micro_batch_size,
+                         t.max_tokens_per_microbatch, m.pipeline_model_parallel_size,
+                         m.virtual_pipeline_model_parallel_size, self.rollout.lmbda)
+
     def num_microbatches(self, world_size: int) -> int:
         """Micro-batches per step on each data-parallel rank (gradient accumulation)."""
         dp = self.data_parallel_size(world_size)

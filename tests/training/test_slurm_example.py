@@ -98,10 +98,10 @@ echo "launched: $*"
     (hf / "config.json").write_text("{}")
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "HF_MODEL": str(hf),
            "MCORE_DIR": str(mcore), "CONFIG": "configs/phf_qwen3_8b.yaml", "RUN_DIR": str(tmp_path / "run"),
-           "NGPU": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "240"}
+           "NGPU": "2", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "240"}   # the 8B preset: TP 2
     proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.startswith("launched: --nproc-per-node 1 --standalone -m "), proc
+    assert proc.returncode == 0 and proc.stdout.startswith("launched: --nproc-per-node 2 --standalone -m "), proc
     if knows_the_timeout:
         assert proc.stderr == ""
     else:

@@ -1,0 +1,87 @@
+"""examples/launch_phf.sh (every Qwen3 launcher's, the Slurm example's): how many ranks it starts and the checks of
+that count before the conversion (minutes at 8B). One rank per GPU the node shows (CUDA_VISIBLE_DEVICES, else
+``nvidia-smi -L``, faked here); more ranks than GPUs, a TP x PP that does not divide NGPU x NNODES, a batch the
+data-parallel ranks do not split, a multi-node launch without its node rank: one line, exit code 2, nothing made."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from phf_megatron.runtime.process_group import standalone_environ
+
+from ..helpers import REPO
+
+LAUNCHER = os.path.join(REPO, "examples", "train_phf_qwen3_8b.sh")   # TP 2, global batch 32, micro-batch 2
+
+
+def _launch(tmp_path, gpus: int, extra_env: dict[str, str]) -> tuple[subprocess.CompletedProcess, str]:
+    """The 8B launcher on a node whose ``nvidia-smi -L`` lists ``gpus`` GPUs; returns the process and the run dir."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(gpus))
+    (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n[ \"$1\" = -L ] && printf '{listing}'\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    hf = tmp_path / "Qwen3 8B"   # a path with a space
+    hf.mkdir(exist_ok=True)
+    (hf / "config.json").write_text("{}")
+    run = str(tmp_path / "run")
+    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES")}
+    env.update(HF_MODEL=str(hf), RUN_DIR=run, DATA="train.jsonl", **extra_env,
+               PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
+    proc = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    return proc, run
+
+
+@pytest.mark.parametrize("gpus, extra_env, ranks", [
+    (4, {}, "4"),                                      # was 8: ranks 4-7 died in torch.cuda.set_device
+    (4, {"CUDA_VISIBLE_DEVICES": "2,3"}, "2"),         # what CUDA shows the ranks, not what the driver lists
+    (8, {"NGPU": "4"}, "4"),                           # fewer than the node has: as asked
+    (0, {}, "8"),                                      # no GPU found (a login node's dry run): the presets' 8
+])
+def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
+    proc, _ = _launch(tmp_path, gpus, {"DRY_RUN": "1", **extra_env})
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    torchrun = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun")]
+    assert [argv[:4] for argv in torchrun] == [["torchrun", "--nproc-per-node", ranks, "--standalone"]]
+
+
+@pytest.mark.parametrize("gpus, extra_env, line", [
+    (4, {"NGPU": "8"}, "error: NGPU=8: this node shows 4 GPU(s) (CUDA_VISIBLE_DEVICES=unset): one rank per GPU, "
+                       "NGPU <= 4"),
+    (3, {}, "error: --model.tensor_model_parallel_size: world size 3 is not a multiple of tensor_model_parallel_size "
+            "x pipeline_model_parallel_size = 2"),
+    (6, {}, "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks"),
+    (8, {"NGPU": "3", "NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "gpu017"},
+     "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks"),
+    (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
+    (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
+    (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
+])
+def test_ranks_that_do_not_fit_are_one_line_before_the_conversion(tmp_path, gpus, extra_env, line):
+    """Each was found after the conversion: by the trainer as it started, by CUDA (a traceback per extra rank), or by
+    bash's ``${NODE_RANK:?}`` at torchrun's command line."""
+    proc, run = _launch(tmp_path, gpus, extra_env)
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
+    assert not os.path.exists(run)
+
+
+@pytest.mark.parametrize("environ, line", [
+    ({"RANK": "0", "WORLD_SIZE": "6"}, "error: --training.global_batch_size: 32 samples do not split over 3 "
+                                       "data-parallel ranks"),
+    ({"WORLD_SIZE": "6"}, None),   # without RANK the trainer is one process (process_group): a stray WORLD_SIZE
+    ({}, None),
+])
+def test_print_config_checks_the_layout_against_the_world_it_would_run_in(environ, line):
+    env = {k: v for k, v in standalone_environ().items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml",
+                           "--print-config"], cwd=REPO, env={**env, **environ}, capture_output=True, text=True,
+                          timeout=120)
+    if line is None:
+        assert proc.returncode == 0 and proc.stdout.startswith("run_dir: runs/phf_qwen3_8b\n"), proc.stderr
+    else:
+        assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [line], "")
