@@ -143,8 +143,9 @@ def _check_eval_args(eval_args: str) -> None:
             raise fail("eval_args", f"--{key} is set by the table for each row ({instead}) (in {eval_args!r})")
 
 
-def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), seeds: list[int] | None = None) -> None:
-    """Each row's trainer command line as the trainer parses it (keys, values, the checks across settings):
+def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), seeds: list[int] | None = None,
+                        ngpu: int = 1) -> None:
+    """Each row's trainer command line as the trainer parses it (keys, values, checks across settings, over ``ngpu``):
     a bad flag after ``--`` stops the table here, not when its row starts, after the rows before it. A row
     finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
     settings), not scored again under flags it was not trained with."""
@@ -158,6 +159,10 @@ def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), s
                 cfg = config_from_argv(row.train_flags)
             except UserError as err:
                 raise UserError(f"{err.line} (in the {row.name} row's trainer flags)") from None
+            try:   # was found as the row's training started (8B at --ngpu 6: 32 samples over 3 ranks)
+                cfg.check_world_size(ngpu)
+            except UserError as err:
+                raise UserError(f"{err.line} (the {row.name} row on --ngpu {ngpu} ranks)") from None
             if overrides:
                 check_overrides(row, cfg, overrides)
             try:
@@ -350,7 +355,7 @@ def seeds_tables(args) -> int:
         seed_args.seed, seed_args.out = seed, os.path.join(out, f"s{seed}")
     if not args.table_only:   # each table checks its own rows; two seeds' rows sharing a --checkpoint.save: here
         _check_trainer_args([plan_row(a, name) for a in runs for name in args.rows], args.step, args.overrides,
-                            seeds=[a.seed for a in runs for _ in args.rows])
+                            seeds=[a.seed for a in runs for _ in args.rows], ngpu=args.ngpu)
     for seed, seed_args in zip(args.seeds, runs):
         if not args.dry_run:
             _say(f"seed {seed} -> {seed_args.out}")
@@ -372,7 +377,7 @@ def seeds_tables(args) -> int:
 def one_table(args) -> int:
     rows = [plan_row(args, name) for name in args.rows]
     if not args.table_only:
-        _check_trainer_args(rows, args.step, args.overrides)
+        _check_trainer_args(rows, args.step, args.overrides, ngpu=args.ngpu)
         check_eval_dirs(rows, args.k, args.toy, args.step)   # the eval would refuse them after the rows before
     if args.dry_run:
         for what, argv_, done in prepare_steps(args):

@@ -202,6 +202,22 @@ def test_one_line_errors(capsys, tmp_path, argv, line):
     assert err.startswith(line.format(tmp=tmp_path)) and "\n" not in err, err
 
 
+@pytest.mark.parametrize("ngpu, line", [
+    ("6", "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks (the sft row on "
+          "--ngpu 6 ranks)"),
+    ("3", "error: --model.tensor_model_parallel_size: world size 3 is not a multiple of tensor_model_parallel_size x "
+          "pipeline_model_parallel_size = 2 (the sft row on --ngpu 3 ranks)"),
+])
+def test_a_layout_the_ranks_do_not_fit_is_refused_before_any_row(capsys, tmp_path, ngpu, line):
+    """The 8B preset (TP 2, 32 samples a step) on --ngpu ranks it does not fit: found as the first row's training
+    started, after the conversion and the Base row's evaluation."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    argv = ["--hf_model", str(tmp_path / "hf"), "--scale", "8b", "--out", str(tmp_path / "t"), "--dry_run", "--ngpu", ngpu]
+    assert paper_table.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
 def test_the_evals_own_verbose_switch_passes_eval_args(capsys, tmp_path):
     """``--verbose`` is a switch of tools/eval_avg_at_k.py (README: "tools: --verbose"), not an EvalConfig
     field: --eval_args refused it as "unknown setting"; it goes to every row's eval command."""
