@@ -107,3 +107,43 @@ echo "launched: $*"
     else:
         assert proc.stderr.startswith("warning: this torchrun has no --shutdown-timeout: it ignores "
                                       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=240") and proc.stderr.count("\n") == 1
+
+
+def test_a_preemption_sigterm_to_the_batch_shell_waits_for_the_nodes(tmp_path):
+    """A preemption may signal every process of the job, the batch shell too (``scancel --full`` does;
+    ``--signal=TERM@300`` at the time limit signals the steps only). A shell killed by it ended the batch step, so Slurm ended the job and killed the nodes'
+    tasks after KillWait (30 s by default), in their step and save; the shell now waits for ``srun`` (which passes
+    the signal on to its tasks) and exits with its code. The fake ``srun`` here is the tasks' step: it outlives the
+    signal by a save's time, then exits 143 as the trainer does."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    started = tmp_path / "srun_started"
+    (bin_dir / "srun").write_text(f"""#!/usr/bin/env bash
+trap 'echo "srun: SIGTERM passed on to the tasks"' TERM
+touch {shlex.quote(str(started))}
+for i in $(seq 40); do sleep 0.1; done   # the nodes' step and save
+echo "srun: the tasks saved and exited 143"; exit 143
+""")
+    (bin_dir / "srun").chmod(0o755)
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    hf = tmp_path / "Qwen3-8B"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
+           "HF_MODEL": str(hf), "RUN_DIR": str(tmp_path / "run"), "SLURM_SUBMIT_DIR": REPO, "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_GPUS_ON_NODE": "4"}
+    proc = subprocess.Popen(["bash", SBATCH], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)   # to the batch shell, as a preemption sends it (and to srun: its trap)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (proc.returncode, out[-2000:], err[-2000:])   # was -15: the shell died at once
+    assert "srun: the tasks saved and exited 143" in out
+    assert err.splitlines()[-1:] == ["train_phf_multinode: SIGTERM: waiting for the tasks on the nodes to save and stop"]
