@@ -4,7 +4,9 @@
 #   CONFIG=configs/phf_qwen3_8b.yaml HF_MODEL=/models/Qwen3-8B bash examples/launch_phf.sh [--section.field=value ...]
 #
 # Environment: HF_MODEL (required: the HF Qwen3 directory), DATA (default: the official OPSD set on
-# the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR, NGPU (the GPUs this
+# the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR (default
+# runs/<PHF_RUN_NAME, else the config's name> in the repository; relative paths given in HF_MODEL, DATA, RUN_DIR and
+# MCORE_DIR are read from the directory the launcher is run from), NGPU (the GPUs this
 # node shows: CUDA_VISIBLE_DEVICES's entries, else `nvidia-smi -L`'s; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
@@ -12,11 +14,20 @@
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
 # converts the base model and stops (a multi-node job converts once, before the nodes start).
 set -euo pipefail
+CALLER=$(pwd -P)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${CONFIG:?set CONFIG to a configs/*.yaml file}"
 : "${HF_MODEL:?set HF_MODEL to the Hugging Face Qwen3 checkpoint directory}"
+if [ "$CALLER" != "$(pwd -P)" ]; then   # run from another directory: the paths given are read from there, as written
+  for v in HF_MODEL DATA; do   # an input there (else as before, from the repository: DATA may be a Hub name)
+    if [ -n "${!v:-}" ] && [[ ${!v} != /* ]] && [ -e "$CALLER/${!v}" ]; then printf -v "$v" '%s' "$CALLER/${!v}"; fi
+  done
+  for v in RUN_DIR MCORE_DIR; do   # an output: there
+    if [ -n "${!v:-}" ] && [[ ${!v} != /* ]]; then printf -v "$v" '%s' "$CALLER/${!v}"; fi
+  done
+fi
 DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
-RUN_DIR=${RUN_DIR:-runs/$(basename "$CONFIG" .yaml)}
+RUN_DIR=${RUN_DIR:-runs/${PHF_RUN_NAME:-$(basename "$CONFIG" .yaml)}}   # by default in the repository's runs/
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank; else what the driver lists
   IFS=, read -ra VISIBLE <<< "$CUDA_VISIBLE_DEVICES"; GPUS_HERE=${#VISIBLE[@]}
 else

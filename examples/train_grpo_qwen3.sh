@@ -15,6 +15,6 @@
 #     --rollout.temperature=1.2 --rollout.max_tokens=16000
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
-export RUN_DIR=${RUN_DIR:-runs/grpo_qwen3_$SCALE}
+export PHF_RUN_NAME=grpo_qwen3_$SCALE   # RUN_DIR's default: runs/grpo_qwen3_$SCALE in the repository
 CONFIG=configs/phf_qwen3_$SCALE.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" --method=grpo \
   --rollout.n=8 --training.global_batch_size=32 --rollout.top_k=0 --rollout.top_p=1.0 "$@"

@@ -10,6 +10,6 @@
 #   the official baseline (scripts/run_sft.sh, TRL SFTTrainer): add --training.global_batch_size=64 --sft.loss_on_prompt=true
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
-export RUN_DIR=${RUN_DIR:-runs/sft_qwen3_$SCALE}
+export PHF_RUN_NAME=sft_qwen3_$SCALE   # RUN_DIR's default: runs/sft_qwen3_$SCALE in the repository
 CONFIG=configs/phf_qwen3_$SCALE.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" --method=sft \
   --training.micro_batch_size=1 "$@"

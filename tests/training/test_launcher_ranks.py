@@ -85,3 +85,31 @@ def test_print_config_checks_the_layout_against_the_world_it_would_run_in(enviro
         assert proc.returncode == 0 and proc.stdout.startswith("run_dir: runs/phf_qwen3_8b\n"), proc.stderr
     else:
         assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [line], "")
+
+
+def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
+    """The launcher changes to the repository: HF_MODEL=models/Qwen3-8B given in another directory was looked for in
+    the repository ("has no config.json") and RUN_DIR=runs/exp1 written there. They are now the caller's; a DATA that
+    is not a path there (a Hub name) and the defaults (runs/ in the repository) stay as they were."""
+    hf = tmp_path / "my models" / "Qwen3-8B"
+    hf.mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("")
+    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NNODES", "RUN_DIR")}
+    env.update(DRY_RUN="1", NGPU="2", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+
+    def torchrun(script: str, **given: str) -> list[str]:
+        proc = subprocess.run(["bash", os.path.join(REPO, "examples", script)], cwd=str(tmp_path), env={**env, **given},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        return next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
+
+    argv = torchrun("train_phf_qwen3_8b.sh", HF_MODEL="my models/Qwen3-8B", DATA="train.jsonl", RUN_DIR="runs/exp1")
+    here = os.path.realpath(tmp_path)   # the launcher's `pwd -P`
+    run = os.path.join(here, "runs", "exp1")
+    assert [f"--run_dir={run}", f"--model.hf_dir={here}/my models/Qwen3-8B", f"--model.pretrained_checkpoint={run}/mcore_base",
+            f"--data.path={here}/train.jsonl"] == argv[argv.index("--config") + 2:], argv
+    argv = torchrun("train_grpo_qwen3.sh", HF_MODEL=str(hf), DATA="siyanzhao/Openthoughts_math_30k_opsd")
+    assert ["--run_dir=runs/grpo_qwen3_1p7b", f"--model.hf_dir={hf}",
+            "--model.pretrained_checkpoint=runs/grpo_qwen3_1p7b/mcore_base",
+            "--data.path=siyanzhao/Openthoughts_math_30k_opsd"] == argv[argv.index("--config") + 2:][:4], argv
