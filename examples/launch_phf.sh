@@ -16,8 +16,8 @@
 set -euo pipefail
 CALLER=$(pwd -P)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-: "${CONFIG:?set CONFIG to a configs/*.yaml file}"
-: "${HF_MODEL:?set HF_MODEL to the Hugging Face Qwen3 checkpoint directory}"
+[ -n "${CONFIG:-}" ] || { echo "error: CONFIG: is required: a configs/*.yaml preset (the train_*.sh launchers set it)" >&2; exit 2; }
+[ -n "${HF_MODEL:-}" ] || { echo "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory" >&2; exit 2; }
 if [ "$CALLER" != "$(pwd -P)" ]; then   # run from another directory: the paths given are read from there, as written
   for v in HF_MODEL DATA; do   # an input there (else as before, from the repository: DATA may be a Hub name)
     if [ -n "${!v:-}" ] && [[ ${!v} != /* ]] && [ -e "$CALLER/${!v}" ]; then printf -v "$v" '%s' "$CALLER/${!v}"; fi
@@ -47,7 +47,7 @@ if [ "$GPUS_HERE" -gt 0 ] && [ "$NGPU" -gt "$GPUS_HERE" ]; then   # the ranks pa
   exit 2
 fi
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
-[ -f "$HF_MODEL/config.json" ] || { echo "HF_MODEL=$HF_MODEL has no config.json" >&2; exit 2; }
+[ -f "$HF_MODEL/config.json" ] || { echo "error: HF_MODEL: $HF_MODEL has no config.json (not a HF model directory)" >&2; exit 2; }
 TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
             --data.path="$DATA" "$@")
 # the settings first (a second, no torch): a mistyped flag or SCALE, or a layout the NGPU x NNODES ranks do not fit

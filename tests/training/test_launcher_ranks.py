@@ -31,8 +31,8 @@ def _launch(tmp_path, gpus: int, extra_env: dict[str, str]) -> tuple[subprocess.
     (hf / "config.json").write_text("{}")
     run = str(tmp_path / "run")
     env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES")}
-    env.update(HF_MODEL=str(hf), RUN_DIR=run, DATA="train.jsonl", **extra_env,
-               PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
+    env.update({"HF_MODEL": str(hf), "RUN_DIR": run, "DATA": "train.jsonl", **extra_env,
+                "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])})
     proc = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     return proc, run
 
@@ -61,10 +61,12 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
     (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
     (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
+    (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
+    (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model has no config.json (not a HF model directory)"),
 ])
 def test_ranks_that_do_not_fit_are_one_line_before_the_conversion(tmp_path, gpus, extra_env, line):
     """Each was found after the conversion: by the trainer as it started, by CUDA (a traceback per extra rank), or by
-    bash's ``${NODE_RANK:?}`` at torchrun's command line."""
+    bash's ``${NODE_RANK:?}`` at torchrun's command line; a missing HF_MODEL was bash's own line, exit code 1."""
     proc, run = _launch(tmp_path, gpus, extra_env)
     assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
     assert not os.path.exists(run)
