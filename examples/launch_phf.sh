@@ -67,6 +67,8 @@ if [ "$NNODES" -gt 1 ]; then
 else
   LAUNCH+=(--standalone)
 fi
+# torchrun's own default for several ranks, set here without its warning banner in the log (tune it as you like)
+[ "$NGPU" -eq 1 ] || export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 CMD=("${LAUNCH[@]}" -m phf_megatron.train "${TRAIN_ARGS[@]}")
 if [ -n "${DRY_RUN:-}" ]; then run "${CMD[@]}"; exit 0; fi
 # torchrun SIGKILLs its workers 30 s after passing a SIGTERM on unless it knows --shutdown-timeout

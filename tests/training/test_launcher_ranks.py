@@ -115,3 +115,25 @@ def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp
     assert ["--run_dir=runs/grpo_qwen3_1p7b", f"--model.hf_dir={hf}",
             "--model.pretrained_checkpoint=runs/grpo_qwen3_1p7b/mcore_base",
             "--data.path=siyanzhao/Openthoughts_math_30k_opsd"] == argv[argv.index("--config") + 2:][:4], argv
+
+
+@pytest.mark.parametrize("ngpu, given, seen", [("2", None, "1"), ("2", "6", "6"), ("1", None, "unset")])
+def test_several_ranks_get_torchruns_thread_default_without_its_warning(tmp_path, ngpu, given, seen):
+    """torchrun sets OMP_NUM_THREADS=1 for several ranks when it is unset, with a warning banner in every run's log
+    (the CPU test of the 8B launcher set it to keep its log quiet, so a user's log had one); the launcher sets the
+    same default first. One rank: left unset, as torchrun leaves it; a value given is kept."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\n[ "$1" = --help ] && exit 0\necho "omp=${OMP_NUM_THREADS-unset}"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    (tmp_path / "mcore").mkdir()   # converted already: straight to torchrun
+    extra = {"NGPU": ngpu, "MCORE_DIR": str(tmp_path / "mcore"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+             **({"OMP_NUM_THREADS": given} if given else {})}
+    env = {k: v for k, v in standalone_environ().items() if k != "OMP_NUM_THREADS"}
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    proc = subprocess.run(["bash", os.path.join(REPO, "examples", "train_phf_qwen3_1p7b.sh")], cwd=str(tmp_path),
+                          env={**env, "HF_MODEL": str(hf), "RUN_DIR": str(tmp_path / "run"), **extra},
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, f"omp={seen}\n"), proc.stderr
