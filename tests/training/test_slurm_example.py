@@ -37,7 +37,13 @@ def test_the_scripts_are_valid_bash(script):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
-def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_path):
+@pytest.mark.parametrize("gpus, want", [
+    ({"SLURM_GPUS_ON_NODE": "4"}, "4"),
+    # no --gpus-per-node: the node's own GPUs (here its CUDA_VISIBLE_DEVICES), not 8 (the old fallback, refused
+    # by the launcher on a node that shows 2)
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "2"),
+])
+def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_path, gpus, want):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
@@ -50,7 +56,7 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
            "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": run, "SLURM_SUBMIT_DIR": REPO,
            "SLURM_JOB_ID": "14242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
-           "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "64"}
+           "SLURM_CPUS_PER_TASK": "64", **gpus}
     proc = subprocess.run(["bash", SBATCH, "--rollout.num_engines=auto"], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -60,7 +66,7 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     assert commands.index(launches[0]) > 1
     mcore = os.path.join(run, "mcore_base")
     for rank, argv in enumerate(launches):
-        assert argv == ["torchrun", "--nproc-per-node", "4", "--nnodes", "2", "--node-rank", str(rank),
+        assert argv == ["torchrun", "--nproc-per-node", want, "--nnodes", "2", "--node-rank", str(rank),
                         "--master-addr", "gpu017", "--master-port", str(20000 + 4242),  # job 14242: below the ephemeral ports
                         "-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", f"--run_dir={run}",
                         f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}", "--data.path=train.jsonl",
