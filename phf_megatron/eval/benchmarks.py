@@ -79,6 +79,20 @@ def load_benchmark_source(spec: str, data_dir: str | None = None,
     return name, read_problems_jsonl(path, name), source
 
 
+def load_problems(config) -> tuple[dict[str, list[Problem]], dict[str, dict]]:
+    """All benchmarks of ``config`` (an ``EvalConfig``: not imported, it imports this module), validated before any
+    model is loaded, and where each came from (summary.json's ``data_sources``)."""
+    out: dict[str, list[Problem]] = {}
+    sources: dict[str, dict] = {}
+    for spec in config.benchmarks:
+        name, problems, source = load_benchmark_source(spec, config.data_dir, config.data_revision)
+        if name in out:
+            raise ConfigError("benchmarks", f"{name!r} given twice")
+        sources[name] = source
+        out[name] = problems[:config.limit] if config.limit else problems
+    return out, sources
+
+
 def check_benchmarks(benchmarks: tuple[str, ...], data_dir: str | None) -> None:
     """Every benchmark's file exists (or it comes from the Hub): cheap, a config's first check."""
     for spec in benchmarks:

@@ -65,7 +65,7 @@ def summarize(config: EvalConfig, problems: dict[str, list[Problem]], records: d
               generated: int, seconds: float, model_dir: str, backend: str,
               data_sources: dict[str, dict] | None = None) -> Summary:
     """Score the benchmarks of ``config`` from ``records`` and write summary.json (+ plot);
-    ``data_sources``: ``runner.load_problems``' record of where each benchmark came from."""
+    ``data_sources``: ``benchmarks.load_problems``' record of where each benchmark came from."""
     by_problem: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     answers = {(p.benchmark, p.id): p.answer for ps in problems.values() for p in ps}
     for (bench, pid, idx), rec in records.items():

@@ -26,7 +26,7 @@ from ..errors import ConfigError, InputFileError
 from ..input_files import missing_dir, read_json
 from ..output_files import remove, write_json
 from ..runtime.children import Reaper
-from .benchmarks import Problem, load_benchmark_source
+from .benchmarks import Problem, load_problems
 from .config import EvalConfig, sample_seed
 from .engine_start import start_engine, worker_failure, workers_failed
 from .models import (
@@ -45,20 +45,6 @@ RUN_CONFIG = "run_config.json"
 class WorkItem:
     problem: Problem
     sample_index: int
-
-
-def load_problems(config: EvalConfig) -> tuple[dict[str, list[Problem]], dict[str, dict]]:
-    """All benchmarks, validated before any model is loaded, and where each came from (summary.json's
-    ``data_sources``)."""
-    out: dict[str, list[Problem]] = {}
-    sources: dict[str, dict] = {}
-    for spec in config.benchmarks:
-        name, problems, source = load_benchmark_source(spec, config.data_dir, config.data_revision)
-        if name in out:
-            raise ConfigError("benchmarks", f"{name!r} given twice")
-        sources[name] = source
-        out[name] = problems[:config.limit] if config.limit else problems
-    return out, sources
 
 
 def pending_work(problems: dict[str, list[Problem]], n: int, done: set) -> list[WorkItem]:

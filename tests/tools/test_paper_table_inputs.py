@@ -218,7 +218,8 @@ def test_a_partial_eval_of_other_problems_under_the_same_ids_is_refused_before_a
     where the samples of the problem as it is still resume."""
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.eval.records import load_records, problem_digest
-    from phf_megatron.eval.runner import load_problems, other_problem_samples
+    from phf_megatron.eval.benchmarks import load_problems
+    from phf_megatron.eval.runner import other_problem_samples
 
     hf, out = _fake_model(tmp_path), str(tmp_path / "t")
     argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "sft,base"]
