@@ -169,15 +169,15 @@ def check_eval_dirs(rows: list[Row], k: int, toy: bool, step: int) -> None:
 
 def _sample_refusals(row: Row) -> tuple[list[str], str | None]:
     """``"top_p 0.8, not 0.95"`` (JSON values) for each setting the row's eval refuses to resume its directory's
-    samples with, and the problems it refuses them for (``runner.planned_resume_refusals``: the eval's own rules,
+    samples with, and the problems it refuses them for (``resume.planned_resume_refusals``: the eval's own rules,
     before its model is merged)."""
-    from ..eval.runner import RUN_CONFIG
+    from ..eval.resume import RUN_CONFIG
 
     if not os.path.isfile(os.path.join(os.path.dirname(row.eval_result), RUN_CONFIG)):
         return [], None   # no eval started there (its shards are not read)
     from ..cli import Settings
     from ..eval.config import EvalConfig
-    from ..eval.runner import planned_resume_refusals
+    from ..eval.resume import planned_resume_refusals
 
     settings = Settings(EvalConfig)
     config = settings.build(settings.parse(eval_settings(row.eval[3:])))   # python -m <module> FLAGS

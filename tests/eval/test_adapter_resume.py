@@ -20,7 +20,7 @@ import pytest
 
 from phf_megatron.errors import InputFileError
 from phf_megatron.eval import EvalConfig, run_eval
-from phf_megatron.eval.runner import planned_resume_refusals
+from phf_megatron.eval.resume import planned_resume_refusals
 
 
 def _save_adapter(path, seed: int) -> None:
@@ -144,7 +144,7 @@ def test_a_refused_resume_keeps_the_merged_model_of_its_samples(tmp_path, tiny_d
 def test_a_resume_reads_what_the_merge_is_made_from_once(tmp_path, tiny_dir, problems, monkeypatch):
     """The resume's check before the merge and the merge's own marker share one ``merge_inputs`` (the adapter read
     whole, the base's sampled chunks), which was read twice; the fingerprint recorded is the same."""
-    from phf_megatron.eval import models, runner
+    from phf_megatron.eval import models, resume
 
     _save_adapter(tmp_path / "adapter", seed=1)
     assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
@@ -155,7 +155,7 @@ def test_a_resume_reads_what_the_merge_is_made_from_once(tmp_path, tiny_dir, pro
         calls.append(args)
         return read(*args)
 
-    monkeypatch.setattr(runner, "merge_inputs", counted)
+    monkeypatch.setattr(resume, "merge_inputs", counted)
     monkeypatch.setattr(models, "merge_inputs", counted)   # (models' own name, read by merge_adapter)
     shutil.rmtree(tmp_path / "eval" / "merged_model")      # merged again, from the inputs read for the check
     assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2

@@ -21,7 +21,7 @@ from phf_megatron.eval.benchmarks import (
     KNOWN_BENCHMARKS, PACKAGED_SETS, load_benchmark, load_problems, read_problems_jsonl,
 )
 from phf_megatron.eval.report import summarize
-from phf_megatron.eval.runner import _check_fingerprint
+from phf_megatron.eval.resume import _check_fingerprint
 from tests.helpers import REPO, run_python
 
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")

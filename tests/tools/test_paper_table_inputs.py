@@ -122,7 +122,7 @@ def test_a_summary_whose_samples_the_eval_will_not_resume_is_refused_before_any_
     line at the start naming the row, its directory and the settings, nothing deleted; a --limit smoke's directory
     (limit is not compared) still resumes."""
     from phf_megatron.eval.config import EvalConfig
-    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.eval.resume import _check_fingerprint
     from phf_megatron.input_files import InputFileError
 
     hf, out = _fake_model(tmp_path), str(tmp_path / "t")
@@ -162,7 +162,7 @@ def _partial_eval(eval_dir, model_dir, model_limit, record=(), **config):
     """What an eval killed before its summary leaves (the eval's own writers): run_config.json, one sample."""
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.eval.records import SampleWriter, shard_path
-    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.eval.resume import _check_fingerprint
     from phf_megatron.rollout.factory import resolve_backend
 
     cfg = EvalConfig(out_dir=eval_dir, model="m", **config)
@@ -182,7 +182,7 @@ def test_a_partial_eval_whose_samples_the_eval_will_not_resume_is_refused_before
     the same one line at the start; a partial directory the eval resumes (the same settings, or another --limit,
     --n or --benchmarks, which it resumes) still runs. The eval's own check agrees on each."""
     from phf_megatron.eval.config import EvalConfig
-    from phf_megatron.eval.runner import _check_fingerprint
+    from phf_megatron.eval.resume import _check_fingerprint
     from phf_megatron.eval.models import merged_model_dir
     from phf_megatron.input_files import InputFileError
     from phf_megatron.rollout.factory import resolve_backend
@@ -219,7 +219,7 @@ def test_a_partial_eval_of_other_problems_under_the_same_ids_is_refused_before_a
     from phf_megatron.eval.config import EvalConfig
     from phf_megatron.eval.records import load_records, problem_digest
     from phf_megatron.eval.benchmarks import load_problems
-    from phf_megatron.eval.runner import other_problem_samples
+    from phf_megatron.eval.resume import other_problem_samples
 
     hf, out = _fake_model(tmp_path), str(tmp_path / "t")
     argv = ["--hf_model", hf, "--scale", "4b", "--out", out, "--rows", "sft,base"]
