@@ -34,7 +34,8 @@ the free memory, and PyTorch's allocator keeps a step's peak reserved. A bucket 
 engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLLM server see
 ``server_engine.py``.
 
-Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only).
+Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only). Shutdown:
+``vllm_shutdown.shut_down`` (an in-process engine's memory given back at once, the trainer's group kept).
 
 A spawned engine process that exits (killed, crashed) fails the call waiting on it with
 :class:`EngineDiedError` giving its exit code, at once: vLLM 0.32's own monitor marks the client
@@ -67,6 +68,7 @@ from .errors import EngineDiedError, VLLMStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_environ import engine_start_environ, scoped_environ
+from .vllm_shutdown import default_group_exists, shut_down
 from .weights import WeightSpec
 
 
@@ -107,67 +109,6 @@ def _failed_start_processes(exc: BaseException) -> str:
     return "; ".join(_describe(p) for p in procs)
 
 
-def _shutdown(llm) -> None:
-    """Stop a ``vllm.LLM``: vLLM 0.24-0.33 have no ``LLMEngine.shutdown``; the engine core client does
-    (stops the spawned engine process and its workers, or the in-process executor)."""
-    engine = llm.llm_engine
-    for owner in (engine, getattr(engine, "engine_core", None)):
-        shutdown = getattr(owner, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-            return
-
-
-def _default_group_exists() -> bool:
-    import torch.distributed as dist
-    return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _keeping_default_group(keep: bool):
-    """While an in-process engine shuts down: vLLM 0.24-0.32 end with ``destroy_process_group()`` of the
-    default group (``cleanup_dist_env_and_memory``), which is the trainer's when the engine joined it;
-    with ``keep`` that one call is skipped (vLLM's own groups still go)."""
-    import torch.distributed as dist
-    if not keep:
-        yield
-        return
-    destroy = dist.destroy_process_group
-
-    def destroy_but_the_default(group=None):
-        if group is not None and group is not dist.GroupMember.WORLD:
-            destroy(group)
-
-    dist.destroy_process_group = destroy_but_the_default
-    try:
-        yield
-    finally:
-        dist.destroy_process_group = destroy
-
-
-def _in_process_modules(llm) -> list:
-    """Every module of an in-process engine's model (``[]`` when it cannot be reached)."""
-    core = getattr(llm.llm_engine.engine_core, "engine_core", None)          # InprocClient -> EngineCore
-    worker = getattr(getattr(core, "model_executor", None), "driver_worker", None)
-    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
-    model = getattr(runner, "model", None)
-    return list(model.modules()) if model is not None else []
-
-
-def _forget_reload_state(modules) -> None:
-    """Drop vLLM's layer-wise reload records of ``modules`` (vLLM 0.24-0.32 keep them in a global
-    ``WeakKeyDictionary`` whose values hold the layer itself in closures, so an engine refit with
-    ``reload_weights`` never frees its layers, and an attention layer keeps its KV cache: seen on an
-    H100, the next in-process engine ran out of memory beside the closed one's 39 GiB)."""
-    try:
-        from vllm.model_executor.model_loader.reload import layerwise
-    except ImportError:
-        return
-    for module in modules:
-        layerwise.LAYERWISE_INFO.pop(module, None)
-        layerwise.LOADING_LAYERS.discard(module)
-
-
 class VLLMEngine(RolloutEngine):
     """Rollouts with vLLM (see the module docstring for the weight transport)."""
 
@@ -206,7 +147,7 @@ class VLLMEngine(RolloutEngine):
                                    current_device=torch.cuda.current_device() if on_gpu else 0)
         free_before = release_cached_memory()
         # an in-process engine joins this process's default group if it has one (the trainer's)
-        self._joined_default_group = self.in_process and _default_group_exists()
+        self._joined_default_group = self.in_process and default_group_exists()
         precision = torch.get_float32_matmul_precision()
         try:
             from vllm import LLM
@@ -351,11 +292,8 @@ class VLLMEngine(RolloutEngine):
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
-        modules = _in_process_modules(llm) if self.in_process else []
-        with _keeping_default_group(self.__dict__.get("_joined_default_group", False)):
-            _shutdown(llm)
-        _forget_reload_state(modules)
-        del modules
+        shut_down(llm, in_process=self.in_process,
+                  keep_default_group=self.__dict__.get("_joined_default_group", False))
         reaper = self.__dict__.pop("_reaper", None)
         if reaper is not None:
             reaper.close()
