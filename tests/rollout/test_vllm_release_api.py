@@ -143,7 +143,7 @@ def _checks(model_dir: str) -> None:
     assert [list(a) if isinstance(a, (tuple, list)) else a for a in seen[0]] == \
            [list(a) if isinstance(a, tuple) else a for a in ipc_args[:6]] + [1] + list(ipc_args[7:])
 
-    # 6. the internals the engine reaches past vllm.LLM (vllm_engine.py, vllm_worker.py), as this release names them
+    # 6. the internals the engine reaches past vllm.LLM (vllm_engine.py, vllm_shutdown.py, vllm_worker.py), as this release names them
     from vllm.distributed import parallel_state
     from vllm.model_executor.model_loader.reload import layerwise
     from vllm.v1.engine import core_client
