@@ -7,8 +7,9 @@ states). The result holds only tensors, ints, floats, strings and tuples, so it 
 ``torch.load(..., weights_only=True)``. Each rank saves its own (``checkpoint.Scope.RANK``).
 
 A rank draws only from its current device's generator, so a resume where the process sees another
-number of devices (torchrun's ranks see all 8 GPUs, ``srun --gpus-per-task=1``'s see one) restores
-that generator from the saved ``cuda_device`` entry; a checkpoint without it (saved before) must see
+number of devices (torchrun's ranks see all 8 GPUs, ``srun --gpus-per-task=1``'s see one), or the same
+number with the rank on another device (2 nodes x 4 ranks, then one node's 8), restores that generator
+from the saved ``cuda_device`` entry; a checkpoint without it (saved before) must see
 the same devices.
 """
 
@@ -60,12 +61,16 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def _restore_cuda(cuda: list[torch.Tensor] | None, saved_device: int | None) -> None:
-    """Every device's generator when this process sees as many devices as were saved; else (another
+    """Every device's generator when this process sees as many devices as were saved, the current one from the
+    saved current device (``cuda_device``) where the rank is on another device now; else (another
     ``CUDA_VISIBLE_DEVICES`` split, e.g. ``srun --gpus-per-task=1``) the current device's, from the
     saved process's current device (``cuda_device``: absent from older checkpoints, which then raise)."""
     count = torch.cuda.device_count()
     if cuda is not None and len(cuda) == count:
         torch.cuda.set_rng_state_all(cuda)
+        current = torch.cuda.current_device()   # the same count, the rank on another device (2 x 4 ranks, then 8)
+        if saved_device is not None and saved_device != current:
+            torch.cuda.set_rng_state(cuda[saved_device], current)
     elif cuda is not None and saved_device is not None and 0 <= saved_device < len(cuda):
         torch.cuda.set_rng_state(cuda[saved_device], torch.cuda.current_device())
     elif cuda is None:

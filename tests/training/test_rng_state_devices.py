@@ -95,3 +95,15 @@ def test_an_older_checkpoint_on_other_gpus_is_refused_in_one_line_naming_its_fil
         "device index (an older checkpoint), this process sees 1: resume with the same visible GPUs "
         "(CUDA_VISIBLE_DEVICES), or skip it (--checkpoint.no_load_rng)")
     assert resumed.set_one == [] and resumed.set_all is None and random.getstate() == before   # nothing restored
+
+
+def test_the_same_visible_gpus_on_another_device_restore_the_ranks_own_generator(monkeypatch):
+    """Same count, another device: trained on 2 nodes x 4 ranks of 8-GPU nodes (NGPU=4, rank 5 is node 1's local
+    rank 1, device 1), resumed on one node's 8 ranks (rank 5 on device 5). Every device's state goes back as saved,
+    and the rank's current device gets the one it drew from (saved device 1's), not saved device 5's (never used)."""
+    FakeCuda(count=8, current=1, fill=10).install(monkeypatch)
+    state = rng_state.capture_rng_state()
+    resumed = FakeCuda(count=8, current=5, fill=100)
+    resumed.install(monkeypatch)
+    rng_state.restore_rng_state(state)
+    assert resumed.set_all == list(range(10, 18)) and resumed.set_one == [(11, 5)]
