@@ -25,7 +25,30 @@ def process_rank() -> int:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)
+    rank = os.environ.get("RANK", "0").strip()
+    return int(rank) if rank.isdigit() else 0   # (a RANK that is not a number: ``launch_world`` says so, rank 0 prints)
+
+
+def launch_world(environ=None) -> tuple[int, int] | None:
+    """``(RANK, WORLD_SIZE)`` as a launcher set them (torchrun, ``examples/launch_phf.sh``), None without ``RANK``
+    (a world of one); a ``UserError`` naming the variable when ``WORLD_SIZE`` is missing or either is not a whole
+    number (a hand-made launch: was a ``KeyError`` or ``ValueError`` traceback)."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env:
+        return None
+    values = []
+    for name in ("RANK", "WORLD_SIZE"):
+        value = env.get(name)
+        if value is None or not value.strip().isdigit():
+            raise UserError((f"{name}={value!r}" if value is not None else f"{name} is not set (RANK={env['RANK']!r})")
+                            + ": torchrun sets RANK and WORLD_SIZE (whole numbers, RANK < WORLD_SIZE); "
+                            "unset RANK for a run of one process")
+        values.append(int(value))
+    rank, world = values
+    if rank >= world:
+        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world}: torchrun sets RANK and WORLD_SIZE (whole "
+                        "numbers, RANK < WORLD_SIZE); unset RANK for a run of one process")
+    return rank, world
 
 
 #: How long a rank other than 0 waits before exiting on an error that only rank 0 reports.

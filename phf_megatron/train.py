@@ -15,7 +15,6 @@ line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from .commands import command
@@ -24,7 +23,7 @@ from .commands import command
 def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import wants_help
-    from .commands import process_rank
+    from .commands import launch_world, process_rank
     from .training.config_io import help_text, load_config, moved_run_note, split_argv, to_yaml
 
     if wants_help(argv):
@@ -35,8 +34,8 @@ def train(argv: list[str], quiet: bool = True) -> int:
     if (note := moved_run_note(path, overrides)) and process_rank() == 0:   # not the old run's directory: said
         print(note, file=sys.stderr, flush=True)
     if print_config:
-        if "RANK" in os.environ:   # torchrun's world, or a launcher's (examples/launch_phf.sh: NGPU x NNODES ranks);
-            cfg.check_world_size(int(os.environ["WORLD_SIZE"]))   # without RANK the run is one process (process_group)
+        if (world := launch_world()) is not None:   # torchrun's, or a launcher's (examples/launch_phf.sh: NGPU x
+            cfg.check_world_size(world[1])        # NNODES ranks); without RANK the run is one process (process_group)
         if process_rank() == 0:
             print(to_yaml(cfg), end="")
         return 0

@@ -13,6 +13,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ..commands import launch_world
+
 
 #: What ``join_default_group`` reads (torchrun sets them; a world of one sets them itself).
 RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -37,7 +39,7 @@ def join_default_group() -> bool:
 
     Without torchrun's variables the process is a world of one (``MASTER_PORT`` kept if set).
     """
-    if "RANK" not in os.environ:
+    if launch_world() is None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
     cuda = torch.cuda.is_available()

@@ -76,6 +76,13 @@ def test_ranks_that_do_not_fit_are_one_line_before_the_conversion(tmp_path, gpus
     ({"RANK": "0", "WORLD_SIZE": "6"}, "error: --training.global_batch_size: 32 samples do not split over 3 "
                                        "data-parallel ranks"),
     ({"WORLD_SIZE": "6"}, None),   # without RANK the trainer is one process (process_group): a stray WORLD_SIZE
+    # a hand-made launch: one line naming the variable (was a KeyError / ValueError traceback)
+    ({"RANK": "0"}, "error: WORLD_SIZE is not set (RANK='0'): torchrun sets RANK and WORLD_SIZE (whole numbers, "
+                    "RANK < WORLD_SIZE); unset RANK for a run of one process"),
+    ({"RANK": "0", "WORLD_SIZE": "two"}, "error: WORLD_SIZE='two': torchrun sets RANK and WORLD_SIZE (whole "
+                                         "numbers, RANK < WORLD_SIZE); unset RANK for a run of one process"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "error: [rank 2] RANK=2 is not below WORLD_SIZE=2: torchrun sets RANK and WORLD_SIZE "
+                                       "(whole numbers, RANK < WORLD_SIZE); unset RANK for a run of one process"),
     ({}, None),
 ])
 def test_print_config_checks_the_layout_against_the_world_it_would_run_in(environ, line):
