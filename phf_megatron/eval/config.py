@@ -84,7 +84,8 @@ class EvalConfig:
     """engine replicas, each on tensor_parallel_size GPUs; 0 = as many as the visible GPUs allow (1 on CPU).
     Replica r takes the r-th slice of the GPUs this process sees (of its ``CUDA_VISIBLE_DEVICES`` when set)."""
     batch_size: int = 512
-    """samples per engine call; each finished call is written to disk before the next."""
+    """samples per engine call; each finished call is written to disk before the next (the bar moves as each
+    sample finishes)."""
     grader: str = "official"
     """the grader of the headline Avg@k, pass@k and plot: official (OPSD eval/evaluate_math.py at
     7448751, the paper's numbers) | extended (ours: the official verdict or our fallbacks,

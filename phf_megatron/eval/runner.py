@@ -31,7 +31,7 @@ from .benchmarks import Problem, load_problems
 from .config import EvalConfig, sample_seed
 from .engine_start import start_engine, worker_failure, workers_failed
 from .models import converted_checkpoint, merged_inputs, model_context_limit, model_digest, resolve_model_dir
-from .progress import ShardProgress, SampleProgress
+from .progress import SampleProgress, ShardProgress, SharedTally
 from .prompts import eval_prompt_ids
 from .records import SampleWriter, grade_record, load_records, problem_digest, shard_path
 from .report import Summary, summarize
@@ -84,9 +84,10 @@ def check_prompts_fit(config: EvalConfig, model_dir: str, items: list[WorkItem],
 
 
 def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
-                     show_progress: bool = True, done: int = 0) -> None:
+                     show_progress: bool = True, done: int = 0, tally=None) -> None:
     """Generate, grade and append ``items`` to shard ``rank`` (one engine in this process); the bar
-    counts from ``done``, the samples a resume found written."""
+    counts from ``done``, the samples a resume found written (``tally``: a data-parallel worker's, for its
+    parent's bar: ``SharedTally``)."""
     if not items:
         return
     tok = load_qwen3_tokenizer(model_dir)
@@ -95,7 +96,8 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
     engine = start_engine(config.out_dir, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
                                                        seed=config.seed, max_model_len=max_model_len, **engine_kwargs))
     prompt_cache: dict[tuple[str, str], list[int]] = {}
-    bar = SampleProgress(done + len(items), done=done, enabled=show_progress)
+    bar = SampleProgress(done + len(items), done=done, enabled=show_progress) if tally is None else \
+        SharedTally(tally, rank)
     try:
         with SampleWriter(shard_path(config.out_dir, rank)) as writer:
             for start in range(0, len(items), config.batch_size):
@@ -110,11 +112,9 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
                         n=1, temperature=config.temperature, top_p=config.sampling_top_p, top_k=config.top_k,
                         max_tokens=config.max_new_tokens,
                         seed=sample_seed(config.seed, it.problem.benchmark, it.problem.id, it.sample_index)))
-                outs = engine.generate(prompts, params)
-                records = [_record(tok, it, prompt, p.seed, comps[0], config.require_boxed)
-                           for it, prompt, p, comps in zip(chunk, prompts, params, outs)]
-                writer.write(records)
-                bar.update(len(records), sum(r["completion_tokens"] for r in records))
+                outs = engine.generate(prompts, params, on_done=bar.update)   # moves as samples finish
+                writer.write([_record(tok, it, prompt, p.seed, comps[0], config.require_boxed)
+                              for it, prompt, p, comps in zip(chunk, prompts, params, outs)])
     finally:
         bar.close()
         engine.close()
@@ -131,11 +131,11 @@ def _record(tok, item: WorkItem, prompt: list[int], seed: int, completion, requi
 
 
 def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem], rank: int,
-            gpus: list[str] | None, failures) -> None:
+            gpus: list[str] | None, failures, tally) -> None:
     if gpus is not None:                      # before any CUDA call in this (spawned) process
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     try:
-        generate_samples(config, model_dir, backend, items, rank, show_progress=False)
+        generate_samples(config, model_dir, backend, items, rank, tally=tally)
     except Exception as err:
         if (failure := worker_failure(err)) is None:
             raise                              # a bug: its traceback, here
@@ -167,12 +167,14 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     ctx = mp.get_context("spawn")
     size = len(replicas)
     failures, said = ctx.SimpleQueue(), {}
-    procs = [ctx.Process(target=_worker, args=(config, model_dir, backend, items[r::size], r, replicas[r], failures),
-                         name=f"eval-dp{r}") for r in range(size)]
+    tally = ctx.Array("q", 2 * size)   # each worker's samples and tokens told so far: the bar moves within a call
+    procs = [ctx.Process(target=_worker, name=f"eval-dp{r}",
+                         args=(config, model_dir, backend, items[r::size], r, replicas[r], failures, tally))
+             for r in range(size)]
     for p in procs:
         p.start()
     reaper = Reaper([p.pid for p in procs])   # a SIGKILLed evaluator takes its replicas (and their GPUs) along
-    watch = ShardProgress(config.out_dir, total=done + len(items), ranks=range(size), done=done)
+    watch = ShardProgress(config.out_dir, total=done + len(items), ranks=range(size), done=done, tally=tally)
     try:
         while any(p.is_alive() for p in procs):
             watch.poll()

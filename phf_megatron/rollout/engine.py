@@ -2,6 +2,7 @@
 
     engine = build_engine(EngineConfig(model_dir="/models/Qwen3-1.7B"))   # vLLM if installed
     outs = engine.generate([[151644, 872, ...]], SamplingParams(n=4, temperature=1.0))
+    engine.generate(prompts, params, on_done=lambda samples, tokens: ...)   # told as completions finish
     outs[0][3].token_ids, outs[0][3].logprobs, outs[0][3].finish_reason
     engine.update_weights(hf_named_tensor_stream)     # or rollout.sync.sync_weights(...)
     engine.score(prompt_ids, completion_ids)           # raw logprobs of completion tokens
@@ -18,7 +19,7 @@ import abc
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -75,13 +76,18 @@ class RolloutEngine(abc.ABC):
     # ----------------------------------------------------------------- public API
     def generate(self, prompt_token_ids: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams], *,
-                 timeout_s: float | None = None) -> list[list[Completion]]:
+                 timeout_s: float | None = None,
+                 on_done: Callable[[int, int], None] | None = None) -> list[list[Completion]]:
         """Sample ``params.n`` completions for each prompt.
 
         Args:
             prompt_token_ids: B prompts, each a non-empty list of token ids.
             params: one SamplingParams for all prompts, or one per prompt.
             timeout_s: overrides the engine's timeout for this call (None = engine default).
+            on_done: called ``(completions, tokens)`` as completions finish (a progress bar), one call at a time:
+                vLLM per finished request, transformers per batch, a server per response; whatever the backend
+                did not tell during the call comes in one call before this returns, so the calls sum to the
+                completions returned and their tokens.
         Returns:
             B lists; list i holds the n completions of prompt i, in order.
         Raises:
@@ -93,8 +99,15 @@ class RolloutEngine(abc.ABC):
             raise EngineUnusableError(f"{type(self).__name__} refuses to generate: {self._stale}")
         if not prompts:
             return []
-        outs = self._guarded("generate", timeout_s, self._generate, prompts, per_prompt)
-        self._check_completions(outs, per_prompt)
+        told = _Told(on_done) if on_done is not None else None
+        try:
+            outs = self._guarded("generate", timeout_s, self._generate, prompts, per_prompt, told)
+            self._check_completions(outs, per_prompt)
+        finally:
+            if told is not None:
+                told.stop()   # an abandoned call (a timeout) tells nothing more
+        if told is not None:
+            told.rest(outs)
         return outs
 
     def score(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], *,
@@ -197,8 +210,9 @@ class RolloutEngine(abc.ABC):
 
     # ----------------------------------------------------------------- hooks
     @abc.abstractmethod
-    def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[Completion]]:
-        ...
+    def _generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                  on_done: Callable[[int, int], None] | None) -> list[list[Completion]]:
+        """``on_done(completions, tokens)`` (None: nobody asked) as completions finish, from any thread."""
 
     @abc.abstractmethod
     def _score(self, prompt: list[int], completion: list[int]) -> list[float]:
@@ -282,3 +296,31 @@ class RolloutEngine(abc.ABC):
             raise GenerationTimeoutError(
                 f"{type(self).__name__}.{what} did not finish within {timeout_s:.3g} s; the engine "
                 "is now unusable (save a checkpoint and restart)") from None
+
+
+class _Told:
+    """A caller's ``on_done``: one call at a time, nothing after ``stop``, and counted, so that ``rest`` tells
+    what the backend did not."""
+
+    def __init__(self, on_done: Callable[[int, int], None]):
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._open = True
+        self.completions = self.tokens = 0
+
+    def __call__(self, completions: int, tokens: int) -> None:
+        with self._lock:
+            if self._open and (completions or tokens):
+                self.completions += completions
+                self.tokens += tokens
+                self._on_done(completions, tokens)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._open = False
+
+    def rest(self, outs: list[list[Completion]]) -> None:
+        completions = sum(map(len, outs)) - self.completions
+        tokens = sum(len(c.token_ids) for comps in outs for c in comps) - self.tokens
+        if completions or tokens:
+            self._on_done(completions, tokens)

@@ -69,7 +69,7 @@ class HFEngine(RolloutEngine):
         return hf_reference_logprobs(self.model, prompt, completion)
 
     # ------------------------------------------------------------------ generation
-    def _generate(self, prompts, params):
+    def _generate(self, prompts, params, on_done):
         results: list[list[Completion | None]] = [[None] * p.n for p in params]
         rows_by_setting: dict[SamplingParams, list[tuple[int, int, torch.Generator]]] = defaultdict(list)
         for i, p in enumerate(params):
@@ -82,6 +82,8 @@ class HFEngine(RolloutEngine):
                 outs = self._sample_batch([prompts[i] for i, _, _ in chunk], setting, [g for _, _, g in chunk])
                 for (i, j, _), out in zip(chunk, outs):
                     results[i][j] = out
+                if on_done:
+                    on_done(len(outs), sum(len(o.token_ids) for o in outs))
         return results
 
     @torch.no_grad()

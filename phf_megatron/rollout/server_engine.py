@@ -159,7 +159,7 @@ class VLLMServerEngine(RolloutEngine):
         return self._request("POST", "/v1/completions", body)
 
     # ------------------------------------------------------------------ sampling
-    def _generate(self, prompts, params):
+    def _generate(self, prompts, params, on_done):
         def one(prompt, p):
             # vLLM rejects n > 1 at temperature 0; greedy samples are identical anyway
             n = 1 if p.greedy else p.n
@@ -168,7 +168,10 @@ class VLLMServerEngine(RolloutEngine):
                                 finish_reason=FINISH_STOP if c["finish_reason"] == "stop" else FINISH_LENGTH,
                                 logprobs=list(c["logprobs"]["token_logprobs"]) if p.logprobs else None,
                                 extra={"vllm_finish_reason": c["finish_reason"]}) for c in choices]
-            return comps * p.n if p.greedy else comps
+            comps = comps * p.n if p.greedy else comps
+            if on_done:   # (from the HTTP threads: generate tells it one call at a time)
+                on_done(len(comps), sum(len(c.token_ids) for c in comps))
+            return comps
         return list(self._http.map(one, prompts, params))
 
     def _score(self, prompt, completion):

@@ -68,6 +68,7 @@ from .errors import EngineDiedError, VLLMStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_environ import engine_start_environ, scoped_environ
+from .vllm_progress import finished_requests
 from .vllm_shutdown import default_group_exists, shut_down
 from .weights import WeightSpec
 
@@ -312,12 +313,13 @@ class VLLMEngine(RolloutEngine):
         kw.update(over)
         return VSP(**kw)
 
-    def _generate(self, prompts, params):
+    def _generate(self, prompts, params, on_done):
         from vllm.inputs import TokensPrompt
         self._wake()
         with self._alive():
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                     [self._vllm_params(p) for p in params], use_tqdm=False)
+                                     [self._vllm_params(p) for p in params],
+                                     use_tqdm=finished_requests(on_done) if on_done else False)
         results = []
         for out, p in zip(outs, params):
             comps = []

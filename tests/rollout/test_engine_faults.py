@@ -93,10 +93,10 @@ def test_an_engine_answering_with_no_tokens_is_an_error_not_an_empty_rollout(tin
     try:
         params = SamplingParams(n=2, temperature=1.0, max_tokens=3, seed=1)
         assert all(len(c) == 2 and all(x.token_ids for x in c) for c in eng.generate([[1, 2], [3]], params))
-        monkeypatch.setattr(eng, "_generate", lambda prompts, ps: [[Completion([], "stop")] * p.n for p in ps])
+        monkeypatch.setattr(eng, "_generate", lambda prompts, ps, on_done: [[Completion([], "stop")] * p.n for p in ps])
         with pytest.raises(RolloutEngineError, match=r"^HFEngine returned an empty completion .* for prompt 0 of 2"):
             eng.generate([[1, 2], [3]], params)
-        monkeypatch.setattr(eng, "_generate", lambda prompts, ps: [[Completion([5], "stop")] for p in ps])
+        monkeypatch.setattr(eng, "_generate", lambda prompts, ps, on_done: [[Completion([5], "stop")] for p in ps])
         with pytest.raises(RolloutEngineError, match=r"^HFEngine returned 1 completions for prompt 0, asked for 2"):
             eng.generate([[1, 2], [3]], params)
     finally:

@@ -113,6 +113,17 @@ def test_generate_and_score_equal_transformers(server):
         assert len(a) == 3 and [c.token_ids for c in a] == [c.token_ids for c in b]      # seeded
 
 
+def test_generate_tells_each_response_as_it_comes(server):
+    """``on_done`` (the eval's bar) per response, not once at the end of the call; they sum to what came back."""
+    lengths = [5, 1, 4, 2, 3]
+    calls = []
+    with server.engine() as engine:
+        outs = engine.generate([PROMPT] * 5, [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+                                              for m in lengths], on_done=lambda *c: calls.append(c))
+    assert [len(c.token_ids) for (c,) in outs] == lengths
+    assert sorted(calls) == [(1, m) for m in sorted(lengths)]   # (the HTTP threads answer in any order)
+
+
 def test_weight_push_reaches_the_server_and_the_probe_verifies_it(server):
     base = server.base_model()
     trained = server.base_model()

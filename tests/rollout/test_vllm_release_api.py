@@ -62,6 +62,49 @@ def _engine_kwargs(model_dir: str) -> list[dict]:
     return recorded
 
 
+def run_engine_tells() -> list[tuple[int, int]]:
+    """What ``on_done`` is told through ``vllm_progress.finished_requests`` when the installed vLLM's own
+    ``LLM._run_engine`` loop runs a stand-in engine finishing a request of 2 tokens, then one of n=2 x 5 tokens
+    and one of 3 in the same step (and its ``maybe_tqdm`` passes the prompts through)."""
+    from vllm.entrypoints.llm import LLM   # (vllm.LLM: replaced by a recorder in _checks)
+    from vllm.outputs import CompletionOutput, RequestOutput
+    from vllm.utils.tqdm_utils import maybe_tqdm
+
+    from phf_megatron.rollout.vllm_progress import finished_requests
+
+    def finished(rid: int, tokens: int, n: int = 1) -> RequestOutput:
+        return RequestOutput(str(rid), None, [7, 8, 9], None, [CompletionOutput(i, "", list(range(tokens)), None, None,
+                                                                               finish_reason="length")
+                                                              for i in range(n)], True)
+    steps = [[finished(0, 2)], [finished(1, 5, n=2), finished(2, 3)]]
+
+    class Engine:
+        def get_num_unfinished_requests(self):
+            return 3
+
+        def has_unfinished_requests(self):
+            return bool(steps)
+
+        def step(self):
+            return steps.pop(0)
+
+    llm = object.__new__(LLM)
+    llm.llm_engine = Engine()
+    calls = []
+    make = finished_requests(lambda *c: calls.append(c))
+    assert list(maybe_tqdm([[1], [2]], use_tqdm=make, desc="Rendering prompts")) == [[1], [2]]
+    assert [o.request_id for o in LLM._run_engine(llm, RequestOutput, use_tqdm=make)] == ["0", "1", "2"]
+    return calls
+
+
+@pytest.mark.vllm
+def test_on_done_is_told_by_the_installed_vllms_loop():
+    """vLLM calls the ``use_tqdm`` factory with the prompts to render, then makes the bar and updates it per
+    finished request; the tokens are read from its postfix (``vllm_progress``). The GPU image's release: 7. below."""
+    pytest.importorskip("vllm")
+    assert run_engine_tells() == [(1, 2), (2, 10), (1, 3)]
+
+
 def _checks(model_dir: str) -> None:
     """Run in the subprocess: every assertion is about the release vLLM imported there."""
     import dataclasses
@@ -173,6 +216,8 @@ def _checks(model_dir: str) -> None:
     assert "self.processes" in src(CoreEngineProcManager)
     # _keeping_default_group replaces torch.distributed.destroy_process_group, which vLLM calls by attribute
     assert "torch.distributed.destroy_process_group()" in src(parallel_state.destroy_distributed_environment)
+    # 7. generate's on_done: this release's LLM._run_engine and maybe_tqdm driving our use_tqdm bar factory
+    assert run_engine_tells() == [(1, 2), (2, 10), (1, 3)]
 
 
 @pytest.mark.skipif(_release_site() is None, reason="no vLLM release site: build the GPU bundle "
