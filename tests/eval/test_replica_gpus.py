@@ -30,7 +30,7 @@ def _replicas_see(monkeypatch, tmp_path, parent: dict, gpus: int, **config) -> l
     for rank, gpus_of_replica in enumerate(replicas):
         with monkeypatch.context() as m:   # each worker is a process of its own: its setting goes with it
             m.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-            runner._worker(cfg, "m", "hf", [], rank, gpus_of_replica, None)   # (no error to hand on)
+            runner._worker(cfg, "m", "hf", [], rank, gpus_of_replica, None, None)   # (no error, no tally)
     return seen
 
 
