@@ -39,11 +39,11 @@ def train(argv: list[str], quiet: bool = True) -> int:
         if process_rank() == 0:
             print(to_yaml(cfg), end="")
         return 0
-    cfg.require_inputs()
-    if quiet:  # before anything imports torch (the finished-run check below does)
+    if quiet:  # before anything imports torch (the finished-run check below does; require_inputs may)
         from .startup import quiet_start
 
         quiet_start(cfg.logging.verbose)
+    cfg.require_inputs()
     from .training.stop_signal import ignoring, stopping_at_once   # (imports no torch)
 
     trainer, started = None, False

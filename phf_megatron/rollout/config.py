@@ -111,6 +111,8 @@ class RolloutConfig:
     def check_vllm_installed(self) -> None:
         """``vllm_kwargs`` with backend auto where vLLM does not import (auto runs transformers): refused when a run
         starts (``TrainConfig.require_inputs``), before the student is built, not when a config loads."""
+        if not (self.vllm_kwargs and self.backend == "auto"):
+            return   # nothing to check: no torch import (factory's) before the trainer's quiet start
         from .factory import vllm_kwargs_dropped
         dropped = vllm_kwargs_dropped(self.vllm_kwargs, self.backend, "rollout.backend")
         if dropped is not None:

@@ -45,3 +45,28 @@ def test_a_process_spawned_by_a_quiet_command_starts_quiet_too(verbose):
     proc = run_python(["-c", code], timeout=120, **env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(not verbose)] * 2, proc.stdout
+
+
+HEAVY = "[m for m in ('torch', 'megatron', 'vllm', 'transformers') if m in sys.modules]"
+
+
+def test_the_trainer_starts_quiet_before_torch_is_imported(tmp_path):
+    """torch reads ``TORCH_LOGS`` / ``TORCH_CPP_LOG_LEVEL`` when imported: the trainer's quiet start must come
+    first. The start-up checks (``require_inputs``) imported torch before it (the rollout factory, for the
+    vllm_kwargs check), and the main job's log showed torch's "Triton not available" and "NUMA binding" warnings;
+    a setting error those checks find (a missing --model.hf_dir) took torch's import time too."""
+    code = ("import sys\nfrom phf_megatron import startup\n"
+            "def spy(verbose=False):\n"
+            f"    print('AT_QUIET_START', {HEAVY})\n"
+            "    raise SystemExit(0)\n"
+            "startup.quiet_start = spy\n"
+            "from phf_megatron.train import train\n"
+            f"train(['--model.hf_dir=configs', '--run_dir={tmp_path}'])\n")
+    proc = run_python(["-c", code], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == ["AT_QUIET_START []"], proc.stdout + proc.stderr
+    code = ("import sys\nfrom phf_megatron.train import main\n"
+            "rc = main(['--model.hf_dir=/nonexistent/hf'])\n"
+            f"print('HEAVY', {HEAVY}); sys.exit(rc)\n")
+    proc = run_python(["-c", code], timeout=120)
+    assert proc.stderr.splitlines() == ["error: --model.hf_dir: /nonexistent/hf does not exist"], proc.stderr
+    assert (proc.returncode, proc.stdout.splitlines()) == (2, ["HEAVY []"])
