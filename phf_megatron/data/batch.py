@@ -27,7 +27,8 @@ two EOS ids, so a rollout that stops on it does not score that token; ``<|im_end
 is scored. The rule is meant to skip padding, but it also drops a genuine ``<|endoftext|>``:
 we follow it so that the loss averages over the same tokens. The unscored tokens stay in the
 sequences (the official code keeps them too, attention-masked; as they can only end a rollout,
-no scored token sees them). ``response_lengths`` counts every rollout token, scored or not.
+no scored token sees them). ``response_lengths`` counts every rollout token, scored or not; GRPO scores
+them all (``sampled_mask``), as TRL 0.26's ``GRPOTrainer`` does.
 """
 
 from __future__ import annotations
@@ -103,12 +104,18 @@ class DistillBatch:
         index = index.view(*index.shape, *([1] * (per_position.dim() - 2)))
         return torch.gather(per_position, 1, index.expand(*index.shape[:2], *per_position.shape[2:]))
 
-    def scored_positions(self, side: str) -> torch.Tensor:
-        """``[B, L]`` bool: True at the positions of that side's sequence holding a scored rollout token."""
+    def sampled_mask(self) -> torch.Tensor:
+        """``[B, T]`` bool: every rollout token, the pad id's included (``response_mask`` leaves it out)."""
+        return torch.arange(self.response_ids.shape[1]).unsqueeze(0) < self.response_lengths.unsqueeze(1)
+
+    def scored_positions(self, side: str, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, L]`` bool: True at the positions of that side's sequence holding a scored rollout token
+        (``tokens [B, T]``: which rollout tokens count; default ``response_mask``)."""
+        keep = self.response_mask if tokens is None else tokens
         mask = torch.zeros_like(self.attention_mask(side))
         positions = self.response_positions(side, "token")
         rows = torch.arange(positions.shape[0]).unsqueeze(1).expand_as(positions)
-        mask[rows[self.response_mask], positions[self.response_mask]] = True
+        mask[rows[keep], positions[keep]] = True
         return mask
 
     def shifted_labels(self, side: str) -> torch.Tensor:

@@ -118,7 +118,7 @@ def _cuts(num_samples: int, micro_batch_size: int | Sequence[int]) -> list[slice
 def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int], advantages: torch.Tensor,
                       sampler_logps: Sequence[Sequence[float]] | None = None,
                       unscored: torch.Tensor | None = None, packing: Packing = PADDED) -> list[GrpoMicroBatch]:
-    """GRPO's micro-batches of a rank's batch: the student sequences scored on the completion, each
+    """GRPO's micro-batches of a rank's batch: the student sequences scored on every completion token, each
     sample's advantage and (the vLLM correction) the engine's log-prob of each completion token at
     that token's position.
 
@@ -130,7 +130,8 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int]
     b = batch.student_input_ids.shape[0]
     if advantages.shape != (b,):
         raise ValueError(f"advantages: expected [{b}], got {tuple(advantages.shape)}")
-    scored = batch.scored_positions("student")
+    every = batch.sampled_mask()  # TRL scores every sampled token, a final pad id (<|endoftext|>) too
+    scored = batch.scored_positions("student", every)
     if unscored is not None:
         scored[unscored] = False
     sampler = None
@@ -142,10 +143,10 @@ def grpo_microbatches(batch: DistillBatch, micro_batch_size: int | Sequence[int]
             per_token[r, : len(lp)] = torch.tensor(list(lp), dtype=torch.float32)
         positions = batch.response_positions("student", "token")
         rows = torch.arange(b).unsqueeze(1).expand_as(positions)
-        keep = batch.response_mask
+        keep = every
         sampler = torch.zeros(scored.shape, dtype=torch.float32)
         sampler[rows[keep], positions[keep]] = per_token[keep]
-    full = batch.response_mask.sum(-1)  # dapo's N_tok counts masked-out completions too (TRL)
+    full = batch.response_lengths  # dapo's N_tok counts masked-out completions too (TRL)
     cuts, tokens = _cuts(b, micro_batch_size), batch.student_input_ids
     lengths = batch.student_attention_mask.sum(1)
     total = packing.rank_length([lengths[sl] for sl in cuts]) if packing.enabled else None

@@ -16,6 +16,7 @@ from phf_megatron.tokenizer import load_qwen3_tokenizer
 from phf_megatron.training.batches import build_microbatches, grpo_microbatches, local_samples
 from phf_megatron.training.config_io import load_config
 from phf_megatron.training.methods.grpo import GrpoMethod, check_gold_answers
+from phf_megatron.training.methods.grpo import is_truncated as method_is_truncated
 from phf_megatron.training.rollouts import StepRequests, StepSamples
 from phf_megatron.training.schedule import steps_per_epoch
 from phf_megatron.training.step_plan import StepPlan, StepPlanner
@@ -200,3 +201,37 @@ def test_bad_grpo_settings_are_one_line(flags, expected):
         load_config(None, ["--method=grpo", "--rollout.n=2", "--training.global_batch_size=4", "--rollout.top_k=0",
                            "--rollout.top_p=1.0", "--training.train_iters=4", "--checkpoint.save_interval=2", *flags])
     assert err.value.line.startswith(expected) and "\n" not in err.value.line, err.value.line
+
+
+def _trl_completion_mask(completions, eos_id, pad_id, mask_truncated):
+    """TRL 0.26 ``GRPOTrainer._generate_and_score_completions`` on vLLM's completions (grpo_trainer.py:1783-1799):
+    ones over each completion's sampled ids, right-padded with 0; ``mask_truncated_completions`` zeroes a
+    completion whose last id is neither ``eos_token_id`` nor ``pad_token_id``."""
+    width = max(len(c) for c in completions)
+    mask = [[1] * len(c) + [0] * (width - len(c)) for c in completions]
+    if mask_truncated:
+        mask = [row if c[-1] in (eos_id, pad_id) else [0] * width for row, c in zip(mask, completions)]
+    return mask
+
+
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_every_sampled_token_is_scored_as_trl_does_a_final_pad_id_too(tok, mask_truncated):
+    """Qwen3's engines stop on <|im_end|> and on <|endoftext|> (its pad id): TRL scores that final pad id as
+    any sampled token; so does the GRPO batch (the PHF batch leaves it out, as official OPSD)."""
+    im_end, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
+    assert pad == tok.convert_tokens_to_ids("<|endoftext|>") != im_end == tok.eos_token_id
+    cfg, method = _method(tok)
+    method.eos_token_ids = frozenset({im_end, pad})
+    body = [tok.encode(t, add_special_tokens=False) for t in ("so \\boxed{1}", "maybe \\boxed{2}", "12 + 19 is 3")]
+    completions = [body[0] + [im_end], body[1] + [pad], body[2], body[0] + [pad]]  # the third: cut at max_tokens
+    pairs = [method.row_inputs(tok, ROWS[i // 2], PromptConfig()) for i in range(4)]
+    truncated = torch.tensor([method_is_truncated(c, method.eos_token_ids) for c in completions])
+    assert truncated.tolist() == [False, False, True, False]
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    mbs = build_microbatches(pairs, completions, pad_id=pad, micro_batch_size=1, dp_rank=0, dp_size=1,
+                             pad_multiple=1, make=lambda b, m, samples: grpo_microbatches(
+                                 b, m, advantages[samples], None, truncated[samples] if mask_truncated else None))
+    want = _trl_completion_mask(completions, im_end, pad, mask_truncated)
+    for mb, c, row in zip(mbs, completions, want):
+        assert mb.score_tokens.tolist() == [t for t, m in zip(c, row) if m]
+        assert mb.num_tokens == sum(row) and (mb.num_items or mb.num_tokens) == (len(c) if mask_truncated else sum(row))

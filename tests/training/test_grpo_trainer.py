@@ -115,7 +115,7 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
         for r, i in enumerate(range(b, b + 2)):
             seq = prompts[i // 2] + completions[i]
             ids[r, : len(seq)] = torch.tensor(seq)
-            mask[r, len(prompts[i // 2]): len(seq)] = torch.tensor([t != tok.pad_token_id for t in completions[i]])
+            mask[r, len(prompts[i // 2]): len(seq)] = True  # every sampled token, a final pad id too (TRL)
         with torch.no_grad():
             logits = model(input_ids=ids).logits / 1.1
         logps = torch.zeros(2, width, dtype=torch.float64)
