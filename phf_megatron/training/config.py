@@ -25,6 +25,9 @@ from .config_sections import (  # noqa: F401 - re-exported: the sections are par
     TeacherConfig, TrainingConfig,
 )
 
+#: ``data.holdout_fraction`` left unset: the official script's share of rows never trained on (data/holdout.py)
+HOLDOUT = {"phf": 0.0, "sft": 0.01, "grpo": 0.007}
+
 #: The paper's ablation rows (Table 2 and Section 4) as switches: ``--ablation NAME`` sets these
 #: ``objective`` values before the explicit command-line overrides are applied.
 ABLATIONS: dict[str, dict[str, object]] = {
@@ -186,6 +189,12 @@ class TrainConfig:
         (TRL GOLDConfig, disable_dropout=True) zeroes every dropout; SFT's and GRPO's (TRL 0.26 SFTTrainer,
         GRPOConfig.disable_dropout=False) train with LoRA dropout (``lora.dropout``, ModelConfig's 0.05)."""
         return self.method == "phf" if self.model.disable_dropout is None else self.model.disable_dropout
+
+    @property
+    def holdout_fraction(self) -> float:
+        """``data.holdout_fraction``, or where it is None the official script's for the method (OPSD 7448751):
+        sft_train.py holds out 0.01 of the rows, grpo_train.py 0.007, opsd_train.py none."""
+        return HOLDOUT[self.method] if self.data.holdout_fraction is None else self.data.holdout_fraction
 
     @property
     def save_dir(self) -> str:

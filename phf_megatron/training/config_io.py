@@ -330,6 +330,7 @@ def resume_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     checkpoint saved when it defaulted to true resumes a phf run at today's default (None, the method's)."""
     flat = flatten(to_dict(cfg))
     flat["model.disable_dropout"] = cfg.dropout_disabled
+    flat["data.holdout_fraction"] = cfg.holdout_fraction
     return {k: v for k, v in flat.items() if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MUTABLE)}
 
 
@@ -337,6 +338,8 @@ def saved_as_run(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's fingerprint with ``model.disable_dropout`` as what its run did: one saved between 731af8c and
     96a718c holds it as set, None (the method's default: true for phf only), which today's fingerprint
     (``TrainConfig.dropout_disabled``, never None) would call another setting on every resume."""
+    if "data.holdout_fraction" not in saved:  # saved before the holdout: every row trained
+        saved = {**saved, "data.holdout_fraction": 0.0, "data.holdout_seed": 42}
     if "model.disable_dropout" in saved and saved["model.disable_dropout"] is None:
         return {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}
     return saved

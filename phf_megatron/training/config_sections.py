@@ -152,6 +152,12 @@ class DataConfig:
     """Longest prompt in tokens; a longer row stops the run at load (official --max_length 20000 truncates)."""
     skip_bad_rows: bool = False
     """Skip and count invalid rows instead of stopping at the first one."""
+    holdout_fraction: float | None = None
+    """Share of the rows never trained on, as the official baselines' ``train_test_split(test_size, seed)``
+    (``data/holdout.py``: its ``train`` part, in its order, then ``max_rows``). None: the method's official
+    script (``TrainConfig.holdout_fraction``): sft 0.01, grpo 0.007, phf 0; 0: every row."""
+    holdout_seed: int = 42
+    """Seed of that split (official: 42)."""
     shuffle: bool = True
     """Reshuffle the rows every epoch (HF Trainer's RandomSampler)."""
     shuffle_seed: int = 42
@@ -172,6 +178,9 @@ class DataConfig:
             check_positive("data.max_rows", self.max_rows)
         check_positive("data.max_prompt_length", self.max_prompt_length)
         check_positive("data.shuffle_seed", self.shuffle_seed, allow_zero=True)   # the sampler's, once the model loaded
+        check_positive("data.holdout_seed", self.holdout_seed, allow_zero=True)
+        if self.holdout_fraction is not None and not 0 <= self.holdout_fraction < 1:
+            raise fail("data.holdout_fraction", f"{self.holdout_fraction}: must be in [0, 1) (the share held out)")
         check_choice("data.teacher_prompt", self.teacher_prompt, TEACHER_PROMPTS)
 
 

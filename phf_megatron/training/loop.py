@@ -36,6 +36,7 @@ import time
 import torch
 
 from ..data import PromptConfig, load_math_dataset
+from ..data.holdout import without_holdout
 from ..data.sampler import EpochSampler
 from ..lora import adapter_parameters
 from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
@@ -68,11 +69,15 @@ from .update import run_update
 def _load_dataset(cfg: TrainConfig):
     """The training set; a source that cannot be read is an error naming ``--data.path``."""
     try:
-        return load_math_dataset(cfg.data.path, split=cfg.data.split, skip_bad_rows=cfg.data.skip_bad_rows)
+        dataset = load_math_dataset(cfg.data.path, split=cfg.data.split, skip_bad_rows=cfg.data.skip_bad_rows)
     except UserError:  # a bad row, named by file and line
         raise
     except ValueError as err:  # "source: ..." (missing file, unknown format, unloadable dataset)
         raise fail("data.path", str(err).removeprefix("source: ")) from err
+    try:  # the official baselines' train_test_split: its train part
+        return without_holdout(dataset, cfg.holdout_fraction, cfg.data.holdout_seed)
+    except ValueError as err:
+        raise fail("data.holdout_fraction", f"{cfg.holdout_fraction} (--method={cfg.method}) {err}") from err
 
 
 def _saved_parts(load_dir: str) -> dict:

@@ -77,6 +77,7 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
     transcription (``objectives.grpo.grpo_loss``, ratio 1) on HF float64 log-probs."""
     from phf_megatron.data import PromptConfig, load_math_dataset
     from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+    from phf_megatron.data.holdout import without_holdout
     from phf_megatron.data.sampler import EpochSampler
     from phf_megatron.objectives.grpo import group_advantages, grpo_loss
     from phf_megatron.rollout import SamplingParams
@@ -91,7 +92,7 @@ def test_first_rollout_batch_rewards_and_advantages_from_its_rollouts(tiny_input
     assert_ok(_train(hf, data, run, *GRPO, "--training.train_iters=2", "--checkpoint.save_interval=0"))
     first = read_metrics(run)[0]
     tok = load_qwen3_tokenizer(hf)
-    rows = load_math_dataset(data).rows
+    rows = without_holdout(load_math_dataset(data), 0.007, 42).rows  # the official split's train part
     prompts = [encode_prompt(tok, render_student_prompt(tok, rows[i].problem, PromptConfig()))
                for i in EpochSampler(len(rows), seed=42, shuffle=True).take(2)]  # 4 completions / G = 2 prompts
     engine = HFEngine(hf, dtype="float32", device="cpu")

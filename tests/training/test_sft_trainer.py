@@ -160,6 +160,7 @@ def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, 
     solution (or every token but the first); float64 HF against the float32 trainer."""
     from phf_megatron.data import PromptConfig, load_math_dataset
     from phf_megatron.data.prompts import encode_prompt, render_student_prompt
+    from phf_megatron.data.holdout import without_holdout
     from phf_megatron.data.sampler import EpochSampler
     from phf_megatron.tokenizer import load_qwen3_tokenizer
     from transformers import AutoModelForCausalLM
@@ -170,7 +171,7 @@ def test_first_step_loss_equals_hf_cross_entropy_on_the_steps_rows(tiny_inputs, 
     assert_ok(train(hf, data, run, *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0", *extra))
     [m] = read_metrics(run)
     tok = load_qwen3_tokenizer(hf)
-    rows = load_math_dataset(data).rows
+    rows = without_holdout(load_math_dataset(data), 0.01, 42).rows  # the official split's train part
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float64)
     total, count = 0.0, 0
     for i in EpochSampler(len(rows), seed=42, shuffle=True).take(4):  # data.shuffle_seed 42, global batch 4
@@ -216,7 +217,7 @@ def test_a_sample_over_the_token_budget_is_one_line_naming_its_row(tiny_inputs, 
     step) naming the longest and the smallest budget, and sft.max_length as the setting to lower."""
     hf, data = tiny_inputs
     proc = train(hf, data, str(tmp_path / "over"), *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0",
-                 "--training.packing", "--training.max_tokens_per_microbatch=30")
+                 "--training.packing", "--training.max_tokens_per_microbatch=30", "--data.holdout_fraction=0")
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"error: --training\.max_tokens_per_microbatch: 16 row\(s\) make a sequence over the budget "
