@@ -64,7 +64,9 @@ class ModelConfig:
     disable_dropout: bool | None = None
     """Zero every dropout, LoRA's included (Qwen3's own dropouts are 0). None: as the method's official
     trainer (``TrainConfig.dropout_disabled``): true for phf (TRL GOLDConfig's default), false for sft and
-    grpo (TRL 0.26's SFTTrainer has no such switch, GRPOConfig defaults it to false: their LoRA dropout 0.05 trains)."""
+    grpo (TRL 0.26's SFTTrainer has no such switch, GRPOConfig defaults it to false: their LoRA dropout 0.05 trains).
+    False under phf also scores the EMA / dynamic teacher with LoRA dropout on, as official OPSD (opsd_trainer.py:683-687:
+    its teacher forward is the training-mode model under no_grad, dropout zeroed only by --disable_dropout, 178-179)."""
     fused_kernels: bool = True
     """Compiled RMSNorm / RoPE / SwiGLU fast paths (GPU only; measured 1.31x HF tokens/s on an H100)."""
     compile_layers: bool = False
