@@ -338,7 +338,7 @@ def saved_as_run(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's fingerprint with ``model.disable_dropout`` as what its run did: one saved between 731af8c and
     96a718c holds it as set, None (the method's default: true for phf only), which today's fingerprint
     (``TrainConfig.dropout_disabled``, never None) would call another setting on every resume."""
-    if "data.holdout_fraction" not in saved:  # saved before the holdout: every row trained
+    if "method" in saved and "data.holdout_fraction" not in saved:  # a run's, saved before the holdout: every row
         saved = {**saved, "data.holdout_fraction": 0.0, "data.holdout_seed": 42}
     if "model.disable_dropout" in saved and saved["model.disable_dropout"] is None:
         return {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}

@@ -382,10 +382,13 @@ def test_colocate_false_is_refused_by_a_run_not_by_a_saved_config(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["phf_qwen3_8b", "tiny_cpu"])
-def test_help_after_a_preset_shows_its_values_as_the_defaults(capsys, name):
+def test_help_after_a_preset_shows_its_values_as_the_defaults(capsys, monkeypatch, name):
     """``train --config C --help`` listed the code's defaults (jsd_clip 0.05 for the 8B preset's 0.06): every
     setting's default now is the value --print-config resolves from C, marked where C changes the code's."""
     import re
+
+    for var in ("RANK", "WORLD_SIZE"):   # left by an earlier test's world of one: --print-config would check the
+        monkeypatch.delenv(var, raising=False)   # 8B preset's TP 2 against it (commands.launch_world)
 
     from phf_megatron.cli import _show
     from phf_megatron.train import train
