@@ -66,7 +66,8 @@ def mistyped_keyword(vllm_kwargs: dict) -> str | None:
         if value is None:   # vLLM's "unset", the default of fields it declares as a bare int or bool (0.32's
             continue        # enable_flashinfer_autotune, elastic_ep_max_dp_size): not of another type
         hint = declared.get(key)
-        if isinstance(hint, str):   # a postponed annotation
+        if isinstance(hint, str):   # a postponed annotation, resolved field by field: typing.get_type_hints(EngineArgs)
+            # raises for all of them on one unresolvable name (0.32: NameError 'QuantizationConfigArgs')
             try:
                 hint = eval(hint, vars(sys.modules[arg_utils.EngineArgs.__module__]))   # noqa: S307 - vLLM's own
             except Exception:   # noqa: BLE001 - a name its module does not hold: not checked
