@@ -7,7 +7,7 @@
 # the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR (default
 # runs/<PHF_RUN_NAME, else the config's name> in the repository; relative paths given in HF_MODEL, DATA, RUN_DIR and
 # MCORE_DIR are read from the directory the launcher is run from), NGPU (the GPUs this
-# node shows: CUDA_VISIBLE_DEVICES's entries, else `nvidia-smi -L`'s; 8 where it shows none),
+# node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
@@ -28,10 +28,36 @@ if [ "$CALLER" != "$(pwd -P)" ]; then   # run from another directory: the paths 
 fi
 DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
 RUN_DIR=${RUN_DIR:-runs/${PHF_RUN_NAME:-$(basename "$CONFIG" .yaml)}}   # by default in the repository's runs/
+# How many of CUDA_VISIBLE_DEVICES's entries CUDA shows a process ($1: the GPUs the driver lists, 0 if unknown), read
+# as CUDA reads it (and torch.cuda._parse_visible_devices after it): the entries up to the first that is not a GPU
+# (-1, an empty entry, an index past the listed GPUs, a UUID of the other kind), none if one is repeated
+cuda_visible_count() {
+  local entry id n=0 seen=' ' prefix=''
+  [[ $CUDA_VISIBLE_DEVICES =~ ^(GPU|MIG)- ]] && prefix=${BASH_REMATCH[0]}
+  IFS=, read -ra entries <<< "$CUDA_VISIBLE_DEVICES"
+  for entry in "${entries[@]}"; do
+    if [ -n "$prefix" ]; then
+      [[ $entry == "$prefix"* ]] || break
+      id=$entry
+    else   # an index as strtoul reads it: leading blanks and a + skipped, the digits up to the first other character
+      [[ $entry =~ ^[[:space:]]*[+]?([0-9]+) ]] || break
+      id=$((10#${BASH_REMATCH[1]}))
+      [ "$1" -eq 0 ] || [ "$id" -lt "$1" ] || break
+    fi
+    [[ $seen != *" $id "* ]] || { echo 0; return; }
+    seen+="$id "; n=$((n + 1))
+  done
+  echo "$n"
+}
+GPUS_LISTED=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank; else what the driver lists
-  IFS=, read -ra VISIBLE <<< "$CUDA_VISIBLE_DEVICES"; GPUS_HERE=${#VISIBLE[@]}
+  GPUS_HERE=$(cuda_visible_count "$GPUS_LISTED")
+  if [ "$GPUS_HERE" -eq 0 ]; then
+    echo "error: CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES': CUDA shows no GPU with it (it reads the entries up to the first that is not a GPU here: -1, an empty one; a repeated one hides all): name this node's GPUs (0,1,...) or unset it" >&2
+    exit 2
+  fi
 else
-  GPUS_HERE=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+  GPUS_HERE=$GPUS_LISTED
 fi
 NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
 NNODES=${NNODES:-1}

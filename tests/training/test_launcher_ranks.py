@@ -40,6 +40,12 @@ def _launch(tmp_path, gpus: int, extra_env: dict[str, str]) -> tuple[subprocess.
 @pytest.mark.parametrize("gpus, extra_env, ranks", [
     (4, {}, "4"),                                      # was 8: ranks 4-7 died in torch.cuda.set_device
     (4, {"CUDA_VISIBLE_DEVICES": "2,3"}, "2"),         # what CUDA shows the ranks, not what the driver lists
+    # CUDA reads the entries up to the first that is not a GPU: each was 4 ranks, two died in set_device
+    (4, {"CUDA_VISIBLE_DEVICES": "0,1,,2"}, "2"),      # an empty entry
+    (4, {"CUDA_VISIBLE_DEVICES": "3,1,-1,0"}, "2"),    # -1
+    (4, {"CUDA_VISIBLE_DEVICES": "1,2,7,0"}, "2"),     # an index past the node's GPUs
+    (4, {"CUDA_VISIBLE_DEVICES": " +2,3x"}, "2"),      # strtoul's reading: " +2" is 2, "3x" is 3
+    (4, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,MIG-c,GPU-d"}, "2"),   # a UUID of the other kind
     (8, {"NGPU": "4"}, "4"),                           # fewer than the node has: as asked
     (0, {}, "8"),                                      # no GPU found (a login node's dry run): the presets' 8
 ])
@@ -61,6 +67,11 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
     (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
     (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
+    # no GPU as CUDA reads them (-1: the usual way to hide them; empty; a repeated one): was 1 rank (then the 8B
+    # preset's TP 2 refused), or 8 ranks on a node that lists none, or 2 ranks that CUDA shows no GPU
+    *((8, {"CUDA_VISIBLE_DEVICES": cvd}, f"error: CUDA_VISIBLE_DEVICES='{cvd}': CUDA shows no GPU with it (it reads the "
+       "entries up to the first that is not a GPU here: -1, an empty one; a repeated one hides all): name this node's "
+       "GPUs (0,1,...) or unset it") for cvd in ("-1", "", "1,1", ",0,1", "8,9")),
     (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
     (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model has no config.json (not a HF model directory)"),
 ])
