@@ -7,7 +7,7 @@
 # the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR (default
 # runs/<PHF_RUN_NAME, else the config's name> in the repository; relative paths given in HF_MODEL, DATA, RUN_DIR and
 # MCORE_DIR are read from the directory the launcher is run from), NGPU (the GPUs this
-# node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; 8 where it shows none),
+# node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
@@ -49,7 +49,8 @@ cuda_visible_count() {
   done
   echo "$n"
 }
-GPUS_LISTED=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU ' || true)
+LISTING=$(nvidia-smi -L 2>/dev/null || true)   # "GPU i: ..." lines, each MIG-enabled one's "  MIG ... Device j: ..." under it
+GPUS_LISTED=$(grep -c '^GPU ' <<< "$LISTING" || true)
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank; else what the driver lists
   GPUS_HERE=$(cuda_visible_count "$GPUS_LISTED")
   if [ "$GPUS_HERE" -eq 0 ]; then
@@ -58,6 +59,12 @@ if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank;
   fi
 else
   GPUS_HERE=$GPUS_LISTED
+fi
+# MIG: a CUDA process enumerates a single MIG device, however many the node has or CUDA_VISIBLE_DEVICES names (NVIDIA's
+# MIG user guide, "CUDA Device Enumeration"): one rank (more would share it or die in set_device); a GPU, not its MIGs
+MIG=''
+if grep -q '^ *MIG ' <<< "$LISTING" || [[ ${CUDA_VISIBLE_DEVICES:-} == MIG-* ]]; then
+  MIG='; MIG: CUDA shows a process one MIG device'; [ "$GPUS_HERE" -le 1 ] || GPUS_HERE=1
 fi
 NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
 NNODES=${NNODES:-1}
@@ -69,7 +76,7 @@ if [ "$NNODES" -gt 1 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # said now, not aft
   [ -n "${MASTER_ADDR:-}" ] || { echo "error: NNODES=$NNODES: set MASTER_ADDR, the address of the node of NODE_RANK=0" >&2; exit 2; }
 fi
 if [ "$GPUS_HERE" -gt 0 ] && [ "$NGPU" -gt "$GPUS_HERE" ]; then   # the ranks past them would die in CUDA's set_device
-  echo "error: NGPU=$NGPU: this node shows $GPUS_HERE GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}): one rank per GPU, NGPU <= $GPUS_HERE" >&2
+  echo "error: NGPU=$NGPU: this node shows $GPUS_HERE GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}$MIG): one rank per GPU, NGPU <= $GPUS_HERE" >&2
   exit 2
 fi
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}

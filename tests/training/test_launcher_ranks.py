@@ -19,11 +19,13 @@ from ..helpers import REPO
 LAUNCHER = os.path.join(REPO, "examples", "train_phf_qwen3_8b.sh")   # TP 2, global batch 32, micro-batch 2
 
 
-def _launch(tmp_path, gpus: int, extra_env: dict[str, str]) -> tuple[subprocess.CompletedProcess, str]:
-    """The 8B launcher on a node whose ``nvidia-smi -L`` lists ``gpus`` GPUs; returns the process and the run dir."""
+def _launch(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tuple[subprocess.CompletedProcess, str]:
+    """The 8B launcher on a node whose ``nvidia-smi -L`` lists ``gpus`` GPUs, each with ``migs`` MIG devices under
+    it; returns the process and the run dir."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(gpus))
+    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" + "".join(
+        f"  MIG 1g.10gb     Device  {j}: (UUID: MIG-{i:04d}{j:04d})\\n" for j in range(migs)) for i in range(gpus))
     (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n[ \"$1\" = -L ] && printf '{listing}'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     hf = tmp_path / "Qwen3 8B"   # a path with a space
@@ -105,6 +107,19 @@ def test_print_config_checks_the_layout_against_the_world_it_would_run_in(enviro
         assert proc.returncode == 0 and proc.stdout.startswith("run_dir: runs/phf_qwen3_8b\n"), proc.stderr
     else:
         assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [line], "")
+
+
+@pytest.mark.parametrize("migs, extra_env", [(3, {}), (0, {"CUDA_VISIBLE_DEVICES": "MIG-00000000,MIG-00000001"})])
+def test_a_mig_node_shows_one_device(tmp_path, migs, extra_env):
+    """A CUDA process enumerates one MIG device, however many the node has (NVIDIA's MIG user guide): the launcher
+    counted the 2 GPUs that ``nvidia-smi -L`` lists (or the 2 MIG devices named) and started 2 ranks, the second
+    died in ``set_device`` (or shared the first's device). Now one rank; more is refused in one line."""
+    proc, run = _launch(tmp_path, 2, {"NGPU": "2", **extra_env}, migs=migs)
+    shown = extra_env.get("CUDA_VISIBLE_DEVICES", "unset")
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+        f"error: NGPU=2: this node shows 1 GPU(s) (CUDA_VISIBLE_DEVICES={shown}; MIG: CUDA shows a process one MIG "
+        "device): one rank per GPU, NGPU <= 1"]), proc.stderr[-3000:]
+    assert not os.path.exists(run)
 
 
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
