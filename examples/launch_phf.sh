@@ -71,6 +71,10 @@ NNODES=${NNODES:-1}
 for v in NGPU NNODES; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
+if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's
+  echo "error: NODE_RANK=$NODE_RANK: expected this node's index, a whole number from 0 to $((NNODES - 1)) (NNODES=$NNODES)" >&2
+  exit 2
+fi
 if [ "$NNODES" -gt 1 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # said now, not after the conversion
   [ -n "${NODE_RANK:-}" ] || { echo "error: NNODES=$NNODES: set NODE_RANK, this node's index (0 to $((NNODES - 1)))" >&2; exit 2; }
   [ -n "${MASTER_ADDR:-}" ] || { echo "error: NNODES=$NNODES: set MASTER_ADDR, the address of the node of NODE_RANK=0" >&2; exit 2; }

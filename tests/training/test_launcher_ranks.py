@@ -69,6 +69,10 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
     (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
     (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
+    # a node index out of range: was torchrun's error, after the conversion
+    *((8, {"NNODES": nnodes, "NODE_RANK": rank, "MASTER_ADDR": "gpu017"}, f"error: NODE_RANK={rank}: expected this "
+       f"node's index, a whole number from 0 to {int(nnodes) - 1} (NNODES={nnodes})")
+      for nnodes, rank in (("2", "2"), ("2", "-1"), ("2", "one"), ("1", "1"), ("3", " 1"))),
     # no GPU as CUDA reads them (-1: the usual way to hide them; empty; a repeated one): was 1 rank (then the 8B
     # preset's TP 2 refused), or 8 ranks on a node that lists none, or 2 ranks that CUDA shows no GPU
     *((8, {"CUDA_VISIBLE_DEVICES": cvd}, f"error: CUDA_VISIBLE_DEVICES='{cvd}': CUDA shows no GPU with it (it reads the "
