@@ -37,13 +37,8 @@ def test_the_scripts_are_valid_bash(script):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
-@pytest.mark.parametrize("gpus, want", [
-    ({"SLURM_GPUS_ON_NODE": "4"}, "4"),
-    # no --gpus-per-node: the node's own GPUs (here its CUDA_VISIBLE_DEVICES), not 8 (the old fallback, refused
-    # by the launcher on a node that shows 2)
-    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "2"),
-])
-def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_path, gpus, want):
+def _fake_job(tmp_path) -> dict[str, str]:
+    """A fake two-node job's environment: ``srun`` and ``scontrol`` faked on PATH, a HF directory, DRY_RUN."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
@@ -52,11 +47,21 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     hf = tmp_path / "Qwen3-8B"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
+            "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": str(tmp_path / "run"), "SLURM_SUBMIT_DIR": REPO,
+            "SLURM_JOB_ID": "14242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]"}
+
+
+@pytest.mark.parametrize("gpus, want", [
+    ({"SLURM_GPUS_ON_NODE": "4"}, "4"),
+    # no --gpus-per-node: the node's own GPUs (here its CUDA_VISIBLE_DEVICES), not 8 (the old fallback, refused
+    # by the launcher on a node that shows 2)
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "2"),
+])
+def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_path, gpus, want):
     run = str(tmp_path / "runs" / "phf8b")
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
-           "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": run, "SLURM_SUBMIT_DIR": REPO,
-           "SLURM_JOB_ID": "14242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]",
-           "SLURM_CPUS_PER_TASK": "64", **gpus}
+    env = {**_fake_job(tmp_path), "RUN_DIR": run, "SLURM_CPUS_PER_TASK": "64", **gpus}
+    hf = env["HF_MODEL"]
     proc = subprocess.run(["bash", SBATCH, "--rollout.num_engines=auto"], cwd=str(tmp_path), env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -75,6 +80,24 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
     # each node's task keeps the job's cores (#SBATCH --cpus-per-task=64), not srun's default of one
     assert [line for line in proc.stdout.splitlines() if line.startswith("srun task")] == [
         "srun task 0: 64 cores", "srun task 1: 64 cores"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--checkpoint.exit_signal=SIGUSR1"], "error: --checkpoint.exit_signal=SIGUSR1: Slurm sends this job SIGTERM "
+     "(--signal=TERM@300 before its time limit; a preemption's is always SIGTERM), which would stop the run unsaved: "
+     "keep SIGTERM"),
+    (["--checkpoint.exit_signal=SIGTERM"], None),
+])
+def test_a_run_that_saves_on_another_signal_than_slurms_is_refused(tmp_path, argv, line):
+    """The job asks Slurm for SIGTERM before its time limit and a preemption sends SIGTERM; a run set to save on
+    SIGUSR1 was started and then killed unsaved at either. Now one line before the conversion and the nodes' start."""
+    env = {**_fake_job(tmp_path), "SLURM_GPUS_ON_NODE": "4"}
+    proc = subprocess.run(["bash", SBATCH, *argv], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=60)
+    if line is None:
+        assert proc.returncode == 0 and proc.stderr == "" and "+ torchrun" in proc.stdout, proc.stderr
+    else:
+        assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [line], ""), proc.stderr[-3000:]
 
 
 def test_outside_a_slurm_job_it_says_so(tmp_path):
