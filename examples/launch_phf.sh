@@ -8,7 +8,8 @@
 # runs/<PHF_RUN_NAME, else the config's name> in the repository; relative paths given in HF_MODEL, DATA, RUN_DIR and
 # MCORE_DIR are read from the directory the launcher is run from), NGPU (the GPUs this
 # node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
-# MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base),
+# MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base; on several nodes node 0 converts
+# and the others wait for it up to MCORE_WAIT seconds, default 3600: put it where every node sees it),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
@@ -68,7 +69,8 @@ if grep -q '^ *MIG ' <<< "$LISTING" || [[ ${CUDA_VISIBLE_DEVICES:-} == MIG-* ]];
 fi
 NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
 NNODES=${NNODES:-1}
-for v in NGPU NNODES; do
+MCORE_WAIT=${MCORE_WAIT:-3600}
+for v in NGPU NNODES MCORE_WAIT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
 if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's
@@ -93,7 +95,20 @@ RANK=0 WORLD_SIZE=$((NGPU * NNODES)) python -m phf_megatron.train "${TRAIN_ARGS[
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
 
-if [ ! -d "$MCORE_DIR" ]; then   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
+if [ -d "$MCORE_DIR" ]; then
+  :   # converted (the converter writes $MCORE_DIR.tmp and renames it when complete: its existence is the marker)
+elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 converts; the others wait for it
+  if [ -n "${DRY_RUN:-}" ]; then
+    echo "# node $NODE_RANK waits up to $MCORE_WAIT s for node 0's conversion into $MCORE_DIR"
+  else
+    echo "launch_phf: node $NODE_RANK: waiting up to $MCORE_WAIT s (MCORE_WAIT) for node 0's conversion into $MCORE_DIR" >&2
+    DEADLINE=$((SECONDS + MCORE_WAIT))
+    until [ -d "$MCORE_DIR" ]; do
+      [ "$SECONDS" -lt "$DEADLINE" ] || { echo "error: MCORE_DIR: $MCORE_DIR did not appear in $MCORE_WAIT s: node 0 (NODE_RANK=0) converts it; it must be on a file system every node sees (or convert first: PREPARE_ONLY=1)" >&2; exit 1; }
+      sleep 1
+    done
+  fi
+else   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
   run mkdir -p "$(dirname "$MCORE_DIR")"
   run python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16
 fi

@@ -19,9 +19,9 @@ from ..helpers import REPO
 LAUNCHER = os.path.join(REPO, "examples", "train_phf_qwen3_8b.sh")   # TP 2, global batch 32, micro-batch 2
 
 
-def _launch(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tuple[subprocess.CompletedProcess, str]:
-    """The 8B launcher on a node whose ``nvidia-smi -L`` lists ``gpus`` GPUs, each with ``migs`` MIG devices under
-    it; returns the process and the run dir."""
+def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tuple[dict[str, str], str]:
+    """The environment of a node whose ``nvidia-smi -L`` lists ``gpus`` GPUs, each with ``migs`` MIG devices under
+    it, and the run dir."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" + "".join(
@@ -32,9 +32,16 @@ def _launch(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tu
     hf.mkdir(exist_ok=True)
     (hf / "config.json").write_text("{}")
     run = str(tmp_path / "run")
-    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES")}
+    env = {k: v for k, v in standalone_environ().items()
+           if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT")}
     env.update({"HF_MODEL": str(hf), "RUN_DIR": run, "DATA": "train.jsonl", **extra_env,
                 "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])})
+    return env, run
+
+
+def _launch(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tuple[subprocess.CompletedProcess, str]:
+    """The 8B launcher on that node (``_node``); returns the process and the run dir."""
+    env, run = _node(tmp_path, gpus, extra_env, migs)
     proc = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     return proc, run
 
@@ -124,6 +131,38 @@ def test_a_mig_node_shows_one_device(tmp_path, migs, extra_env):
         f"error: NGPU=2: this node shows 1 GPU(s) (CUDA_VISIBLE_DEVICES={shown}; MIG: CUDA shows a process one MIG "
         "device): one rank per GPU, NGPU <= 1"]), proc.stderr[-3000:]
     assert not os.path.exists(run)
+
+
+@pytest.mark.parametrize("converted", [False, True])
+def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
+    """A multi-node launch by hand (no Slurm, no PREPARE_ONLY step) converted the HF model on every node, into the
+    same MCORE_DIR on a shared file system. Now a node of NODE_RANK > 0 waits for node 0's conversion (the converter
+    renames its finished output to MCORE_DIR), up to MCORE_WAIT seconds, then starts torchrun; at the deadline one
+    line says what to check."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    mcore = tmp_path / "mcore_base"
+    wait = "60" if converted else "1"
+    env, _ = _node(tmp_path, 8, {"NGPU": "2", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "gpu017",
+                                 "MCORE_DIR": str(mcore), "MCORE_WAIT": wait})
+    proc = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    said = [f"launch_phf: node 1: waiting up to {wait} s (MCORE_WAIT) for node 0's conversion into {mcore}"]
+    assert proc.stderr.readline().rstrip("\n") == said[0]   # after the settings' check: node 1 is waiting
+    if converted:   # node 0's converter renames its finished output into place
+        mcore.mkdir()
+    else:
+        said.append(f"error: MCORE_DIR: {mcore} did not appear in 1 s: node 0 (NODE_RANK=0) converts it; it must be "
+                    "on a file system every node sees (or convert first: PREPARE_ONLY=1)")
+    out, err = proc.communicate(timeout=120)
+    assert said[1:] == err.splitlines(), err[-3000:]
+    if converted:
+        assert proc.returncode == 0 and out.startswith("launched: --nproc-per-node 2 --nnodes 2 --node-rank 1 "), out
+    else:
+        assert (proc.returncode, out) == (1, "")
+        assert not os.path.exists(mcore) and not os.path.exists(f"{mcore}.tmp")
 
 
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
