@@ -51,6 +51,18 @@ def launch_world(environ=None) -> tuple[int, int] | None:
     return rank, world
 
 
+def require_torchrun_under_srun(environ=None) -> None:
+    """A ``UserError`` when several Slurm tasks run the trainer without torchrun (``srun --ntasks-per-node=8 python -m
+    phf_megatron.train``): without ``RANK`` each task was a world of one, training alone into the same run directory
+    (every task on the first GPU it sees). ``SLURM_STEP_NUM_TASKS`` is srun's, set in a step's tasks only."""
+    env = os.environ if environ is None else environ
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "").strip()
+    if "RANK" not in env and tasks.isdigit() and int(tasks) > 1:
+        raise UserError(f"SLURM_STEP_NUM_TASKS={tasks}: srun started {tasks} trainers without torchrun (no RANK): each "
+                        "would train alone, as one process, into the same run directory; run one task per node that "
+                        "starts torchrun (examples/launch_phf.sh, examples/slurm/train_phf_multinode.sbatch)")
+
+
 #: How long a rank other than 0 waits before exiting on an error that only rank 0 reports.
 SILENT_RANK_WAIT_S = 10.0
 

@@ -23,7 +23,7 @@ from .commands import command
 def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import wants_help
-    from .commands import launch_world, process_rank
+    from .commands import launch_world, process_rank, require_torchrun_under_srun
     from .training.config_io import help_text, load_config, moved_run_note, split_argv, to_yaml
 
     if wants_help(argv):
@@ -39,6 +39,7 @@ def train(argv: list[str], quiet: bool = True) -> int:
         if process_rank() == 0:
             print(to_yaml(cfg), end="")
         return 0
+    require_torchrun_under_srun()
     if quiet:  # before anything imports torch (the finished-run check below does; require_inputs may)
         from .startup import quiet_start
 

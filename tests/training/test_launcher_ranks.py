@@ -165,6 +165,25 @@ def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
         assert not os.path.exists(mcore) and not os.path.exists(f"{mcore}.tmp")
 
 
+@pytest.mark.parametrize("environ, refused", [
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}, True),   # srun, one task per GPU
+    ({"SLURM_STEP_NUM_TASKS": "2", "RANK": "0", "WORLD_SIZE": "1"}, False),   # torchrun's worker in an srun task
+    ({"SLURM_STEP_NUM_TASKS": "1"}, False),                                  # srun -n 1: a run of one process
+])
+def test_srun_tasks_without_torchrun_are_one_line(tmp_path, environ, refused):
+    """``srun --ntasks-per-node=8 python -m phf_megatron.train`` (no torchrun): no task had RANK, so each was a world
+    of one on the first GPU it sees, all training alone into the same run directory. Now one line, before any
+    input is read; the documented way is one task per node that starts torchrun."""
+    env = {k: v for k, v in standalone_environ().items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-m", "phf_megatron.train", "--config", "configs/tiny_cpu.yaml",
+                           f"--run_dir={tmp_path / 'run'}", f"--model.hf_dir={tmp_path / 'no_model'}"],
+                          cwd=REPO, env={**env, **environ}, capture_output=True, text=True, timeout=120)
+    line = ("error: SLURM_STEP_NUM_TASKS=8: srun started 8 trainers without torchrun (no RANK): each would train alone, "
+            "as one process, into the same run directory; run one task per node that starts torchrun "
+            "(examples/launch_phf.sh, examples/slurm/train_phf_multinode.sbatch)")
+    assert proc.returncode == 2 and (proc.stderr.splitlines() == [line]) == refused, proc.stderr[-3000:]
+
+
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
     """The launcher changes to the repository: HF_MODEL=models/Qwen3-8B given in another directory was looked for in
     the repository ("has no config.json") and RUN_DIR=runs/exp1 written there. They are now the caller's; a DATA that
