@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..commands import launch_world
+from ..errors import UserError
 
 
 #: What ``join_default_group`` reads (torchrun sets them; a world of one sets them itself).
@@ -34,6 +35,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_device() -> int:
+    """``LOCAL_RANK``, the GPU this rank takes; a ``UserError`` when it is not one this process sees (a hand-made
+    launch, e.g. srun's one task per GPU with ``--gpus-per-task=1`` and ``LOCAL_RANK=$SLURM_LOCALID``: was CUDA's
+    ``invalid device ordinal`` traceback in ``set_device``)."""
+    local, count = os.environ.get("LOCAL_RANK", "0").strip(), torch.cuda.device_count()
+    if not (local.isdigit() and int(local) < count):
+        raise UserError(f"LOCAL_RANK={local!r}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+                        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one rank per GPU, LOCAL_RANK < {count}; "
+                        "torchrun sets it (examples/launch_phf.sh)")
+    return int(local)
+
+
 def join_default_group() -> bool:
     """Initialise ``torch.distributed`` from the environment unless it is already; True if this call did.
 
@@ -44,7 +57,7 @@ def join_default_group() -> bool:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(local_device())
     created = not dist.is_initialized()
     if created:
         dist.init_process_group("nccl" if cuda else "gloo", rank=int(os.environ["RANK"]),

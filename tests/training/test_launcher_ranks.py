@@ -184,6 +184,30 @@ def test_srun_tasks_without_torchrun_are_one_line(tmp_path, environ, refused):
     assert proc.returncode == 2 and (proc.stderr.splitlines() == [line]) == refused, proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("local", ["1", "x"])
+def test_a_local_rank_past_the_gpus_this_process_sees_is_one_line(monkeypatch, local):
+    """srun's one task per GPU with ``--gpus-per-task=1`` and ``LOCAL_RANK=$SLURM_LOCALID``: each task sees one GPU,
+    so ``set_device(LOCAL_RANK)`` was CUDA's ``invalid device ordinal`` traceback on every task but the first (a
+    LOCAL_RANK that is not a number: a ValueError). Now one line naming LOCAL_RANK, before the device is set."""
+    import torch
+
+    from phf_megatron.errors import UserError
+    from phf_megatron.runtime import process_group
+
+    def set_device(device):
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": local, "CUDA_VISIBLE_DEVICES": "5"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError) as err:
+        process_group.join_default_group()
+    assert err.value.line == (f"LOCAL_RANK='{local}': this process sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=5): one rank per "
+                              "GPU, LOCAL_RANK < 1; torchrun sets it (examples/launch_phf.sh)")
+
+
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
     """The launcher changes to the repository: HF_MODEL=models/Qwen3-8B given in another directory was looked for in
     the repository ("has no config.json") and RUN_DIR=runs/exp1 written there. They are now the caller's; a DATA that
