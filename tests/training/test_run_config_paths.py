@@ -194,3 +194,22 @@ def test_a_new_run_dir_from_a_runs_config_yaml_reads_the_old_runs_inputs_where_t
     shutil.move(a, b)   # moved: all of it is read in B
     cfg = load_config(os.path.join(b, "config.yaml"))
     assert (cfg.run_dir, cfg.checkpoint.save, cfg.data.path) == (b, f"{b}/ckpts", f"{b}/train.jsonl")
+
+
+def test_a_copied_run_directory_is_read_as_the_copy_by_the_eval_as_by_mcore_to_hf(tmp_path):
+    """``cp -r runs/a runs/b`` (a run directory copied with its checkpoints, ``checkpoint.save`` recorded inside it),
+    then run a trains on: the eval's ``--megatron_checkpoint runs/b`` read a's checkpoints (recorded, still there),
+    its latest iteration, while ``mcore_to_hf --mcore_dir runs/b`` and the trainer read b's own. Both read b's."""
+    from phf_megatron.eval.models import latest_checkpoint
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+    from phf_megatron.training.export import find_run_checkpoint
+
+    a, b = str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b")
+    save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={a}/ckpts"]))
+    _checkpoint(os.path.join(a, "ckpts"), 100)
+    shutil.copytree(a, b)
+    _checkpoint(os.path.join(a, "ckpts"), 200)   # the original goes on training
+    copy = os.path.join(b, "ckpts", "iter_0000100")
+    assert find_run_checkpoint(b).path == copy   # mcore_to_hf --mcore_dir runs/b
+    assert latest_checkpoint(b) == copy          # the eval's --megatron_checkpoint runs/b (was a's iter_0000200)
+    assert latest_checkpoint(a) == os.path.join(a, "ckpts", "iter_0000200")   # the original: its own
