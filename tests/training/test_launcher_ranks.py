@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -256,3 +257,26 @@ def test_several_ranks_get_torchruns_thread_default_without_its_warning(tmp_path
                           env={**env, "HF_MODEL": str(hf), "RUN_DIR": str(tmp_path / "run"), **extra},
                           capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (0, f"omp={seen}\n"), proc.stderr
+
+
+def test_a_preset_of_ones_own_is_read_from_the_directory_the_launcher_is_run_from(tmp_path):
+    """CONFIG=my.yaml given in another directory was looked for in the repository ("error: config file 'my.yaml' does
+    not exist", beside it); it is read from there when the repository has no such file. A repository preset (the
+    train_*.sh launchers' configs/*.yaml) stays the repository's, even where the directory holds one of that name."""
+    (tmp_path / "configs").mkdir()
+    shutil.copy(os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"), tmp_path / "my.yaml")
+    shutil.copy(os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"), tmp_path / "configs" / "phf_qwen3_8b.yaml")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NNODES", "RUN_DIR")}
+    env.update(DRY_RUN="1", NGPU="2", HF_MODEL=str(hf), RUN_DIR=str(tmp_path / "run"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    here = os.path.realpath(tmp_path)   # the launcher's `pwd -P`
+    for config, read in (("my.yaml", os.path.join(here, "my.yaml")),
+                         ("configs/phf_qwen3_8b.yaml", "configs/phf_qwen3_8b.yaml")):
+        proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path),
+                              env={**env, "CONFIG": config}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        argv = next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
+        assert argv[argv.index("--config") + 1] == read
