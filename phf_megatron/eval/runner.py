@@ -222,8 +222,9 @@ def run_eval(config: EvalConfig) -> Summary:
     before = _converted_before(config.out_dir) if config.megatron_checkpoint is not None else None
     done, _ = load_records(config.out_dir)
     planned = None   # with samples to resume and an adapter: checked before a merge of minutes that would replace
-    if done and config.adapter and not missing_dir(config.adapter):   # the kept one (its samples' model); a --model
-        planned, planned_limit = planned_fingerprint(config)   # that is no model's: merge_adapter's line, said here
+    if done and config.adapter and config.megatron_checkpoint is None and not missing_dir(config.adapter):   # the
+        planned, planned_limit = planned_fingerprint(config)   # kept one (its samples' model); a --model that is no
+        # model's: merge_adapter's line, said here; an adapter with a megatron_checkpoint: resolve_model_dir's
         if diff := resume_differences(config.out_dir, planned, planned_limit):
             raise other_settings(config.out_dir, diff)
     model_dir = resolve_model_dir(model=config.model, adapter=config.adapter,   # a wrong path: nothing written

@@ -12,6 +12,7 @@ Tiny data (two problems), the tiny Qwen3 with a rank-2 LoRA, the transformers ba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -174,3 +175,19 @@ def test_a_base_without_config_json_is_one_line_on_a_resume_too(tmp_path, tiny_d
     with pytest.raises(ConfigError) as err:
         run_eval(_config(tmp_path, tmp_path / "models", problems, n=2))
     assert err.value.line == f"--model: {tmp_path / 'models'} has no config.json (not a HF base model directory)"
+
+
+@pytest.mark.parametrize("with_model", [True, False], ids=["model", "no-model"])
+def test_an_adapter_with_a_megatron_checkpoint_is_one_line_on_a_resume_too(tmp_path, tiny_dir, problems, with_model):
+    """--adapter with --megatron_checkpoint (not supported: resolve_model_dir's line) into an --out_dir with samples:
+    the resume check before a merge (planned_fingerprint, not for a megatron_checkpoint) ran first, read --model's
+    files, and without --model was a TypeError traceback; now the same line as on a first run, nothing merged."""
+    from phf_megatron.errors import ConfigError
+
+    _save_adapter(tmp_path / "adapter", seed=1)
+    assert run_eval(_config(tmp_path, tiny_dir, problems, n=1)).generated == 2
+    config = dataclasses.replace(_config(tmp_path, tiny_dir, problems, n=2), megatron_checkpoint=str(tmp_path / "run"),
+                                 model=str(tiny_dir) if with_model else None)
+    with pytest.raises(ConfigError) as err:
+        run_eval(config)
+    assert err.value.line == "--adapter: not supported with megatron_checkpoint (merge LoRA before saving)"
