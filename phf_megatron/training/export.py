@@ -26,6 +26,7 @@ from ..input_files import (
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import load_config, resume_fingerprint
+from .metrics import LOSS_TOKENS_FILE, METRICS_FILE
 
 #: Where ``Trainer.export`` writes, below the run directory.
 ADAPTER_DIR = os.path.join("export", "peft_adapter")
@@ -61,20 +62,34 @@ def outputs_message(cfg: TrainConfig, step: int) -> str:
     run = cfg.run_dir
     latest = os.path.join(cfg.save_dir, iter_dir_name(step))
     lines = [f"  checkpoints   {cfg.save_dir} (latest: {latest})"]
+    if os.path.isfile(config := os.path.join(run, RUN_CONFIG_FILE)):
+        lines.append(f"  config        {config}")
     if cfg.logging.jsonl:
-        lines.append(f"  metrics       {os.path.join(run, 'metrics.jsonl')} (keys: docs/metrics.md)")
+        lines.append(f"  metrics       {os.path.join(run, METRICS_FILE)} (keys: docs/metrics.md)")
+    if os.path.isfile(loss_tokens := os.path.join(run, LOSS_TOKENS_FILE)):
+        lines.append(f"  loss tokens   {loss_tokens}")
     if cfg.logging.tensorboard:
         lines.append(f"  tensorboard   {cfg.logging.tensorboard_dir or os.path.join(run, 'tensorboard')}")
     if cfg.lora.enabled:
         lines.append(f"  PEFT adapter  {export_dir(cfg)} (base model: {cfg.model.hf_dir})")
-        mp = cfg.model.tensor_model_parallel_size * cfg.model.pipeline_model_parallel_size
-        launcher = "python" if mp == 1 else f"torchrun --nproc-per-node {mp}"  # the checkpoint's TP x PP layout
-        lines.append(f"  merged model  {launcher} tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir "
-                     f"{os.path.join(run, 'merged')}")
+        lines.append(f"  merged model  {merge_command(cfg)}")
     else:
         lines.append(f"  HF model      {export_dir(cfg)}")
     lines.append(f"  plots         python tools/plot_run.py {run}  (writes {os.path.join(run, 'plots')}/)")
     return "\n".join(lines)
+
+
+def merge_command(cfg: TrainConfig) -> str:
+    """The command that writes the run's merged model into ``<run_dir>/merged``; once that exists (the converter
+    refuses an existing --out_dir), says so and names the first free ``<run_dir>/merged_N`` instead."""
+    mp = cfg.model.tensor_model_parallel_size * cfg.model.pipeline_model_parallel_size
+    launcher = "python" if mp == 1 else f"torchrun --nproc-per-node {mp}"  # the checkpoint's TP x PP layout
+    merged = out = os.path.join(cfg.run_dir, "merged")
+    n = 2
+    while os.path.lexists(out):
+        out, n = f"{merged}_{n}", n + 1
+    command = f"{launcher} tools/convert/mcore_to_hf.py --mcore_dir {cfg.run_dir} --out_dir {out}"
+    return command if out == merged else f"{merged} exists; another: {command}"
 
 
 # ----------------------------------------------------------------------------- writing

@@ -97,6 +97,28 @@ def test_a_finished_run_with_other_settings_is_refused_as_its_resume_would_be(tm
     assert err.value.line == f"{ckpt / 'meta.json'}: expected a JSON object"
 
 
+def test_the_outputs_name_the_config_and_loss_tokens_and_a_merge_into_a_free_directory(tmp_path):
+    """The end of a run suggested ``--out_dir <run>/merged`` once that existed (the converter refuses it: the
+    suggested command failed), and left out config.yaml and loss_tokens.jsonl."""
+    from phf_megatron.training.config_io import load_config
+    from phf_megatron.training.export import outputs_message
+
+    run = str(tmp_path)
+    cfg = load_config(os.path.join(REPO, "configs", "tiny_cpu.yaml"), [f"--run_dir={run}", f"--model.hf_dir={run}"])
+    assert cfg.lora.enabled
+    command = f"python tools/convert/mcore_to_hf.py --mcore_dir {run} --out_dir"
+    lines = outputs_message(cfg, 2).splitlines()
+    assert f"  merged model  {command} {run}/merged" in lines, lines
+    assert not any(line.split()[0] in ("config", "loss") for line in lines)   # not written (yet)
+    for name in ("config.yaml", "loss_tokens.jsonl"):
+        (tmp_path / name).write_text("")
+    os.makedirs(tmp_path / "merged")
+    os.makedirs(tmp_path / "merged_2")
+    lines = outputs_message(cfg, 2).splitlines()
+    assert f"  merged model  {run}/merged exists; another: {command} {run}/merged_3" in lines, lines
+    assert f"  config        {run}/config.yaml" in lines and f"  loss tokens   {run}/loss_tokens.jsonl" in lines
+
+
 def _modes(directory: str) -> set[int]:
     return {stat.S_IMODE(os.stat(os.path.join(directory, f)).st_mode) for f in os.listdir(directory)}
 
