@@ -84,6 +84,22 @@ def _import_tool():
     return plot_run
 
 
+def _figures():
+    from phf_megatron.tools import run_figures
+
+    return run_figures
+
+
+def test_help_answers_before_torch_is_imported():
+    """--help took ~4 s: the tool imported torch (through the metrics' names) before parsing its flags."""
+    code = (f"import runpy, sys\nsys.argv = [{TOOL!r}, '--help']\ntry:\n    runpy.run_path({TOOL!r}, run_name='__main__')\n"
+            "except SystemExit as stop:\n    assert stop.code in (0, None), stop.code\n"
+            "print([name for name in ('torch', 'numpy', 'matplotlib') if name in sys.modules])")
+    proc = run_python(["-c", code], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--run_dir" in proc.stdout and proc.stdout.splitlines()[-1] == "[]", proc.stdout[-2000:]
+
+
 def test_default_paths_and_opsd_only_run(tmp_path):
     plot_run = _import_tool()
     run = tmp_path / "opsd"
@@ -144,7 +160,7 @@ def test_a_damaged_config_yaml_is_no_config(tmp_path, capsys, content):
     run = tmp_path / "run"
     write_run(str(run), steps=3, layers=2)
     (run / "config.yaml").write_bytes(content)
-    assert _import_tool().run_settings(str(run)) == {}
+    assert _figures().run_settings(str(run)) == {}
     assert _import_tool().main([str(run)]) == 0 and os.path.isfile(run / "plots" / "curves.png")
 
 
@@ -153,10 +169,10 @@ def test_layer_heatmap_ticks_are_whole_layers(tmp_path, layers, ticks):
     """A 2-layer model's heatmap once showed ticks at -0.5, 0.0, 0.5, ...: every tick is a layer."""
     import matplotlib.pyplot as plt
 
-    plot_run = _import_tool()
+    figures = _figures()
     run = tmp_path / "run"
     write_run(str(run), steps=5, layers=layers)
-    fig = plot_run.layer_energy_figure(plot_run.load_run(str(run)), "run")
+    fig = figures.layer_energy_figure(figures.load_run(str(run)), "run")
     fig.canvas.draw()
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ticks
@@ -194,12 +210,12 @@ def test_an_empty_panel_says_why(tmp_path, config, reasons):
     """The run's config.yaml says why a metric was never logged; the panel shows it."""
     import matplotlib.pyplot as plt
 
-    plot_run = _import_tool()
+    figures = _figures()
     run = tmp_path / "run"
     write_run(str(run), steps=4, flow=False)
     if config is not None:
         (run / "config.yaml").write_text(config)
-    fig = plot_run.curves_figure(plot_run.load_run(str(run)), "run", plot_run.run_settings(str(run)))
+    fig = figures.curves_figure(figures.load_run(str(run)), "run", figures.run_settings(str(run)))
     texts = _panel_texts(fig)
     plt.close(fig)
     assert set(texts) == set(reasons)
@@ -218,10 +234,10 @@ def test_each_heatmap_column_is_at_its_step(tmp_path, steps):
     import numpy as np
     import torch
 
-    plot_run = _import_tool()
+    figures = _figures()
     layers = 4
     records = [{"step": s, **layer_energy_metrics(torch.eye(layers, dtype=torch.float64)[s % layers])} for s in steps]
-    fig = plot_run.layer_energy_figure(records, "run")
+    fig = figures.layer_energy_figure(records, "run")
     fig.canvas.draw()
     ax = fig.axes[0]
     [artist] = ax.images or ax.collections
@@ -240,12 +256,12 @@ def test_each_heatmap_column_is_at_its_step(tmp_path, steps):
 def test_a_skipped_step_breaks_the_line_of_a_key_it_left_out():
     """A step skipped for a non-finite loss writes no layer-energy keys: the curve has a NaN there (a gap),
     it does not join steps 1 and 3 as if step 2 had been logged; a key no step wrote stays empty."""
-    plot_run = _import_tool()
+    figures = _figures()
     records = [{"step": 1, "loss": 0.5, "flow_energy_max_share": 0.25},
                {"step": 2, "loss": None, "update_skipped": True},
                {"step": 3, "loss": 0.4, "flow_energy_max_share": 0.5, "update_skipped": False}]
-    steps, values = plot_run.series(records, "flow_energy_max_share")
+    steps, values = figures.series(records, "flow_energy_max_share")
     assert steps.tolist() == [1, 2, 3] and values[0] == 0.25 and math.isnan(values[1]) and values[2] == 0.5
-    steps, values = plot_run.series(records, "loss")
+    steps, values = figures.series(records, "loss")
     assert steps.tolist() == [1, 2, 3] and math.isnan(values[1])
-    assert plot_run.series(records, "on_policy_fraction")[0].size == 0
+    assert figures.series(records, "on_policy_fraction")[0].size == 0
