@@ -17,7 +17,7 @@ from ..training import metrics as M
 
 CURVES = (
     (M.LOSS, "total loss  L_OPSD + alpha L_flow", "linear"),
-    (M.LOSS_OPSD, "OPSD loss (clipped JSD)", "linear"),
+    (M.LOSS_OPSD, "OPSD loss (JSD)", "linear"),   # "clipped" for a run with a clip (``run_clip``)
     (M.LOSS_FLOW, "flow loss  L_flow", "linear"),
     (M.GRAD_NORM, "grad norm (before clip)", "log"),
     (M.LR, "learning rate", "linear"),
@@ -127,6 +127,13 @@ def why_not_logged(key: str, settings: dict) -> str:
     return f"no {key} in metrics.jsonl\n(the trainer that wrote it did not log it)"
 
 
+def run_clip(settings: dict) -> bool | None:
+    """Whether the run clipped its OPSD divergence (``objective.jsd_clip`` set), None without its config.yaml."""
+    if "objective.jsd_clip" not in settings:
+        return None
+    return settings["objective.jsd_clip"] is not None
+
+
 def _not_logged(ax, title: str, why: str, head: str = "not logged") -> None:
     ax.set_title(title, fontsize=10)
     ax.text(0.5, 0.5, f"{head}:\n{why}", ha="center", va="center", transform=ax.transAxes, color="gray",
@@ -157,7 +164,7 @@ def _lines(ax, records: list[dict], keys: list[tuple[str, str]], title: str, set
 def plot_clip_fractions(ax, records: list[dict], settings: dict) -> None:
     """Fraction of tokens cut (left axis, 0-1) and of vocabulary summands cut (right axis: far smaller)."""
     title = "clip: fraction cut"
-    if "objective.jsd_clip" in settings and settings["objective.jsd_clip"] is None:   # was a flat 0 on empty axes
+    if run_clip(settings) is False:   # was a flat 0 on empty axes
         _not_logged(ax, title, "the run has no clip\n(objective.jsd_clip=None)", head="nothing cut")
         return
     _lines(ax, records, [(M.CLIP_FRAC_TOKENS, "tokens (left)")], title, settings, ylim=(-0.02, 1.02))
@@ -199,6 +206,8 @@ def curves_figure(records: list[dict], title: str, settings: dict):
 
     fig, axes = plt.subplots(3, 3, figsize=(13, 9.5), constrained_layout=True)
     for ax, (key, label, scale) in zip(axes.flat, CURVES):
+        if key == M.LOSS_OPSD and run_clip(settings):   # was "clipped" on a run without a clip too
+            label = "OPSD loss (clipped JSD)"
         steps, values = series(records, key)
         if steps.size == 0:
             _not_logged(ax, label, why_not_logged(key, settings))
@@ -226,8 +235,9 @@ def curves_figure(records: list[dict], title: str, settings: dict):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     plot_clip_fractions(axes.flat[6], records, settings)
-    _lines(axes.flat[7], records, [(M.OPSD_UNCLIPPED, "before the clip"), (M.LOSS_OPSD, "after (the loss)")],
-           "OPSD divergence per token", settings)
+    divergence = ([(M.LOSS_OPSD, "the loss (no clip)")] if run_clip(settings) is False else
+                  [(M.OPSD_UNCLIPPED, "before the clip"), (M.LOSS_OPSD, "after (the loss)")])
+    _lines(axes.flat[7], records, divergence, "OPSD divergence per token", settings)
     _lines(axes.flat[8], records, [(M.ON_POLICY_FRACTION, "rollouts / samples")], "on-policy fraction (lmbda)",
            settings, ylim=(-0.02, 1.02))
     fig.suptitle(title, fontsize=12)

@@ -187,6 +187,16 @@ def _panel_texts(fig) -> dict[str, str]:
             for ax in fig.axes if ax.texts}
 
 
+def _curves_of_a_run(tmp_path, config: str | None):
+    """The curves' figure of an OPSD-only run of 4 steps with ``config`` as its config.yaml (None: none)."""
+    figures = _figures()
+    run = tmp_path / "run"
+    write_run(str(run), steps=4, flow=False)
+    if config is not None:
+        (run / "config.yaml").write_text(config)
+    return figures.curves_figure(figures.load_run(str(run)), "run", figures.run_settings(str(run)))
+
+
 @pytest.mark.parametrize("config, reasons", [
     ("objective:\n  flow_variant: none\nrollout:\n  lmbda: 1.0\n",
      {"layer-energy spread": "not logged: the run has no flow term (objective.flow_variant=none)",
@@ -210,17 +220,31 @@ def test_an_empty_panel_says_why(tmp_path, config, reasons):
     """The run's config.yaml says why a metric was never logged; the panel shows it."""
     import matplotlib.pyplot as plt
 
-    figures = _figures()
-    run = tmp_path / "run"
-    write_run(str(run), steps=4, flow=False)
-    if config is not None:
-        (run / "config.yaml").write_text(config)
-    fig = figures.curves_figure(figures.load_run(str(run)), "run", figures.run_settings(str(run)))
+    fig = _curves_of_a_run(tmp_path, config)
     texts = _panel_texts(fig)
     plt.close(fig)
     assert set(texts) == set(reasons)
     for title, reason in reasons.items():
         assert texts[title].startswith(reason), (title, texts[title])
+
+
+@pytest.mark.parametrize("config, opsd_title, legend", [
+    ("objective:\n  jsd_clip: null\n", "OPSD loss (JSD)", ["the loss (no clip)"]),
+    ("objective:\n  jsd_clip: 0.05\n", "OPSD loss (clipped JSD)", ["before the clip", "after (the loss)"]),
+    (None, "OPSD loss (JSD)", ["before the clip", "after (the loss)"]),   # no config.yaml: no clip claimed
+])
+def test_the_opsd_loss_is_called_clipped_only_on_a_run_with_a_clip(tmp_path, config, opsd_title, legend):
+    """The OPSD loss panel said "clipped JSD", and the divergence panel "before/after the clip", on a run
+    without a clip (objective.jsd_clip=null)."""
+    import matplotlib.pyplot as plt
+
+    fig = _curves_of_a_run(tmp_path, config)
+    titles = [ax.get_title() for ax in fig.axes]
+    divergence = next(ax for ax in fig.axes if ax.get_title() == "OPSD divergence per token")
+    shown = [t.get_text() for t in divergence.get_legend().get_texts()]
+    plt.close(fig)
+    assert opsd_title in titles and ("OPSD loss (clipped JSD)" in titles) == ("clipped" in opsd_title), titles
+    assert shown == legend
 
 
 @pytest.mark.parametrize("steps", [[1, 2, 3, 8, 9, 10], [5, 10, 15, 20, 22]], ids=["skipped-steps", "last-off-interval"])
