@@ -1,11 +1,14 @@
 """The eval's engine start, its failures told as the trainer's are (``training/engine_start.py``), in the eval's
 flags: a ``--engine_kwargs`` vLLM keyword vLLM refused is one line naming the flag (exit code 2); the engine's own
-failure (no memory, its process died) one line, the samples written so far kept (exit code 1); any other error (a
-bug) keeps its traceback. The eval's engine is alone on its GPU, and its flags are ``--engine_kwargs
-gpu_memory_utilization`` and ``--max_model_len``: vLLM's refusals for want of memory are said in them here
+failure (no memory, its process died) one line, the samples written so far kept (exit code 1), as is a data-parallel
+worker a signal killed (the OOM killer's SIGKILL): named with its GPUs; any other error (a bug) keeps its
+traceback. The eval's engine is alone on its GPU, and its flags are ``--engine_kwargs gpu_memory_utilization`` and
+``--max_model_len``: vLLM's refusals for want of memory are said in them here
 (``gpu_memory.explain_start_failure`` says the trainer's, with its model and optimizer on the GPU)."""
 
 from __future__ import annotations
+
+import signal
 
 from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
 from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
@@ -13,6 +16,11 @@ from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CA
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 
 from ..errors import ConfigError, RunStopped, UserError
+
+
+def samples_kept(out_dir: str) -> str:
+    """The end of the line of an eval stopped by a failure outside the user's input: what is kept, how to go on."""
+    return f"the samples written before are kept in {out_dir}; rerun the same command to resume"
 
 
 def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
@@ -25,8 +33,7 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
             raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
         if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
             why = vllm_start_failure(err, engine_config) if isinstance(err, VLLMStartError) else one_line(err)
-            raise RunStopped(f"the engine did not start: {why}; the samples written before are kept in {out_dir}; "
-                             "rerun the same command to resume") from err
+            raise RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}") from err
         raise
 
 
@@ -62,13 +69,34 @@ def worker_failure(err: Exception) -> tuple | None:
     return None
 
 
-def workers_failed(said: dict[int, tuple], exit_codes: dict[str, int]) -> Exception:
-    """What the parent raises when data-parallel workers exited non-zero (``exit_codes``, by name), ``said``: the one
-    lines they sent, by rank: the single-worker eval's line (a setting's before another user error's before the
-    engines' own failure, the lowest rank's), a ``RuntimeError`` when a worker failed without one (a bug: the worker
-    printed its traceback)."""
-    if len(said) < len(exit_codes):
-        return RuntimeError(f"data-parallel workers failed (exit codes {exit_codes}); rerun to resume")
+def worker_name(rank: int) -> str:
+    """The name of data-parallel worker ``rank``'s process (``run_data_parallel``)."""
+    return f"eval-dp{rank}"
+
+
+def killed_worker(rank: int, signum: int, gpus: list[str] | None) -> str:
+    """``data-parallel worker eval-dp1 (GPU 1) was killed by SIGKILL (out of memory? ...)``: a worker a signal ended
+    (it sent no line: no Python ran)."""
+    where = f"GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}" if gpus else "no GPU"
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    return (f"data-parallel worker {worker_name(rank)} ({where}) was killed by {name}"
+            + (" (out of memory? the kernel's OOM killer sends it)" if signum == signal.SIGKILL else ""))
+
+
+def workers_failed(said: dict[int, tuple], exit_codes: dict[int, int], gpus: list[list[str] | None],
+                   out_dir: str) -> Exception:
+    """What the parent raises when data-parallel workers exited non-zero (``exit_codes``, by rank; ``gpus``: each
+    rank's), ``said``: the one lines they sent, by rank: the single-worker eval's line (a setting's before another
+    user error's before the engines' own failure, the lowest rank's), a ``RuntimeError`` when a worker failed
+    without one (a bug: the worker printed its traceback), a ``RunStopped`` naming the workers a signal killed
+    (the OOM killer's SIGKILL: no line, no traceback), the samples in ``out_dir`` kept."""
+    silent = {rank: code for rank, code in exit_codes.items() if rank not in said}
+    if any(code > 0 for code in silent.values()):
+        codes = {worker_name(rank): code for rank, code in exit_codes.items()}
+        return RuntimeError(f"data-parallel workers failed (exit codes {codes}); rerun to resume")
+    if silent:
+        killed = "; ".join(killed_worker(rank, -code, gpus[rank]) for rank, code in sorted(silent.items()))
+        return RunStopped(f"{killed}; {samples_kept(out_dir)}")
     kinds = {"setting": ConfigError, "user": UserError, "stopped": RunStopped}
     _, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
     return kinds[kind](*args)

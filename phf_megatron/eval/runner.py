@@ -29,7 +29,7 @@ from ..output_files import remove
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_problems
 from .config import EvalConfig, sample_seed
-from .engine_start import start_engine, worker_failure, workers_failed
+from .engine_start import start_engine, worker_failure, worker_name, workers_failed
 from .models import converted_checkpoint, merged_inputs, model_context_limit, model_digest, resolve_model_dir
 from .progress import SampleProgress, ShardProgress, SharedTally
 from .prompts import eval_prompt_ids
@@ -168,7 +168,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     size = len(replicas)
     failures, said = ctx.SimpleQueue(), {}
     tally = ctx.Array("q", 2 * size)   # each worker's samples and tokens told so far: the bar moves within a call
-    procs = [ctx.Process(target=_worker, name=f"eval-dp{r}",
+    procs = [ctx.Process(target=_worker, name=worker_name(r),
                          args=(config, model_dir, backend, items[r::size], r, replicas[r], failures, tally))
              for r in range(size)]
     for p in procs:
@@ -189,9 +189,9 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
             p.join()
         reaper.close()
     _drain(failures, said)
-    failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
+    failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     if failed:
-        raise workers_failed(said, failed)
+        raise workers_failed(said, failed, replicas, config.out_dir)
 
 
 def _drain(failures, said: dict) -> None:

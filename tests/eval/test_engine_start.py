@@ -131,10 +131,16 @@ def test_a_data_parallel_workers_start_failure_is_the_same_one_line(tmp_path, ti
 def test_the_parent_says_a_setting_first_and_a_worker_without_a_line_is_a_bug():
     from phf_megatron.eval.engine_start import workers_failed
 
-    codes = {"eval-dp0": 1, "eval-dp1": 2}
-    err = workers_failed({0: ("stopped", "the engine did not start: x"), 1: ("setting", "engine_kwargs", "bad")}, codes)
+    codes, gpus = {0: 1, 1: 2}, [["0"], ["1"]]
+    err = workers_failed({0: ("stopped", "the engine did not start: x"), 1: ("setting", "engine_kwargs", "bad")}, codes,
+                         gpus, "/run")
     assert isinstance(err, ConfigError) and err.line == "--engine_kwargs: bad"
-    err = workers_failed({1: ("stopped", "b"), 0: ("stopped", "a")}, codes)
+    err = workers_failed({1: ("stopped", "b"), 0: ("stopped", "a")}, codes, gpus, "/run")
     assert isinstance(err, RunStopped) and str(err) == "a"   # the lowest rank's
-    err = workers_failed({0: ("stopped", "a")}, codes)        # eval-dp1 failed without one: its traceback is out
+    err = workers_failed({0: ("stopped", "a")}, codes, gpus, "/run")   # eval-dp1 failed without one: its traceback is out
     assert type(err) is RuntimeError and "exit codes {'eval-dp0': 1, 'eval-dp1': 2}" in str(err)
+    err = workers_failed({}, {1: -15, 2: -9}, [["0"], ["1"], ["2", "3"]], "/run")   # signals: no line, no traceback
+    assert isinstance(err, RunStopped) and str(err) == (
+        "data-parallel worker eval-dp1 (GPU 1) was killed by SIGTERM; data-parallel worker eval-dp2 (GPUs 2,3) was "
+        "killed by SIGKILL (out of memory? the kernel's OOM killer sends it); the samples written before are kept in "
+        "/run; rerun the same command to resume")

@@ -23,7 +23,7 @@ from phf_megatron.eval import EvalConfig, grade, run_eval, sample_seed
 from phf_megatron.eval.metrics import score_benchmark
 from phf_megatron.eval.records import load_records, shard_path
 from tests.helpers import REPO, python_env, run_python
-from tests.helpers.processes import assert_no_survivor
+from tests.helpers.processes import assert_no_survivor, session_members
 
 TOOL = os.path.join(REPO, "tools", "eval_avg_at_k.py")
 
@@ -271,3 +271,39 @@ def test_a_killed_data_parallel_eval_leaves_no_replica_behind(tmp_path, tiny_dir
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert_no_survivor(proc.pid, "the killed evaluator (its replicas)")
+
+
+def _holder(pids: list[int], path: str) -> int | None:
+    """The process of ``pids`` that holds ``path`` open (a data-parallel worker its shard)."""
+    for pid in pids:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == path for fd in os.listdir(f"/proc/{pid}/fd")):
+                return pid
+        except OSError:   # gone meanwhile
+            continue
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_data_parallel_worker_killed_by_a_signal_is_one_line_naming_it(tmp_path, tiny_dir, eval_sets):
+    """A replica the OOM killer SIGKILLs (the test sends it) ended the eval in a RuntimeError traceback ("data-parallel
+    workers failed (exit codes {'eval-dp1': -9})"): one line naming the worker, its GPUs and the signal, exit code 1."""
+    run_dir = str(tmp_path / "dp_oom")
+    cmd = [sys.executable, TOOL, "--model", tiny_dir, "--data-dir", eval_sets, "--benchmarks", "aime24", "--limit", "4",
+           "--n", "4", "--max-new-tokens", "64", "--backend", "hf", "--dtype", "float32", "--batch-size", "1",
+           "--data-parallel", "2", "--out-dir", run_dir]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    shard, worker, deadline = os.path.abspath(shard_path(run_dir, 1)), None, time.time() + 240
+    while worker is None and time.time() < deadline and proc.poll() is None:
+        if os.path.isfile(shard) and os.path.getsize(shard):   # a sample written: the worker is well under way
+            worker = _holder(session_members(proc.pid), shard)
+        time.sleep(0.01)
+    assert worker is not None, "eval-dp1 ended before it could be killed"
+    os.kill(worker, signal.SIGKILL)
+    assert proc.wait(timeout=240) == 1
+    stderr = (tmp_path / "stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == (
+        "error: data-parallel worker eval-dp1 (no GPU) was killed by SIGKILL (out of memory? the kernel's OOM killer "
+        f"sends it); the samples written before are kept in {run_dir}; rerun the same command to resume"), stderr[-3000:]
