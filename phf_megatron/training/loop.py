@@ -9,8 +9,8 @@ rows' solutions instead, ``policy_mix``) → this rank's micro-batches → one u
 (``update.run_update``; SFT: no engines, the rows' solutions, no teacher) → the sampler advances → weight sync into every engine → metrics, layer
 energy, the loss by rollout token (every ``logging.loss_tokens_interval`` steps), checkpoint.
 
-Checkpoints are atomic (``checkpoint.save_checkpoint``) and hold everything a resumed run needs
-to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
+Checkpoints (``trainer_checkpoint``) are atomic (``checkpoint.save_checkpoint``) and hold everything a
+resumed run needs to continue exactly: adapters (or, for full fine-tuning, the model as a dist checkpoint), the
 optimizer and LR schedule, the EMA teacher, the data position and every RNG (and, overlapped,
 the next step's prefetched rollouts). If a rollout engine fails, a checkpoint is saved before the
 error propagates at a step the weights are pushed after (``Trainer.at_push``; a failed push too: the
@@ -28,7 +28,6 @@ what was not finite. Checkpoints and exports refuse to write a non-finite tensor
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import time
@@ -38,31 +37,27 @@ import torch
 from ..data import PromptConfig, load_math_dataset
 from ..data.holdout import without_holdout
 from ..data.sampler import EpochSampler
-from ..lora import adapter_parameters
 from ..tokenizer import eos_token_ids, load_qwen3_tokenizer
 from ..config_errors import fail
 from ..errors import RunStopped, UserError
 from ..input_files import kept
 from .batches import build_microbatches
-from .checkpoint import META_FILE, iter_dir_name, load_checkpoint, read_latest, save_checkpoint
-from .checkpoint_parts import (
-    Part, RankLayout, Scope, dist_model_part, optimizer_part, rng_part, stateful_part, tensors_part,
-)
+from .checkpoint import iter_dir_name
+from .checkpoint_parts import RankLayout
 from .config import TrainConfig
-from .config_io import resume_fingerprint, save_run_config
+from .config_io import save_run_config
 from .diagnostics import layer_energy_metrics
 from .distributed import DistributedContext, init_distributed, lost_rank
 from .export import export_dir, outputs_message, write_student
 from .metrics import LOSS_TOKENS, ON_POLICY_FRACTION, MetricsLogger, WandbRun
 from .model_setup import StudentModel, build_student, implementations
 from .nonfinite import faults_from_env, nonfinite_stop
-from .rollout_async import PART as PREFETCH_PART
 from .rollout_async import RolloutPrefetch
 from .methods import build_method
 from .rollouts import RolloutFailure
-from .schedule import load_scheduler_state
 from .step_plan import StepPlanner, local_rollout_record, rollout_stats, row_origins
 from .stop_signal import StopSignal, ignoring
+from .trainer_checkpoint import TrainerCheckpoints
 from .update import run_update
 
 
@@ -80,14 +75,7 @@ def _load_dataset(cfg: TrainConfig):
         raise fail("data.holdout_fraction", f"{cfg.holdout_fraction} (--method={cfg.method}) {err}") from err
 
 
-def _saved_parts(load_dir: str) -> dict:
-    """The parts of the checkpoint a resume reads (its ``meta.json``)."""
-    from ..input_files import read_json
-
-    return read_json(os.path.join(load_dir, iter_dir_name(read_latest(load_dir)), META_FILE)).get("parts", {})
-
-
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Builds every piece of a run on this rank; ``run()`` trains to ``training.train_iters``."""
 
     def __init__(self, cfg: TrainConfig):
@@ -161,58 +149,6 @@ class Trainer:
         """Rank 0 says what the start is doing (minutes at 8B, silent until its implementations line)."""
         if self.ctx.is_rank0:
             print(f"phf_megatron.train: starting: {what}", flush=True)
-
-    # ----------------------------------------------------------------- checkpoints
-
-    def _parts(self) -> dict:
-        sched = self.student.scheduler
-        parts = {  # the scheduler's load checks the schedule (one line) before the optimizer's, which in
-            # Megatron 0.19 (distributed optimizer) fails with a bare KeyError on another max_lr / min_lr; so do
-            # the adapters and the teacher their names and shapes (another model: a bare ValueError of torch's)
-            "scheduler": Part(Scope.GLOBAL, sched.state_dict, functools.partial(load_scheduler_state, sched)),
-            **({"adapters": tensors_part(dict(p for c in self.student.chunks for p in adapter_parameters(c)))}
-               if self.cfg.lora.enabled else {}),
-            **self.method.parts(),
-            "optimizer": optimizer_part(self.student.optimizer),
-            "data": stateful_part(self.sampler, Scope.GLOBAL),
-            "rng": rng_part(),
-        }
-        if not self.cfg.lora.enabled:
-            for i, chunk in enumerate(self.student.chunks):
-                parts[f"model{i}"] = dist_model_part(chunk.module)
-        if self.prefetch is not None:
-            parts[PREFETCH_PART] = self.prefetch.part()
-        parts["rng"] = parts.pop("rng")  # restored last
-        return parts
-
-    def save(self) -> str:
-        self.phase = f"saving step {self.step}"
-        if self.prefetch is not None:
-            self.prefetch.prepare_checkpoint(self.step)  # a collective: the hosts' prefetched rollouts
-        return save_checkpoint(self.cfg.save_dir, self.step, self._parts(), self.layout,
-                               fingerprint=resume_fingerprint(self.cfg), keep_last=self.cfg.checkpoint.keep_last,
-                               extra={"samples_seen": self.step * self.cfg.training.global_batch_size,
-                                      "nonfinite_steps": self.nonfinite_steps, "nonfinite_run": self.nonfinite_run})
-
-    def _maybe_resume(self) -> str | None:
-        load_dir = self.cfg.load_dir
-        if not load_dir or read_latest(load_dir) is None:
-            return None
-        parts = self._parts()
-        if self.cfg.checkpoint.no_load_optim:
-            parts.pop("optimizer")
-        if self.cfg.checkpoint.no_load_rng:
-            parts.pop("rng")
-        if PREFETCH_PART in parts and PREFETCH_PART not in _saved_parts(load_dir):
-            parts.pop(PREFETCH_PART)  # saved on-policy: the first resumed step samples afresh
-        info = load_checkpoint(load_dir, parts, self.layout,
-                               fingerprint=resume_fingerprint(self.cfg) if self.cfg.checkpoint.strict_config else None)
-        if "optimizer" not in parts:  # its fp32 main parameters (bf16) were copied from the weights before the
-            self.student.optimizer.reload_model_params()  # load: else the first update writes them back over it
-        self.step = info.iteration
-        extra = info.meta.get("extra", {})
-        self.nonfinite_steps, self.nonfinite_run = extra.get("nonfinite_steps", 0), extra.get("nonfinite_run", 0)
-        return info.path
 
     # ----------------------------------------------------------------- one step
 
@@ -388,12 +324,6 @@ class Trainer:
 
     def _kept(self, redone: bool = False) -> str:  # what a stopped run keeps (``input_files.kept``)
         return kept(self.cfg.save_dir, redone)
-
-    def _save_last(self) -> None:
-        """Save the step the run ends at, unless ``checkpoint.save_interval`` just did."""
-        interval = self.cfg.checkpoint.save_interval
-        if not (interval and self.step % interval == 0):
-            self.save()
 
     def _log(self, metrics: dict) -> None:
         cfg = self.cfg
