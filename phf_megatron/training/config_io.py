@@ -171,10 +171,16 @@ def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfi
 
 #: The ``PATH_SETTINGS`` a run reads and never writes: ``moved_run_paths`` moves one only where it is found there.
 READ_PATH_SETTINGS = ("model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.load")
-#: The top-level settings a run's own ``config.yaml`` holds, every one (``save_run_config`` writes them all, and has
-#: since its paths are absolute, 0af23ce): a preset, even one named config.yaml with an absolute run_dir, lists fewer.
-RUN_CONFIG_KEYS = ("run_dir", "method", "ablation", "model", "lora", "teacher", "rollout", "data", "optimizer",
-                   "training", "objective", "sft", "grpo", "checkpoint", "logging")
+#: The top-level settings every run's own ``config.yaml`` holds (``save_run_config`` writes them all; these since the
+#: first, cb42662: method and sft came in a13f4fd, grpo in 97b5b9f): a preset, even one named config.yaml, lists fewer.
+RUN_CONFIG_KEYS = ("run_dir", "ablation", "model", "lora", "teacher", "rollout", "data", "optimizer", "training",
+                   "objective", "checkpoint", "logging")
+
+
+def is_run_config(path: str, values: dict[str, Any]) -> bool:
+    """Whether the file ``path``, read as ``values``, is a run's own ``config.yaml`` (``save_run_config``'s): so named,
+    with every ``RUN_CONFIG_KEYS``. Else it is a preset, read as written."""
+    return os.path.basename(path) == RUN_CONFIG_FILE and set(RUN_CONFIG_KEYS) <= {k.split(".")[0] for k in values}
 
 
 def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
@@ -183,10 +189,9 @@ def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]
     the file's directory or the one given, and each path setting recorded in the old run_dir follows it (as
     ``input_files.saved_path`` reads a moved run's ``checkpoint.save``; one it reads, ``READ_PATH_SETTINGS``, when
     found there or gone from the old place): nothing is written into the old run_dir.
-    ``{}`` for a preset (not all ``RUN_CONFIG_KEYS``), a run's config in its place, the settings given as flags."""
+    ``{}`` for a preset (``is_run_config``), a run's config in its place, the settings given as flags."""
     old = values.get("run_dir")
-    if (os.path.basename(path) != RUN_CONFIG_FILE or not (isinstance(old, str) and os.path.isabs(old))
-            or not set(RUN_CONFIG_KEYS) <= {k.split(".")[0] for k in values}):   # a preset: its run_dir as written
+    if not (is_run_config(path, values) and isinstance(old, str) and os.path.isabs(old)):   # a preset: as written
         return {}
     new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
     if os.path.realpath(new) == os.path.realpath(old):
@@ -204,9 +209,10 @@ def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, An
     """``{"checkpoint.model_format": "auto"}`` for a run's own ``config.yaml`` that records a format its trainer
     never wrote (one saved before 509d1c6: a LoRA run with torch_dist, as an older layout error told users to set,
     or a full fine-tuning with per_rank): the trainer ignored it and wrote ``written_model_format``, so the run's
-    resume, export and conversion read it as auto. ``{}`` otherwise: a preset's value, or the flag, is refused."""
+    resume, export and conversion read it as auto. ``{}`` otherwise: a preset's value (``is_run_config``: whatever its
+    file's name), or the flag, is refused."""
     key, saved = "checkpoint.model_format", values.get("checkpoint.model_format")
-    if os.path.basename(path) != RUN_CONFIG_FILE or key in overrides or saved in (None, "auto"):
+    if not is_run_config(path, values) or key in overrides or saved in (None, "auto"):
         return {}
     try:
         lora = coerce(overrides.get("lora.enabled", values.get("lora.enabled", LoraConfig.enabled)),

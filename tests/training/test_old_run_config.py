@@ -65,3 +65,32 @@ def test_a_setting_a_runs_config_yaml_refuses_is_named_in_that_file_not_as_a_fla
     assert proc.returncode == 2 and proc.stderr.splitlines()[-1] == (
         f"error: {path}: objective.flow_layers: --ablation=selected_layers needs the layer subset, "
         "e.g. --objective.flow_layers=6,7,20,21"), proc.stderr
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "lora_torch_dist.yaml"])
+def test_a_preset_with_a_format_the_trainer_never_writes_is_refused_whatever_its_file_name(tmp_path, name):
+    """A preset named config.yaml was read as a run's own config.yaml by its name alone (its torch_dist as auto),
+    while a run's own is one with every top-level setting (``is_run_config``): refused as any preset is."""
+    from phf_megatron.training.config_io import load_config
+
+    preset = tmp_path / name
+    preset.write_text("lora:\n  enabled: true\ncheckpoint:\n  model_format: torch_dist\n")
+    with pytest.raises(ConfigError, match=r"^checkpoint.model_format: torch_dist: the trainer saves LoRA adapters as "
+                                          r"per_rank only"):
+        load_config(str(preset))
+
+
+@pytest.mark.parametrize("older", [(), ("grpo",), ("method", "sft", "grpo")])
+def test_a_runs_config_yaml_with_a_format_its_trainer_ignored_reads_as_auto(tmp_path, older):
+    """Saved by today's trainer, and by one before the grpo section (97b5b9f) or method and sft (a13f4fd)."""
+    import yaml
+
+    from phf_megatron.training.config_io import config_from_argv, load_config, save_run_config
+
+    path = save_run_config(config_from_argv([f"--run_dir={tmp_path}", "--lora.enabled=true"]))
+    tree = yaml.safe_load(open(path))
+    tree["checkpoint"]["model_format"] = "torch_dist"
+    with open(path, "w") as f:
+        yaml.safe_dump({k: v for k, v in tree.items() if k not in older}, f)
+    cfg = load_config(path)
+    assert (cfg.checkpoint.model_format, cfg.model_format, cfg.run_dir) == ("auto", "per_rank", str(tmp_path))
