@@ -24,14 +24,14 @@ def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import wants_help
     from .commands import launch_world, process_rank, require_torchrun_under_srun
-    from .training.config_io import help_text, load_config, moved_run_note, split_argv, to_yaml
+    from .training.config_io import config_and_note, help_text, split_argv, to_yaml
 
     if wants_help(argv):
         print(help_text(__doc__, argv))   # after --config C: C's values as the defaults
         return 0
     path, print_config, overrides = split_argv(argv)
-    cfg = load_config(path, overrides)
-    if (note := moved_run_note(path, overrides)) and process_rank() == 0:   # not the old run's directory: said
+    cfg, note = config_and_note(path, overrides)
+    if note and process_rank() == 0:   # not the old run's directory: said
         print(note, file=sys.stderr, flush=True)
     if print_config:
         if (world := launch_world()) is not None:   # torchrun's, or a launcher's (examples/launch_phf.sh: NGPU x

@@ -154,22 +154,28 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 
 def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfig:
     """Defaults < YAML file < ``--ablation`` < command-line overrides; a run's own ``config.yaml`` whose run
-    directory is elsewhere now, with its paths there (``moved_run_paths``), and with the format its trainer
-    ignored read as auto (``unhonoured_format``)."""
+    directory is elsewhere now, with its paths there (``moved_run``), and with the format its trainer ignored read
+    as auto (``unhonoured_format``)."""
+    return config_and_note(path, argv)[0]
+
+
+def config_and_note(path: str | None, argv: Sequence[str] = ()) -> tuple[TrainConfig, str | None]:
+    """``load_config``'s config, and the line that says which paths of a run's own ``config.yaml`` are read in another
+    run directory than it records (``MovedRun.note``; None when none is)."""
     values: dict[str, Any] = read_yaml(path) if path else {}
     overrides = parse_overrides(argv)
-    values.update({**moved_run_paths(path, values, overrides), **unhonoured_format(path, values, overrides)}
-                  if path else {})
+    moved = moved_run(path, values, overrides) if path else None
+    values.update({**(moved.paths if moved else {}), **unhonoured_format(path, values, overrides)} if path else {})
     ablation = overrides.get("ablation", values.get("ablation"))
     if ablation not in (None, "none", "null") and ablation not in ABLATIONS:
         raise ConfigError("ablation", f"{ablation!r} is not one of {tuple(ABLATIONS)}")
     if ablation in ABLATIONS:
         values.update({f"objective.{k}": v for k, v in ABLATIONS[ablation].items()})
     values.update(overrides)
-    return build_config(values)
+    return build_config(values), moved.note() if moved else None
 
 
-#: The ``PATH_SETTINGS`` a run reads and never writes: ``moved_run_paths`` moves one only where it is found there.
+#: The ``PATH_SETTINGS`` a run reads and never writes: ``moved_run`` moves one only where it is found there.
 READ_PATH_SETTINGS = ("model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.load")
 #: The top-level settings every run's own ``config.yaml`` holds (``save_run_config`` writes them all; these since the
 #: first, cb42662: method and sft came in a13f4fd, grpo in 97b5b9f): a preset, even one named config.yaml, lists fewer.
@@ -183,26 +189,46 @@ def is_run_config(path: str, values: dict[str, Any]) -> bool:
     return os.path.basename(path) == RUN_CONFIG_FILE and set(RUN_CONFIG_KEYS) <= {k.split(".")[0] for k in values}
 
 
-def moved_run_paths(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
-    """``{key: path}``: a run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from
-    that run_dir (the run directory moved or copied with it) or given with another ``--run_dir``: the run is there,
-    the file's directory or the one given, and each path setting recorded in the old run_dir follows it (as
-    ``input_files.saved_path`` reads a moved run's ``checkpoint.save``; one it reads, ``READ_PATH_SETTINGS``, when
-    found there or gone from the old place): nothing is written into the old run_dir.
-    ``{}`` for a preset (``is_run_config``), a run's config in its place, the settings given as flags."""
+@dataclasses.dataclass(frozen=True)
+class MovedRun:
+    """A run's own ``config.yaml`` read in another run directory than the one it records (``moved_run``)."""
+
+    path: str
+    """The file."""
+    old: str
+    """The run directory it records."""
+    new: str
+    """The run directory now: ``--run_dir``, else the file's directory."""
+    paths: dict[str, str]
+    """``{key: path}``: the path settings recorded in ``old`` that are read in ``new``."""
+
+    def note(self) -> str:
+        """One line naming ``paths``."""
+        return (f"note: {self.path} records the run in {self.old}; its {', '.join(self.paths)} there are read in "
+                f"{self.new} (give --run_dir for another run directory)")
+
+
+def moved_run(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> MovedRun | None:
+    """A run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from that run_dir (the
+    run directory moved or copied with it) or given with another ``--run_dir``: the run is there, the file's directory
+    or the one given, and each path setting recorded in the old run_dir follows it (as ``input_files.saved_path``
+    reads a moved run's ``checkpoint.save``; one it reads, ``READ_PATH_SETTINGS``, when found there or gone from the
+    old place): nothing is written into the old run_dir. None for a preset (``is_run_config``), a run's config in its
+    place, the settings given as flags."""
     old = values.get("run_dir")
     if not (is_run_config(path, values) and isinstance(old, str) and os.path.isabs(old)):   # a preset: as written
-        return {}
+        return None
     new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
     if os.path.realpath(new) == os.path.realpath(old):
-        return {}
+        return None
     moved = {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
              if key not in overrides and isinstance(values.get(key), str)
              and (inside := below(values[key], old)) is not None}
     # what the run reads, not writes, follows only where it is there, or gone from the old place: a new --run_dir
     # started from this file reads the old run's data and model where they still are
-    return {key: path for key, path in moved.items() if key not in READ_PATH_SETTINGS
-            or os.path.exists(path) or not os.path.exists(values[key])}
+    paths = {key: where for key, where in moved.items() if key not in READ_PATH_SETTINGS
+             or os.path.exists(where) or not os.path.exists(values[key])}
+    return MovedRun(path, old, new, paths) if paths else None
 
 
 def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
@@ -220,18 +246,6 @@ def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, An
     except ConfigError:   # the build names it
         return {}
     return {} if saved == written_model_format(lora) else {key: "auto"}
-
-
-def moved_run_note(path: str | None, argv: Sequence[str]) -> str | None:
-    """One line naming the settings of a run's own ``config.yaml`` read in another run directory than it recorded
-    (``moved_run_paths``), None when none is."""
-    values = read_yaml(path) if path else {}
-    moved = moved_run_paths(path, values, overrides := parse_overrides(argv)) if path else {}
-    if not moved:
-        return None
-    new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
-    return (f"note: {path} records the run in {values['run_dir']}; its {', '.join(moved)} there are read in {new} "
-            "(give --run_dir for another run directory)")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[str | None, bool, list[str]]:
