@@ -23,9 +23,10 @@ import yaml
 
 from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
-from ..input_files import RUN_CONFIG_FILE, below, load_yaml
+from ..input_files import RUN_CONFIG_FILE, load_yaml
 from ..output_files import write_text
 from .config import ABLATIONS, LoraConfig, TrainConfig, written_model_format
+from .moved_run import PATH_SETTINGS, is_run_config, moved_run
 
 #: Settings that may differ between a checkpoint and the run resuming from it: budgets, paths,
 #: logging, and the parallel layout (checkpoint.py checks layouts per part). Everything else
@@ -175,62 +176,6 @@ def config_and_note(path: str | None, argv: Sequence[str] = ()) -> tuple[TrainCo
     return build_config(values), moved.note() if moved else None
 
 
-#: The ``PATH_SETTINGS`` a run reads and never writes: ``moved_run`` moves one only where it is found there.
-READ_PATH_SETTINGS = ("model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.load")
-#: The top-level settings every run's own ``config.yaml`` holds (``save_run_config`` writes them all; these since the
-#: first, cb42662: method and sft came in a13f4fd, grpo in 97b5b9f): a preset, even one named config.yaml, lists fewer.
-RUN_CONFIG_KEYS = ("run_dir", "ablation", "model", "lora", "teacher", "rollout", "data", "optimizer", "training",
-                   "objective", "checkpoint", "logging")
-
-
-def is_run_config(path: str, values: dict[str, Any]) -> bool:
-    """Whether the file ``path``, read as ``values``, is a run's own ``config.yaml`` (``save_run_config``'s): so named,
-    with every ``RUN_CONFIG_KEYS``. Else it is a preset, read as written."""
-    return os.path.basename(path) == RUN_CONFIG_FILE and set(RUN_CONFIG_KEYS) <= {k.split(".")[0] for k in values}
-
-
-@dataclasses.dataclass(frozen=True)
-class MovedRun:
-    """A run's own ``config.yaml`` read in another run directory than the one it records (``moved_run``)."""
-
-    path: str
-    """The file."""
-    old: str
-    """The run directory it records."""
-    new: str
-    """The run directory now: ``--run_dir``, else the file's directory."""
-    paths: dict[str, str]
-    """``{key: path}``: the path settings recorded in ``old`` that are read in ``new``."""
-
-    def note(self) -> str:
-        """One line naming ``paths``."""
-        return (f"note: {self.path} records the run in {self.old}; its {', '.join(self.paths)} there are read in "
-                f"{self.new} (give --run_dir for another run directory)")
-
-
-def moved_run(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> MovedRun | None:
-    """A run's own ``config.yaml`` (``save_run_config``'s, its ``run_dir`` absolute) read away from that run_dir (the
-    run directory moved or copied with it) or given with another ``--run_dir``: the run is there, the file's directory
-    or the one given, and each path setting recorded in the old run_dir follows it (as ``input_files.saved_path``
-    reads a moved run's ``checkpoint.save``; one it reads, ``READ_PATH_SETTINGS``, when found there or gone from the
-    old place): nothing is written into the old run_dir. None for a preset (``is_run_config``), a run's config in its
-    place, the settings given as flags."""
-    old = values.get("run_dir")
-    if not (is_run_config(path, values) and isinstance(old, str) and os.path.isabs(old)):   # a preset: as written
-        return None
-    new = os.path.abspath(overrides.get("run_dir") or os.path.dirname(os.path.abspath(path)))
-    if os.path.realpath(new) == os.path.realpath(old):
-        return None
-    moved = {key: os.path.normpath(os.path.join(new, inside)) for key in PATH_SETTINGS
-             if key not in overrides and isinstance(values.get(key), str)
-             and (inside := below(values[key], old)) is not None}
-    # what the run reads, not writes, follows only where it is there, or gone from the old place: a new --run_dir
-    # started from this file reads the old run's data and model where they still are
-    paths = {key: where for key, where in moved.items() if key not in READ_PATH_SETTINGS
-             or os.path.exists(where) or not os.path.exists(values[key])}
-    return MovedRun(path, old, new, paths) if paths else None
-
-
 def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:
     """``{"checkpoint.model_format": "auto"}`` for a run's own ``config.yaml`` that records a format its trainer
     never wrote (one saved before 509d1c6: a LoRA run with torch_dist, as an older layout error told users to set,
@@ -302,13 +247,6 @@ def to_yaml(cfg: TrainConfig) -> str:
 def dump_config(cfg: TrainConfig, path: str) -> None:
     """Write the resolved config as YAML (atomic). ``load_config(path)`` rebuilds it exactly."""
     write_text(path, to_yaml(cfg))
-
-
-#: The settings that name a local file or directory. ``config.yaml`` records them absolute, resolved against the
-#: directory the run was launched from, so mcore_to_hf, the eval, paper_table and a run export read the run's
-#: files from any directory (written as given, a relative one was read from the reader's directory).
-PATH_SETTINGS = ("run_dir", "model.hf_dir", "model.pretrained_checkpoint", "data.path", "checkpoint.save",
-                 "checkpoint.load", "logging.tensorboard_dir", "logging.wandb_save_dir")
 
 
 def with_absolute_paths(cfg: TrainConfig) -> tuple[TrainConfig, dict[str, str]]:
