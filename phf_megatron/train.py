@@ -24,15 +24,18 @@ def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import wants_help
     from .commands import launch_world, process_rank, require_torchrun_under_srun
-    from .training.config_io import config_and_note, help_text, split_argv, to_yaml
+    from .training.config_io import config_and_note, help_text, split_argv, to_yaml, with_checkpoint_holdout
+
+    def say(note: str | None) -> None:
+        if note and process_rank() == 0:
+            print(note, file=sys.stderr, flush=True)
 
     if wants_help(argv):
         print(help_text(__doc__, argv))   # after --config C: C's values as the defaults
         return 0
     path, print_config, overrides = split_argv(argv)
     cfg, note = config_and_note(path, overrides)
-    if note and process_rank() == 0:   # not the old run's directory: said
-        print(note, file=sys.stderr, flush=True)
+    say(note)   # a run's config.yaml read in another run directory than it records
     if print_config:
         if (world := launch_world()) is not None:   # torchrun's, or a launcher's (examples/launch_phf.sh: NGPU x
             cfg.check_world_size(world[1])        # NNODES ranks); without RANK the run is one process (process_group)
@@ -52,6 +55,8 @@ def train(argv: list[str], quiet: bool = True) -> int:
         with stopping_at_once(cfg.checkpoint, cfg.save_dir):  # a preemption before the first step: one line
             from .training.export import finished_step, outputs_message
 
+            cfg, note = with_checkpoint_holdout(cfg)   # a resume of a run saved before data.holdout_fraction
+            say(note)
             if (step := finished_step(cfg)) is not None:
                 if process_rank() == 0:
                     print(f"phf_megatron.train: {cfg.run_dir} is finished (step {step} of "

@@ -23,7 +23,9 @@ import yaml
 
 from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
 from ..errors import ConfigError, InputFileError, UsageError
-from ..input_files import RUN_CONFIG_FILE, load_yaml
+from ..input_files import (
+    META_FILE, RUN_CONFIG_FILE, checkpoint_saved, iter_dir_name, load_yaml, read_json, read_latest,
+)
 from ..output_files import write_text
 from .config import ABLATIONS, LoraConfig, TrainConfig, written_model_format
 from .moved_run import PATH_SETTINGS, is_run_config, moved_run
@@ -301,6 +303,26 @@ def saved_as_run(saved: dict[str, Any]) -> dict[str, Any]:
     if "model.disable_dropout" in saved and saved["model.disable_dropout"] is None:
         return {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}
     return saved
+
+
+def with_checkpoint_holdout(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """``cfg`` with ``data.holdout_fraction`` unset (the method's default) resuming a checkpoint of the method whose
+    run held out another share of the rows (one saved before the holdout: none): the checkpoint's, and one note line
+    that says so. ``(cfg, None)`` otherwise; a value given that differs is refused by the resume (its fingerprint)."""
+    step = read_latest(cfg.load_dir) if cfg.data.holdout_fraction is None else None
+    if step is None or not checkpoint_saved(cfg.load_dir, step):   # none, or a deleted one the resume names
+        return cfg, None
+    ckpt = os.path.join(cfg.load_dir, iter_dir_name(step))
+    meta = read_json(os.path.join(ckpt, META_FILE))
+    saved = meta.get("fingerprint") if isinstance(meta, dict) else None
+    run = saved_as_run(saved) if isinstance(saved, dict) else {}   # not a dict: the resume names it
+    fraction = run.get("data.holdout_fraction")
+    if run.get("method") != cfg.method or not isinstance(fraction, (int, float)) or fraction == cfg.holdout_fraction:
+        return cfg, None
+    older = "; saved before the holdout, its run trained on every row" if "data.holdout_fraction" not in saved else ""
+    return (dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, holdout_fraction=float(fraction))),
+            f"note: data.holdout_fraction unset: {float(fraction)}, the checkpoint's ({ckpt}{older}), not "
+            f"--method={cfg.method}'s default {cfg.holdout_fraction}: the resumed run trains on the same rows")
 
 
 def fingerprint_hash(fingerprint: dict[str, Any] | None) -> str | None:

@@ -157,7 +157,8 @@ class DataConfig:
     holdout_fraction: float | None = None
     """Share of the rows never trained on, as the official baselines' ``train_test_split(test_size, seed)``
     (``data/holdout.py``: its ``train`` part, in its order, then ``max_rows``). None: the method's official
-    script (``TrainConfig.holdout_fraction``): sft 0.01, grpo 0.007, phf 0; 0: every row."""
+    script (``TrainConfig.holdout_fraction``): sft 0.01, grpo 0.007, phf 0, a resume the checkpoint's (one saved
+    before this setting: 0); 0: every row."""
     holdout_seed: int = 42
     """Seed of that split (official: 42)."""
     shuffle: bool = True
