@@ -142,6 +142,8 @@ def checkpoint_saved(save_dir: str, iteration: int) -> bool:
 
 #: A training run's resolved settings, in its run directory (``training.config_io`` writes it).
 RUN_CONFIG_FILE = "config.yaml"
+#: A training run's per-step metrics, in its run directory (``training.metrics`` writes it).
+METRICS_FILE = "metrics.jsonl"
 
 
 def run_checkpoints_dir(run_dir: str, save: str | None) -> str:

@@ -158,24 +158,26 @@ def build_config(values: dict[str, Any]) -> TrainConfig:
 def load_config(path: str | None = None, argv: Sequence[str] = ()) -> TrainConfig:
     """Defaults < YAML file < ``--ablation`` < command-line overrides; a run's own ``config.yaml`` whose run
     directory is elsewhere now, with its paths there (``moved_run``), and with the format its trainer ignored read
-    as auto (``unhonoured_format``)."""
-    return config_and_note(path, argv)[0]
+    as auto (``unhonoured_format``): the run it records, as mcore_to_hf and the eval read it."""
+    return config_and_note(path, argv, start=False)[0]
 
 
-def config_and_note(path: str | None, argv: Sequence[str] = ()) -> tuple[TrainConfig, str | None]:
-    """``load_config``'s config, and the line that says which paths of a run's own ``config.yaml`` are read in another
-    run directory than it records (``MovedRun.note``; None when none is)."""
+def config_and_note(path: str | None, argv: Sequence[str] = (), start: bool = True) -> tuple[TrainConfig, str | None]:
+    """``load_config``'s config; to ``start`` a run (the trainer's), one that is not the run a run's own config.yaml
+    records writes none of its outputs where that run's were (``MovedRun.settings``), and the line that says so
+    (``MovedRun.note``; None when the file is no run's config.yaml read in another run directory)."""
     values: dict[str, Any] = read_yaml(path) if path else {}
     overrides = parse_overrides(argv)
     moved = moved_run(path, values, overrides) if path else None
-    values.update({**(moved.paths if moved else {}), **unhonoured_format(path, values, overrides)} if path else {})
+    values.update({**(moved.settings(start) if moved else {}), **unhonoured_format(path, values, overrides)}
+                  if path else {})
     ablation = overrides.get("ablation", values.get("ablation"))
     if ablation not in (None, "none", "null") and ablation not in ABLATIONS:
         raise ConfigError("ablation", f"{ablation!r} is not one of {tuple(ABLATIONS)}")
     if ablation in ABLATIONS:
         values.update({f"objective.{k}": v for k, v in ABLATIONS[ablation].items()})
     values.update(overrides)
-    return build_config(values), moved.note() if moved else None
+    return build_config(values), moved.note() if moved and start else None
 
 
 def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, str]:

@@ -34,12 +34,11 @@ import torch.distributed as dist
 
 from ..config_errors import fail
 from ..errors import InputFileError
-from ..input_files import read_lines
+from ..input_files import METRICS_FILE, read_lines
 from ..output_files import write_jsonl
 from ..parallel import loss as _loss
 from .config_io import to_dict
 
-METRICS_FILE = "metrics.jsonl"
 LOSS_TOKENS_FILE = "loss_tokens.jsonl"
 WANDB_ID_FILE = "wandb_run_id.txt"  # the W&B run's id, so that a resume continues the same run
 

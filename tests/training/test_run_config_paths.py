@@ -142,6 +142,7 @@ def test_a_runs_config_yaml_given_from_where_the_run_moved_is_that_run_not_the_o
         ["--run_dir=runs/x", "--checkpoint.save=runs/x/ckpts", "--logging.tensorboard_dir=runs/x/tb",
          "--model.hf_dir=models/qwen3"])))
     assert (recorded.run_dir, recorded.checkpoint.save) == (old, os.path.join(old, "ckpts"))   # in its place
+    _checkpoint(recorded.checkpoint.save, 1)   # the run's outputs go with it
     moved = str(tmp_path / "moved")
     shutil.move(old, moved)
     path = os.path.join(moved, "config.yaml")
@@ -213,3 +214,59 @@ def test_a_copied_run_directory_is_read_as_the_copy_by_the_eval_as_by_mcore_to_h
     assert find_run_checkpoint(b).path == copy   # mcore_to_hf --mcore_dir runs/b
     assert latest_checkpoint(b) == copy          # the eval's --megatron_checkpoint runs/b (was a's iter_0000200)
     assert latest_checkpoint(a) == os.path.join(a, "ckpts", "iter_0000200")   # the original: its own
+
+
+def test_a_runs_config_yaml_copied_alone_starts_a_new_run_there_that_saves_in_its_own_place(tmp_path, capsys):
+    """A run's config.yaml copied alone into an empty directory was read as that run moved there: the same note,
+    and its checkpoint.save recorded outside the run directory kept, so that the new run resumed the old run's
+    checkpoints and saved among them. A directory holding none of the run's checkpoints or metrics starts a new run
+    with the file's settings, its checkpoints in their default place; mcore_to_hf and the eval (load_config) still
+    read the run the file records. With the run's outputs copied too, it is that run, saving where it did."""
+    from phf_megatron.train import train
+    from phf_megatron.training.config_io import config_and_note, config_from_argv, load_config, save_run_config
+
+    a, b, shared = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "scratch" / "a_ckpts")
+    recorded = save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={shared}",
+                                                 f"--logging.tensorboard_dir={a}/tb"]))
+    _checkpoint(shared, 2)
+    os.makedirs(b)
+    path = shutil.copy(recorded, b)
+    cfg, note = config_and_note(path)
+    assert (cfg.run_dir, cfg.save_dir, cfg.logging.tensorboard_dir) == (b, f"{b}/checkpoints", f"{b}/tb")
+    assert note == (f"note: {path} records the run in {a}, and {b} holds none of its checkpoints or metrics: a new run "
+                    f"there with its settings; its run_dir, logging.tensorboard_dir there are read in {b}; its "
+                    f"checkpoint.save {shared}, outside {a}, is that run's: this run's is the default, in {b} (give "
+                    "--run_dir for another run directory)")
+    assert train(["--config", path, "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "  save: null\n" in out and err == note + "\n"
+    assert load_config(path).checkpoint.save == shared   # a reader: the run it records
+    assert config_and_note(path, [f"--checkpoint.save={shared}"])[0].save_dir == shared   # given: kept
+
+    open(os.path.join(b, "metrics.jsonl"), "w").close()   # the run directory copied with the run's outputs
+    cfg, note = config_and_note(path)
+    assert (cfg.run_dir, cfg.save_dir) == (b, shared)
+    assert note == (f"note: {path} records the run in {a}; its run_dir, logging.tensorboard_dir there are read in {b} "
+                    "(give --run_dir for another run directory)")
+
+
+def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_path):
+    """``--config A/config.yaml --run_dir B`` with A's checkpoint.save recorded outside A: run B resumed A's
+    checkpoints there and saved its own among them, on every launch, unsaid. Run B's checkpoints and events are in
+    their default places, in B (on its next launch too, with B's own checkpoints there); one line says so."""
+    from phf_megatron.training.config_io import config_and_note, config_from_argv, save_run_config
+
+    a, b, scratch = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "scratch")
+    path = save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={scratch}/a_ckpts",
+                                             f"--logging.tensorboard_dir={scratch}/tb"]))
+    _checkpoint(f"{scratch}/a_ckpts", 2)
+    for launch in range(2):
+        cfg, note = config_and_note(path, [f"--run_dir={b}"])
+        assert (cfg.run_dir, cfg.save_dir, cfg.logging.tensorboard_dir) == (b, f"{b}/checkpoints", None), launch
+        assert note == (f"note: {path} records the run in {a}: a new run in {b} (--run_dir) with its settings; its "
+                        f"checkpoint.save {scratch}/a_ckpts, outside {a}, is that run's: this run's is the default, "
+                        f"in {b}; its logging.tensorboard_dir {scratch}/tb, outside {a}, is that run's: this run's is "
+                        f"the default, in {b}")
+        _checkpoint(cfg.save_dir, launch + 1)   # run B's own
+    cfg, note = config_and_note(path, [f"--run_dir={b}", f"--logging.tensorboard_dir={scratch}/tb"])
+    assert cfg.logging.tensorboard_dir == f"{scratch}/tb" and "tensorboard" not in note   # given: kept
