@@ -293,18 +293,28 @@ def resume_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     flat = flatten(to_dict(cfg))
     flat["model.disable_dropout"] = cfg.dropout_disabled
     flat["data.holdout_fraction"] = cfg.holdout_fraction
-    return {k: v for k, v in flat.items() if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MUTABLE)}
+    return without_unused_seed({k: v for k, v in flat.items()
+                                if not any(k == m or (m.endswith(".") and k.startswith(m)) for m in RESUME_MUTABLE)})
+
+
+def without_unused_seed(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """``fingerprint`` less ``data.holdout_seed`` where ``data.holdout_fraction`` is 0: nothing is held out, so the
+    seed changes nothing (a checkpoint saved with it still matches a run with another)."""
+    if fingerprint.get("data.holdout_fraction") == 0:
+        return {k: v for k, v in fingerprint.items() if k != "data.holdout_seed"}
+    return fingerprint
 
 
 def saved_as_run(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's fingerprint with ``model.disable_dropout`` as what its run did: one saved between 731af8c and
     96a718c holds it as set, None (the method's default: true for phf only), which today's fingerprint
-    (``TrainConfig.dropout_disabled``, never None) would call another setting on every resume."""
+    (``TrainConfig.dropout_disabled``, never None) would call another setting on every resume; and without a
+    ``data.holdout_seed`` it was saved with while holding out 0 (``without_unused_seed``)."""
     if "method" in saved and "data.holdout_fraction" not in saved:  # a run's, saved before the holdout: every row
         saved = {**saved, "data.holdout_fraction": 0.0, "data.holdout_seed": 42}
     if "model.disable_dropout" in saved and saved["model.disable_dropout"] is None:
-        return {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}
-    return saved
+        saved = {**saved, "model.disable_dropout": saved.get("method", "phf") == "phf"}
+    return without_unused_seed(saved)
 
 
 def with_checkpoint_holdout(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:

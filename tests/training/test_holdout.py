@@ -118,3 +118,16 @@ def test_an_sft_run_saved_before_the_holdout_resumes_on_every_row(tmp_path, tiny
     assert f"resuming from step 1 of 2 ({run}/checkpoints/iter_0000001)" in resumed.stdout, resumed.stdout
     assert "note: data.holdout_fraction unset: 0.0, the checkpoint's" in resumed.stderr, resumed.stderr
     assert load_config(os.path.join(run, "config.yaml")).data.holdout_fraction == 0.0
+
+
+def test_the_seed_is_no_setting_of_a_resume_where_nothing_is_held_out():
+    from phf_megatron.training.checkpoint import SettingsDiffer, check_fingerprint
+
+    now = resume_fingerprint(load_config(None, ["--method=phf", "--data.holdout_seed=7"]))
+    assert "data.holdout_seed" not in now  # phf holds out 0: the seed draws nothing
+    saved = {**now, "data.holdout_seed": 42}  # as saved before the seed was left out
+    check_fingerprint({"fingerprint": saved}, now, "ckpt")
+    check_fingerprint({"fingerprint": now}, resume_fingerprint(load_config(None, ["--method=phf"])), "ckpt")
+    sft = resume_fingerprint(load_config(None, ["--method=sft"]))
+    with pytest.raises(SettingsDiffer, match=r"data\.holdout_seed: 42 -> 7"):
+        check_fingerprint({"fingerprint": sft}, resume_fingerprint(load_config(None, ["--method=sft", "--data.holdout_seed=7"])), "ckpt")
