@@ -143,7 +143,8 @@ def test_a_preemption_sigterm_to_the_batch_shell_waits_for_the_nodes(tmp_path):
     ``--signal=TERM@300`` at the time limit signals the steps only). A shell killed by it ended the batch step, so Slurm ended the job and killed the nodes'
     tasks after KillWait (30 s by default), in their step and save; the shell now waits for ``srun`` (which passes
     the signal on to its tasks) and exits with its code. The fake ``srun`` here is the tasks' step: it outlives the
-    signal by a save's time, then exits 143 as the trainer does."""
+    signal by a save's time, then exits 143 as the trainer does. The shell's line comes at the signal, while the
+    tasks save (it came after srun ended: bash runs a trap once the foreground command ends)."""
     import signal
     import time
 
@@ -154,6 +155,7 @@ def test_a_preemption_sigterm_to_the_batch_shell_waits_for_the_nodes(tmp_path):
 trap 'echo "srun: SIGTERM passed on to the tasks"' TERM
 touch {shlex.quote(str(started))}
 for i in $(seq 40); do sleep 0.1; done   # the nodes' step and save
+grep -q "waiting for the tasks" {shlex.quote(str(tmp_path / "err"))} && echo "srun: the line came while the tasks ran"
 echo "srun: the tasks saved and exited 143"; exit 143
 """)
     (bin_dir / "srun").chmod(0o755)
@@ -165,14 +167,17 @@ echo "srun: the tasks saved and exited 143"; exit 143
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
            "HF_MODEL": str(hf), "RUN_DIR": str(tmp_path / "run"), "SLURM_SUBMIT_DIR": REPO, "SLURM_JOB_ID": "7",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_GPUS_ON_NODE": "4"}
+    err_file = open(tmp_path / "err", "w")
     proc = subprocess.Popen(["bash", SBATCH], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=err_file, text=True)
     deadline = time.monotonic() + 60
     while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert started.exists(), proc.communicate()
     proc.send_signal(signal.SIGTERM)   # to the batch shell, as a preemption sends it (and to srun: its trap)
-    out, err = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=60)
+    err_file.close()
+    err = (tmp_path / "err").read_text()
     assert proc.returncode == 143, (proc.returncode, out[-2000:], err[-2000:])   # was -15: the shell died at once
-    assert "srun: the tasks saved and exited 143" in out
+    assert "srun: the line came while the tasks ran\nsrun: the tasks saved and exited 143" in out, out[-2000:]
     assert err.splitlines()[-1:] == ["train_phf_multinode: SIGTERM: waiting for the tasks on the nodes to save and stop"]
