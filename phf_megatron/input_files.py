@@ -311,20 +311,38 @@ def check_peft_adapter_dir(path: str) -> None:
 
 #: What a Megatron dist checkpoint's reader raises on a damaged file.
 _DAMAGED = (EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+#: What unpickling damaged bytes raises: cut or overwritten, any of these, by where and what the bytes say.
+_UNPICKLING = (OSError, EOFError, pickle.UnpicklingError, ValueError, AttributeError, ImportError, IndexError,
+               KeyError, TypeError, OverflowError, MemoryError, RecursionError)
+
+
+def _dist_metadata(ckpt_dir: str):
+    """A torch_dist checkpoint's ``.metadata`` (torch's DCP ``Metadata``); ``InputFileError`` naming it when it is
+    missing, unreadable, cut short or holds another object."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = os.path.join(ckpt_dir, ".metadata")
+    try:
+        with open(path, "rb") as f:
+            metadata = pickle.load(f)
+    except FileNotFoundError:
+        raise InputFileError(path, "missing (not a complete torch_dist checkpoint)") from None
+    except _UNPICKLING as err:
+        raise InputFileError(path, f"unreadable, truncated or corrupt ({type(err).__name__}: {err})") from err
+    if not isinstance(metadata, Metadata):
+        raise InputFileError(path, f"unreadable, truncated or corrupt (a pickled {type(metadata).__name__}, not "
+                                   "torch.distributed.checkpoint's Metadata)")
+    return metadata
 
 
 def _damaged_dist_file(ckpt_dir: str) -> tuple[str, str] | None:
     """The first damaged file of a torch_dist checkpoint and what is wrong with it (None: all look fine):
     ``.metadata`` and ``common.pt`` must load, ``metadata.json`` parse, and every ``*.distcp`` hold
     the bytes ``.metadata`` says it holds."""
-    metadata_path = os.path.join(ckpt_dir, ".metadata")
     try:
-        with open(metadata_path, "rb") as f:
-            metadata = pickle.load(f)
-    except FileNotFoundError:
-        return metadata_path, "missing (not a complete torch_dist checkpoint)"
-    except (EOFError, pickle.UnpicklingError, ValueError, AttributeError) as err:
-        return metadata_path, f"unreadable, truncated or corrupt ({type(err).__name__}: {err})"
+        metadata = _dist_metadata(ckpt_dir)
+    except InputFileError as err:
+        return err.path, err.detail
     for name, reader in (("metadata.json", read_json), ("common.pt", lambda p: load_torch_file(p, weights_only=False))):
         path = os.path.join(ckpt_dir, name)
         if os.path.isfile(path):
@@ -333,7 +351,7 @@ def _damaged_dist_file(ckpt_dir: str) -> tuple[str, str] | None:
             except InputFileError as err:
                 return path, err.detail
     needed: dict[str, int] = {}
-    for info in getattr(metadata, "storage_data", {}).values():
+    for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):
         path = os.path.join(ckpt_dir, name)
@@ -368,13 +386,9 @@ def reading_dist_checkpoint(ckpt_dir: str):
 
 def _common_inside(ckpt_dir: str) -> bool:
     """Whether the checkpoint keeps its common state among its DCP objects (``common_state/...`` in ``.metadata``):
-    Megatron-Core 0.19 writes no ``common.pt`` (``dist_checkpointing.save``), earlier releases do."""
-    try:
-        with open(os.path.join(ckpt_dir, ".metadata"), "rb") as f:
-            metadata = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, AttributeError):
-        return False
-    return any(str(key).startswith("common_state/") for key in getattr(metadata, "state_dict_metadata", None) or {})
+    Megatron-Core 0.19 writes no ``common.pt`` (``dist_checkpointing.save``), earlier releases do. A damaged
+    ``.metadata``: ``InputFileError`` naming it (``_dist_metadata``)."""
+    return any(str(key).startswith("common_state/") for key in _dist_metadata(ckpt_dir).state_dict_metadata or {})
 
 
 def load_dist_checkpoint(sharded_state_dict: dict, ckpt_dir: str) -> dict:

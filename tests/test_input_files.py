@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import pytest
 import torch
@@ -176,13 +177,40 @@ def test_dist_checkpoint_names_the_damaged_file(tmp_path, damage, culprit, detai
 def test_a_megatron_dist_checkpoint_without_one_of_its_files_names_it(tmp_path, gone):
     """Megatron's loader raised its CheckpointingException ("... is not a distributed checkpoint") or, without
     common.pt, "AttributeError: 'str' object has no attribute 'iterdir'": tracebacks naming no file."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
     from phf_megatron.input_files import load_dist_checkpoint
 
     for name in {"metadata.json", "common.pt", ".metadata"} - {gone}:
-        (tmp_path / name).write_bytes(b"{}")
+        (tmp_path / name).write_bytes(pickle.dumps(Metadata({})) if name == ".metadata" else b"{}")
     with pytest.raises(InputFileError) as err:
         load_dist_checkpoint({}, str(tmp_path))
     assert err.value.line == f"{tmp_path / gone}: missing (not a complete torch_dist checkpoint)"
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("cut", "unreadable, truncated or corrupt (UnpicklingError"),
+    ("list", "unreadable, truncated or corrupt (a pickled list, not torch.distributed.checkpoint's Metadata)"),
+    ("no module", "unreadable, truncated or corrupt (ModuleNotFoundError"),
+])
+def test_a_damaged_metadata_without_common_pt_is_one_line_naming_it(tmp_path, damage, said):
+    """Without common.pt the loader reads .metadata for Megatron-Core 0.19's common state: a second reading that
+    caught fewer errors than the damage check's, so a .metadata naming a class of no module was a
+    ModuleNotFoundError traceback, and a cut one or a pickled list was blamed on common.pt ('missing')."""
+    import torch.distributed.checkpoint as dcp
+
+    from phf_megatron.input_files import load_dist_checkpoint
+
+    dcp.save({"w": torch.ones(3), "b": torch.ones(2)}, checkpoint_id=str(tmp_path))
+    (tmp_path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    metadata = tmp_path / ".metadata"
+    if damage == "cut":
+        metadata.write_bytes(metadata.read_bytes()[:40])
+    else:
+        metadata.write_bytes(pickle.dumps([1, 2]) if damage == "list" else b"cno_such_module\nThing\n.")
+    with pytest.raises(InputFileError) as err:
+        load_dist_checkpoint({}, str(tmp_path))
+    assert err.value.path == str(metadata) and err.value.detail.startswith(said), err.value
 
 
 def test_a_megatron_0_19_dist_checkpoint_without_common_pt_is_read(tmp_path, monkeypatch):
