@@ -9,7 +9,8 @@
 # MCORE_DIR are read from the directory the launcher is run from, CONFIG too where the repository has no such file),
 # NGPU (the GPUs this node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base; on several nodes node 0 converts
-# and the others wait for it up to MCORE_WAIT seconds, default 3600: put it where every node sees it),
+# and the others wait for it up to MCORE_WAIT seconds, default 3600, or stop at once at the $MCORE_DIR.failed its
+# failed conversion leaves, which its next conversion removes: put it where every node sees it),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
@@ -106,13 +107,28 @@ elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 
     echo "launch_phf: node $NODE_RANK: waiting up to $MCORE_WAIT s (MCORE_WAIT) for node 0's conversion into $MCORE_DIR" >&2
     DEADLINE=$((SECONDS + MCORE_WAIT))
     until [ -d "$MCORE_DIR" ]; do
+      if [ -f "$MCORE_DIR.failed" ]; then   # node 0's conversion failed: no use waiting for MCORE_WAIT
+        echo "error: MCORE_DIR: node 0's conversion into $MCORE_DIR failed ($(head -n 1 "$MCORE_DIR.failed")); node 0's log says more" >&2; exit 1
+      fi
       [ "$SECONDS" -lt "$DEADLINE" ] || { echo "error: MCORE_DIR: $MCORE_DIR did not appear in $MCORE_WAIT s: node 0 (NODE_RANK=0) converts it; it must be on a file system every node sees (or convert first: PREPARE_ONLY=1)" >&2; exit 1; }
       sleep 1
     done
   fi
 else   # once: the base weights as a Megatron-Core dist checkpoint (any layout loads it)
   run mkdir -p "$(dirname "$MCORE_DIR")"
-  run python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16
+  CONVERT=(python tools/convert/hf_to_mcore.py --hf_dir "$HF_MODEL" --out_dir "$MCORE_DIR" --dtype bf16)
+  if [ -n "${DRY_RUN:-}" ]; then run "${CONVERT[@]}"; else
+    # a failure leaves $MCORE_DIR.failed (the exit code, the converter's last line): the waiting nodes stop at it
+    rm -f "$MCORE_DIR.failed"
+    ERR_LOG=$(mktemp)
+    code=0
+    { "${CONVERT[@]}" 2>&1 1>&3 | tee "$ERR_LOG" >&2; } 3>&1 || code=$?   # stderr shown as it comes, and kept
+    if [ "$code" -ne 0 ]; then
+      echo "exit code $code: $(tail -n 1 "$ERR_LOG")" > "$MCORE_DIR.failed.tmp" && mv "$MCORE_DIR.failed.tmp" "$MCORE_DIR.failed"
+    fi
+    rm -f "$ERR_LOG"
+    [ "$code" -eq 0 ] || exit "$code"
+  fi
 fi
 [ -z "${PREPARE_ONLY:-}" ] || exit 0
 LAUNCH=(torchrun --nproc-per-node "$NGPU")

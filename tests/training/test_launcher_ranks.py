@@ -166,6 +166,50 @@ def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
         assert not os.path.exists(mcore) and not os.path.exists(f"{mcore}.tmp")
 
 
+def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path):
+    """A node of NODE_RANK > 0 waited the whole MCORE_WAIT (an hour by default) for a conversion node 0 had given up:
+    node 0's failed conversion now leaves MCORE_DIR.failed (its exit code and last line), at which the others stop
+    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH)."""
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
+    (bin_dir / "python").write_text(f"""#!/usr/bin/env bash
+if [ "$1" = tools/convert/hf_to_mcore.py ]; then
+  echo "hf->mcore: reading the model"
+  [ -n "${{CONVERT_FAILS:-}}" ] && {{ echo "hf->mcore: loading shard 1 of 4" >&2; echo "error: shard-2: truncated" >&2; exit 2; }}
+  mkdir "$5"; exit 0
+fi
+exec {shlex.quote(sys.executable)} "$@"
+""")
+    for name in ("torchrun", "python"):
+        (bin_dir / name).chmod(0o755)
+    mcore = tmp_path / "mcore_base"
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(mcore), "MCORE_WAIT": "600"}
+    waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+    started = time.monotonic()
+    env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "0", "CONVERT_FAILS": "1"})
+    node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert (node0.returncode, node0.stderr.splitlines()) == (2, ["hf->mcore: loading shard 1 of 4",
+                                                                 "error: shard-2: truncated"]), node0.stderr[-3000:]
+    try:
+        out, err = waiting.communicate(timeout=30)   # it looks each second
+    finally:
+        waiting.kill()
+    assert (waiting.returncode, out, err.splitlines()) == (1, "", [
+        f"error: MCORE_DIR: node 0's conversion into {mcore} failed (exit code 2: error: shard-2: truncated); "
+        "node 0's log says more"])
+    assert time.monotonic() - started < 30   # not MCORE_WAIT's 600 s
+    assert not mcore.exists() and (tmp_path / "mcore_base.failed").exists()
+    env.pop("CONVERT_FAILS")   # node 0 again, the shard mended: its conversion removes the marker
+    node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert node0.returncode == 0 and mcore.is_dir() and not (tmp_path / "mcore_base.failed").exists(), node0.stderr
+
+
 @pytest.mark.parametrize("environ, refused", [
     ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "3", "SLURM_LOCALID": "3"}, True),   # srun, one task per GPU
     ({"SLURM_STEP_NUM_TASKS": "2", "RANK": "0", "WORLD_SIZE": "1"}, False),   # torchrun's worker in an srun task
