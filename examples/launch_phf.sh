@@ -10,7 +10,8 @@
 # NGPU (the GPUs this node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base; on several nodes node 0 converts
 # and the others wait for it up to MCORE_WAIT seconds, default 3600, or stop at once at the $MCORE_DIR.failed its
-# failed conversion leaves, which its next conversion removes: put it where every node sees it),
+# failed conversion leaves, which its next conversion removes (one an earlier launch left counts after MCORE_STALE
+# seconds, default 120): put it where every node sees it),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
@@ -73,7 +74,8 @@ fi
 NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
 NNODES=${NNODES:-1}
 MCORE_WAIT=${MCORE_WAIT:-3600}
-for v in NGPU NNODES MCORE_WAIT; do
+MCORE_STALE=${MCORE_STALE:-120}
+for v in NGPU NNODES MCORE_WAIT MCORE_STALE; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
 if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's
@@ -97,6 +99,7 @@ TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" -
 RANK=0 WORLD_SIZE=$((NGPU * NNODES)) python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
+marker_state() { [ -f "$MCORE_DIR.failed" ] && { stat -c '%Y %i' "$MCORE_DIR.failed"; cat "$MCORE_DIR.failed"; } 2>/dev/null || true; }
 
 if [ -d "$MCORE_DIR" ]; then
   :   # converted (the converter writes $MCORE_DIR.tmp and renames it when complete: its existence is the marker)
@@ -106,8 +109,11 @@ elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 
   else
     echo "launch_phf: node $NODE_RANK: waiting up to $MCORE_WAIT s (MCORE_WAIT) for node 0's conversion into $MCORE_DIR" >&2
     DEADLINE=$((SECONDS + MCORE_WAIT))
+    # a marker already there may be an earlier launch's, which node 0's conversion, started later, removes: it
+    # counts once it changes or is still there after MCORE_STALE seconds (default 120)
+    stale=$(marker_state); STALE_UNTIL=$((SECONDS + MCORE_STALE))
     until [ -d "$MCORE_DIR" ]; do
-      if [ -f "$MCORE_DIR.failed" ]; then   # node 0's conversion failed: no use waiting for MCORE_WAIT
+      if [ -f "$MCORE_DIR.failed" ] && { [ "$(marker_state)" != "$stale" ] || [ "$SECONDS" -ge "$STALE_UNTIL" ]; }; then
         echo "error: MCORE_DIR: node 0's conversion into $MCORE_DIR failed ($(head -n 1 "$MCORE_DIR.failed")); node 0's log says more" >&2; exit 1
       fi
       [ "$SECONDS" -lt "$DEADLINE" ] || { echo "error: MCORE_DIR: $MCORE_DIR did not appear in $MCORE_WAIT s: node 0 (NODE_RANK=0) converts it; it must be on a file system every node sees (or convert first: PREPARE_ONLY=1)" >&2; exit 1; }

@@ -34,7 +34,7 @@ def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tupl
     (hf / "config.json").write_text("{}")
     run = str(tmp_path / "run")
     env = {k: v for k, v in standalone_environ().items()
-           if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT")}
+           if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT", "MCORE_STALE")}
     env.update({"HF_MODEL": str(hf), "RUN_DIR": run, "DATA": "train.jsonl", **extra_env,
                 "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])})
     return env, run
@@ -166,14 +166,11 @@ def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
         assert not os.path.exists(mcore) and not os.path.exists(f"{mcore}.tmp")
 
 
-def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path):
-    """A node of NODE_RANK > 0 waited the whole MCORE_WAIT (an hour by default) for a conversion node 0 had given up:
-    node 0's failed conversion now leaves MCORE_DIR.failed (its exit code and last line), at which the others stop
-    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH)."""
-    import time
-
+def _fake_converter(tmp_path) -> None:
+    """``torchrun`` and the converter (``python tools/convert/hf_to_mcore.py``) faked on the nodes' PATH: the
+    conversion makes its ``--out_dir``, or fails with two stderr lines where ``CONVERT_FAILS`` is set."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
     (bin_dir / "python").write_text(f"""#!/usr/bin/env bash
 if [ "$1" = tools/convert/hf_to_mcore.py ]; then
@@ -185,6 +182,15 @@ exec {shlex.quote(sys.executable)} "$@"
 """)
     for name in ("torchrun", "python"):
         (bin_dir / name).chmod(0o755)
+
+
+def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path):
+    """A node of NODE_RANK > 0 waited the whole MCORE_WAIT (an hour by default) for a conversion node 0 had given up:
+    node 0's failed conversion now leaves MCORE_DIR.failed (its exit code and last line), at which the others stop
+    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH)."""
+    import time
+
+    _fake_converter(tmp_path)
     mcore = tmp_path / "mcore_base"
     nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(mcore), "MCORE_WAIT": "600"}
     waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
@@ -208,6 +214,41 @@ exec {shlex.quote(sys.executable)} "$@"
     env.pop("CONVERT_FAILS")   # node 0 again, the shard mended: its conversion removes the marker
     node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert node0.returncode == 0 and mcore.is_dir() and not (tmp_path / "mcore_base.failed").exists(), node0.stderr
+
+
+def test_a_failure_marker_an_earlier_launch_left_waits_for_node_0s_new_conversion(tmp_path):
+    """MCORE_DIR.failed left by an earlier launch, found by a relaunched node 1 before node 0's new conversion had
+    removed it: node 1 stopped at once with the old failure. Such a marker counts only once it changes or after
+    MCORE_STALE seconds: node 1 waits on, and goes on once node 0's conversion is done; with no node 0, it stops."""
+    _fake_converter(tmp_path)
+    mcore = tmp_path / "mcore_base"
+    (tmp_path / "mcore_base.failed").write_text("exit code 2: error: shard-2: truncated\n")
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(mcore), "MCORE_WAIT": "600",
+             "MCORE_STALE": "60"}
+    waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)   # the old marker: not node 0's word on this launch
+        env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "0"})
+        node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert node0.returncode == 0 and mcore.is_dir(), node0.stderr[-3000:]
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "launched: " in out, err[-3000:]
+
+    shutil.rmtree(mcore)   # no node 0 this time: the old marker counts after MCORE_STALE
+    (tmp_path / "mcore_base.failed").write_text("exit code 2: error: shard-2: truncated\n")
+    waiting_env["MCORE_STALE"] = "2"
+    node1 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, capture_output=True, text=True,
+                           timeout=60)
+    assert (node1.returncode, node1.stderr.splitlines()[-1]) == (1, (
+        f"error: MCORE_DIR: node 0's conversion into {mcore} failed (exit code 2: error: shard-2: truncated); "
+        "node 0's log says more"))
 
 
 @pytest.mark.parametrize("environ, refused", [
