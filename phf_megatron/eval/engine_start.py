@@ -74,10 +74,17 @@ def worker_name(rank: int) -> str:
     return f"eval-dp{rank}"
 
 
+def gpu_names(gpus: list[str]) -> str:
+    """``GPU 1``, ``GPUs 2,3`` for indices; UUIDs and MIG ids (``GPU-8f2e...``, ``MIG-...``) as they name themselves."""
+    if all(gpu.isdigit() for gpu in gpus):
+        return f"GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}"
+    return ",".join(gpus)
+
+
 def killed_worker(rank: int, signum: int, gpus: list[str] | None) -> str:
     """``data-parallel worker eval-dp1 (GPU 1) was killed by SIGKILL (out of memory? ...)``: a worker a signal ended
     (it sent no line: no Python ran)."""
-    where = f"GPU{'s' if len(gpus) > 1 else ''} {','.join(gpus)}" if gpus else "no GPU"
+    where = gpu_names(gpus) if gpus else "no GPU"
     name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
     return (f"data-parallel worker {worker_name(rank)} ({where}) was killed by {name}"
             + (" (out of memory? the kernel's OOM killer sends it)" if signum == signal.SIGKILL else ""))

@@ -162,7 +162,7 @@ def _replica_gpus(config: EvalConfig, environ=os.environ) -> list[list[str]] | N
 
 
 def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: list[WorkItem],
-                      replicas: list[list[int] | None], done: int = 0) -> None:
+                      replicas: list[list[str] | None], done: int = 0) -> None:
     """One spawned engine per replica; the parent shows one bar by tailing the shards."""
     ctx = mp.get_context("spawn")
     size = len(replicas)

@@ -144,3 +144,12 @@ def test_the_parent_says_a_setting_first_and_a_worker_without_a_line_is_a_bug():
         "data-parallel worker eval-dp1 (GPU 1) was killed by SIGTERM; data-parallel worker eval-dp2 (GPUs 2,3) was "
         "killed by SIGKILL (out of memory? the kernel's OOM killer sends it); the samples written before are kept in "
         "/run; rerun the same command to resume")
+
+
+def test_a_worker_on_gpus_named_by_uuid_is_named_by_them_not_as_gpu_gpu():
+    from phf_megatron.eval.engine_start import killed_worker
+
+    line = killed_worker(1, 9, ["GPU-8f2e1c3a-0000-1111-2222-333344445555"])
+    assert "(GPU-8f2e1c3a-0000-1111-2222-333344445555) was killed by SIGKILL" in line and "GPU GPU-" not in line
+    assert "(MIG-a1,MIG-b2) was killed by SIGTERM" in killed_worker(0, 15, ["MIG-a1", "MIG-b2"])
+    assert "(GPUs 2,3) was killed" in killed_worker(2, 9, ["2", "3"])
