@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from dataclasses import dataclass
 
 from ..convert.mcore_checkpoint import training_checkpoint_error
@@ -75,20 +76,21 @@ def outputs_message(cfg: TrainConfig, step: int) -> str:
         lines.append(f"  merged model  {merge_command(cfg)}")
     else:
         lines.append(f"  HF model      {export_dir(cfg)}")
-    lines.append(f"  plots         python tools/plot_run.py {run}  (writes {os.path.join(run, 'plots')}/)")
+    lines.append(f"  plots         python tools/plot_run.py {shlex.quote(run)}  (writes {os.path.join(run, 'plots')}/)")
     return "\n".join(lines)
 
 
 def merge_command(cfg: TrainConfig) -> str:
-    """The command that writes the run's merged model into ``<run_dir>/merged``; once that exists (the converter
-    refuses an existing --out_dir), says so and names the first free ``<run_dir>/merged_N`` instead."""
+    """The command (its paths shell-quoted) that writes the run's merged model into ``<run_dir>/merged``; once that
+    exists (the converter refuses an existing --out_dir), says so and names the first free ``<run_dir>/merged_N``."""
     mp = cfg.model.tensor_model_parallel_size * cfg.model.pipeline_model_parallel_size
     launcher = "python" if mp == 1 else f"torchrun --nproc-per-node {mp}"  # the checkpoint's TP x PP layout
     merged = out = os.path.join(cfg.run_dir, "merged")
     n = 2
     while os.path.lexists(out):
         out, n = f"{merged}_{n}", n + 1
-    command = f"{launcher} tools/convert/mcore_to_hf.py --mcore_dir {cfg.run_dir} --out_dir {out}"
+    command = f"{launcher} tools/convert/mcore_to_hf.py --mcore_dir {shlex.quote(cfg.run_dir)} --out_dir " \
+              f"{shlex.quote(out)}"
     return command if out == merged else f"{merged} exists; another: {command}"
 
 

@@ -292,3 +292,19 @@ def test_every_metric_the_trainer_writes_is_described_in_docs_metrics_md(trained
     stale = {k for k in documented if k not in source and k.removeprefix("flow_energy") not in source}
     assert stale == set(), f"docs/metrics.md describes keys no code writes: {sorted(stale)}"
     assert len(written) >= 30
+
+
+def test_the_outputs_commands_read_a_run_directory_with_a_space_as_one_path(tmp_path):
+    """The merged-model and plots commands printed at the end of a run named ``runs/my run`` unquoted: pasted into a
+    shell, ``--mcore_dir runs/my run`` was two words (``mcore_to_hf: unrecognized arguments``)."""
+    import shlex
+
+    from phf_megatron.training.config_io import load_config
+    from phf_megatron.training.export import outputs_message
+
+    run = str(tmp_path / "my run")
+    cfg = load_config(os.path.join(REPO, "configs", "tiny_cpu.yaml"), [f"--run_dir={run}", f"--model.hf_dir={run}"])
+    lines = {line[2:16].strip(): line[16:] for line in outputs_message(cfg, 2).splitlines()}
+    merge = shlex.split(lines["merged model"])
+    assert merge[merge.index("--mcore_dir") + 1] == run and merge[merge.index("--out_dir") + 1] == f"{run}/merged"
+    assert shlex.split(lines["plots"].split("  (writes")[0]) == ["python", "tools/plot_run.py", run]
