@@ -33,21 +33,32 @@ if [ "$CALLER" != "$(pwd -P)" ]; then   # run from another directory: the paths 
 fi
 DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
 RUN_DIR=${RUN_DIR:-runs/${PHF_RUN_NAME:-$(basename "$CONFIG" .yaml)}}   # by default in the repository's runs/
-# How many of CUDA_VISIBLE_DEVICES's entries CUDA shows a process ($1: the GPUs the driver lists, 0 if unknown), read
-# as CUDA reads it (and torch.cuda._parse_visible_devices after it): the entries up to the first that is not a GPU
-# (-1, an empty entry, an index past the listed GPUs, a UUID of the other kind), none if one is repeated
+# How many of CUDA_VISIBLE_DEVICES's entries CUDA shows a process ($1: the GPUs the driver lists, 0 if unknown; the
+# rest: their UUIDs, in order, if listed), read as CUDA reads it (and torch.cuda._parse_visible_devices after it): the
+# entries up to the first that is not a GPU (-1, an empty entry, an index past the listed GPUs, a UUID of the other
+# kind, a GPU- UUID that is the start of no listed GPU's or of several), none if one is repeated
 cuda_visible_count() {
-  local entry id n=0 seen=' ' prefix=''
+  local entry id i n=0 seen=' ' prefix='' listed=$1
+  shift
   [[ $CUDA_VISIBLE_DEVICES =~ ^(GPU|MIG)- ]] && prefix=${BASH_REMATCH[0]}
   IFS=, read -ra entries <<< "$CUDA_VISIBLE_DEVICES"
   for entry in "${entries[@]}"; do
     if [ -n "$prefix" ]; then
       [[ $entry == "$prefix"* ]] || break
       id=$entry
+      if [ "$prefix" = GPU- ] && [ $# -gt 0 ]; then   # the listed GPU whose UUID it starts (abbreviations work)
+        id=''
+        for ((i = 1; i <= $#; i++)); do
+          [[ ${!i} == "$entry"* ]] || continue
+          [ -z "$id" ] || { id=''; break; }   # the start of several: ambiguous
+          id=$((i - 1))
+        done
+        [ -n "$id" ] || break
+      fi
     else   # an index as strtoul reads it: leading blanks and a + skipped, the digits up to the first other character
       [[ $entry =~ ^[[:space:]]*[+]?([0-9]+) ]] || break
       id=$((10#${BASH_REMATCH[1]}))
-      [ "$1" -eq 0 ] || [ "$id" -lt "$1" ] || break
+      [ "$listed" -eq 0 ] || [ "$id" -lt "$listed" ] || break
     fi
     [[ $seen != *" $id "* ]] || { echo 0; return; }
     seen+="$id "; n=$((n + 1))
@@ -57,7 +68,8 @@ cuda_visible_count() {
 LISTING=$(nvidia-smi -L 2>/dev/null || true)   # "GPU i: ..." lines, each MIG-enabled one's "  MIG ... Device j: ..." under it
 GPUS_LISTED=$(grep -c '^GPU ' <<< "$LISTING" || true)
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then   # what CUDA will show each rank; else what the driver lists
-  GPUS_HERE=$(cuda_visible_count "$GPUS_LISTED")
+  read -ra GPU_UUIDS <<< "$(sed -n 's/^GPU [0-9]*:.*(UUID: \(GPU-[^)]*\)).*/\1/p' <<< "$LISTING" | tr '\n' ' ')"
+  GPUS_HERE=$(cuda_visible_count "$GPUS_LISTED" ${GPU_UUIDS[@]+"${GPU_UUIDS[@]}"})
   if [ "$GPUS_HERE" -eq 0 ]; then
     echo "error: CUDA_VISIBLE_DEVICES='$CUDA_VISIBLE_DEVICES': CUDA shows no GPU with it (it reads the entries up to the first that is not a GPU here: -1, an empty one; a repeated one hides all): name this node's GPUs (0,1,...) or unset it" >&2
     exit 2

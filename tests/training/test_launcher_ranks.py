@@ -25,7 +25,7 @@ def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tupl
     it, and the run dir."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" + "".join(
+    listing = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i}c{i:06d})\\n" + "".join(
         f"  MIG 1g.10gb     Device  {j}: (UUID: MIG-{i:04d}{j:04d})\\n" for j in range(migs)) for i in range(gpus))
     (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n[ \"$1\" = -L ] && printf '{listing}'\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
@@ -55,7 +55,9 @@ def _launch(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tu
     (4, {"CUDA_VISIBLE_DEVICES": "3,1,-1,0"}, "2"),    # -1
     (4, {"CUDA_VISIBLE_DEVICES": "1,2,7,0"}, "2"),     # an index past the node's GPUs
     (4, {"CUDA_VISIBLE_DEVICES": " +2,3x"}, "2"),      # strtoul's reading: " +2" is 2, "3x" is 3
-    (4, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,MIG-c,GPU-d"}, "2"),   # a UUID of the other kind
+    (4, {"CUDA_VISIBLE_DEVICES": "GPU-2c000002,GPU-0c000000,MIG-c,GPU-1c000001"}, "2"),   # a UUID of the other kind
+    # a UUID (or its start: an abbreviation) of no GPU listed here, another node's: was counted, its rank died
+    (4, {"CUDA_VISIBLE_DEVICES": "GPU-3c000003,GPU-1,GPU-8f2e1c3a,GPU-0c000000"}, "2"),
     (8, {"NGPU": "4"}, "4"),                           # fewer than the node has: as asked
     (0, {}, "8"),                                      # no GPU found (a login node's dry run): the presets' 8
 ])
@@ -85,7 +87,8 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     # preset's TP 2 refused), or 8 ranks on a node that lists none, or 2 ranks that CUDA shows no GPU
     *((8, {"CUDA_VISIBLE_DEVICES": cvd}, f"error: CUDA_VISIBLE_DEVICES='{cvd}': CUDA shows no GPU with it (it reads the "
        "entries up to the first that is not a GPU here: -1, an empty one; a repeated one hides all): name this node's "
-       "GPUs (0,1,...) or unset it") for cvd in ("-1", "", "1,1", ",0,1", "8,9")),
+       "GPUs (0,1,...) or unset it") for cvd in ("-1", "", "1,1", ",0,1", "8,9",
+                                    "GPU-8f2e1c3a", "GPU-", "GPU-1,GPU-1c000001")),   # no GPU's; several; GPU 1 twice
     (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
     (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model has no config.json (not a HF model directory)"),
 ])
