@@ -90,6 +90,12 @@ MCORE_STALE=${MCORE_STALE:-120}
 for v in NGPU NNODES MCORE_WAIT MCORE_STALE; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
+# srun's tasks (SLURM_STEP_NUM_TASKS: srun sets it in a step's tasks) are the launchers, one per node: NNODES of them
+if [ -z "${PREPARE_ONLY:-}" ] && [[ ${SLURM_STEP_NUM_TASKS:-} =~ ^[0-9]+$ ]] && [ "$SLURM_STEP_NUM_TASKS" -gt 1 ] \
+   && [ "$SLURM_STEP_NUM_TASKS" -ne "$NNODES" ]; then   # each node's (or task's) torchrun was a run of its own
+  echo "error: SLURM_STEP_NUM_TASKS=$SLURM_STEP_NUM_TASKS: srun started $SLURM_STEP_NUM_TASKS launchers for NNODES=$NNODES: each would start a run of its own into the same RUN_DIR; run one task per node (srun --ntasks-per-node=1) with NNODES=<the nodes> and NODE_RANK=\$SLURM_NODEID (examples/slurm/train_phf_multinode.sbatch)" >&2
+  exit 2
+fi
 if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's
   echo "error: NODE_RANK=$NODE_RANK: expected this node's index, a whole number from 0 to $((NNODES - 1)) (NNODES=$NNODES)" >&2
   exit 2

@@ -34,7 +34,8 @@ def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tupl
     (hf / "config.json").write_text("{}")
     run = str(tmp_path / "run")
     env = {k: v for k, v in standalone_environ().items()
-           if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT", "MCORE_STALE")}
+           if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT", "MCORE_STALE",
+                        "SLURM_STEP_NUM_TASKS")}
     env.update({"HF_MODEL": str(hf), "RUN_DIR": run, "DATA": "train.jsonl", **extra_env,
                 "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])})
     return env, run
@@ -89,6 +90,13 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
        "entries up to the first that is not a GPU here: -1, an empty one; a repeated one hides all): name this node's "
        "GPUs (0,1,...) or unset it") for cvd in ("-1", "", "1,1", ",0,1", "8,9",
                                     "GPU-8f2e1c3a", "GPU-", "GPU-1,GPU-1c000001")),   # no GPU's; several; GPU 1 twice
+    # srun -N 2 (or --ntasks-per-node=8) running the launcher without NNODES: each task's torchrun was a standalone
+    # run of its own, all training into the same RUN_DIR
+    *((8, {"SLURM_STEP_NUM_TASKS": tasks, **nodes}, f"error: SLURM_STEP_NUM_TASKS={tasks}: srun started {tasks} "
+       f"launchers for NNODES={nodes.get('NNODES', 1)}: each would start a run of its own into the same RUN_DIR; run one "
+       "task per node (srun --ntasks-per-node=1) with NNODES=<the nodes> and NODE_RANK=$SLURM_NODEID "
+       "(examples/slurm/train_phf_multinode.sbatch)")
+      for tasks, nodes in (("2", {}), ("16", {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "gpu017"}))),
     (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
     (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model has no config.json (not a HF model directory)"),
 ])

@@ -20,7 +20,8 @@ FAKE_SRUN = """#!/usr/bin/env bash
 cpus=${SRUN_CPUS_PER_TASK:-1}
 while [ "${1#--}" != "$1" ]; do case $1 in --cpus-per-task=*) cpus=${1#*=};; esac; shift; done
 for ((i = 0; i < SLURM_JOB_NUM_NODES; i++)); do
-  echo "srun task $i: $cpus cores"; SLURM_NODEID=$i SLURM_PROCID=$i "$@" || exit $?
+  echo "srun task $i: $cpus cores"
+  SLURM_NODEID=$i SLURM_PROCID=$i SLURM_STEP_NUM_TASKS=$SLURM_JOB_NUM_NODES "$@" || exit $?
 done
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
