@@ -96,14 +96,15 @@ def workers_failed(said: dict[int, tuple], exit_codes: dict[int, int], gpus: lis
     rank's), ``said``: the one lines they sent, by rank: the single-worker eval's line (a setting's before another
     user error's before the engines' own failure, the lowest rank's), a ``RuntimeError`` when a worker failed
     without one (a bug: the worker printed its traceback), a ``RunStopped`` naming the workers a signal killed
-    (the OOM killer's SIGKILL: no line, no traceback), the samples in ``out_dir`` kept."""
+    (the OOM killer's SIGKILL: no line, no traceback), the samples in ``out_dir`` kept, unless another worker said
+    a setting's or a user error's line (that one: the rerun its line asks for would stop on it)."""
     silent = {rank: code for rank, code in exit_codes.items() if rank not in said}
     if any(code > 0 for code in silent.values()):
         codes = {worker_name(rank): code for rank, code in exit_codes.items()}
         return RuntimeError(f"data-parallel workers failed (exit codes {codes}); rerun to resume")
-    if silent:
+    kinds = {"setting": ConfigError, "user": UserError, "stopped": RunStopped}
+    if silent and all(kind == "stopped" for kind, *_ in said.values()):
         killed = "; ".join(killed_worker(rank, -code, gpus[rank]) for rank, code in sorted(silent.items()))
         return RunStopped(f"{killed}; {samples_kept(out_dir)}")
-    kinds = {"setting": ConfigError, "user": UserError, "stopped": RunStopped}
     _, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
     return kinds[kind](*args)

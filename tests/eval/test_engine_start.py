@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from phf_megatron.errors import ConfigError, RunStopped
+from phf_megatron.errors import ConfigError, RunStopped, UserError
 from phf_megatron.eval import run_eval
 
 from .test_eval_run_dir import _config, problems  # noqa: F401 - the two problems (a fixture) and their config
@@ -153,3 +153,17 @@ def test_a_worker_on_gpus_named_by_uuid_is_named_by_them_not_as_gpu_gpu():
     assert "(GPU-8f2e1c3a-0000-1111-2222-333344445555) was killed by SIGKILL" in line and "GPU GPU-" not in line
     assert "(MIG-a1,MIG-b2) was killed by SIGTERM" in killed_worker(0, 15, ["MIG-a1", "MIG-b2"])
     assert "(GPUs 2,3) was killed" in killed_worker(2, 9, ["2", "3"])
+
+
+def test_a_setting_a_worker_said_comes_before_another_worker_killed_by_a_signal():
+    """Every worker refused a bad --engine_kwargs but one the OOM killer took first: the line said the SIGKILL and
+    'rerun the same command to resume', which stopped on the setting again. Now the setting's line, as without
+    the kill; a killed worker beside an engine failure is still named."""
+    from phf_megatron.eval.engine_start import workers_failed
+
+    err = workers_failed({0: ("setting", "engine_kwargs", "bad")}, {0: 2, 1: -9}, [["0"], ["1"]], "/run")
+    assert isinstance(err, ConfigError) and err.line == "--engine_kwargs: bad"
+    err = workers_failed({1: ("user", "no such model")}, {0: -9, 1: 2}, [["0"], ["1"]], "/run")
+    assert type(err) is UserError and err.line == "no such model"
+    err = workers_failed({0: ("stopped", "the engine did not start: x")}, {0: 1, 1: -9}, [["0"], ["1"]], "/run")
+    assert isinstance(err, RunStopped) and str(err).startswith("data-parallel worker eval-dp1 (GPU 1) was killed by ")
