@@ -48,8 +48,8 @@ class MovedRun:
     given: bool = False
     """``new`` is a ``--run_dir`` other than the file's directory: a new run there with the file's settings."""
     same_run: bool = True
-    """``new`` is the file's directory and holds the run's outputs (``holds_run_outputs``): the run directory moved or
-    copied with them. Else a new run in ``new`` with the file's settings (``given``, or the file copied alone)."""
+    """``new`` is the file's directory and holds the run's outputs (``holds_run_outputs``), or ``old`` is gone and
+    the checkpoints it recorded outside it are there: the run directory moved or copied with them. Else a new run in ``new`` with the file's settings (``given``, or the file copied alone)."""
     others: dict[str, str] = dataclasses.field(default_factory=dict)
     """``{key: path}``: of a new run, the ``OWN_OUTPUT_SETTINGS`` recorded outside ``old`` (that run's own): the new
     run's are their defaults, in ``new``."""
@@ -96,7 +96,10 @@ def moved_run(path: str, values: dict[str, Any], overrides: dict[str, Any]) -> M
     paths = {key: where for key, where in moved.items() if key not in READ_PATH_SETTINGS
              or os.path.exists(where) or not os.path.exists(values[key])}
     given = os.path.realpath(new) != os.path.realpath(os.path.dirname(os.path.abspath(path)))
-    same_run = not given and holds_run_outputs(new, paths.get("checkpoint.save"))
+    # or moved away from its checkpoints recorded outside it (the old run directory gone, they are there): that run
+    save = values.get("checkpoint.save")
+    same_run = not given and (holds_run_outputs(new, paths.get("checkpoint.save")) or not os.path.exists(old)
+                              and isinstance(save, str) and os.path.isdir(save))
     others = {} if same_run else {key: values[key] for key in OWN_OUTPUT_SETTINGS
                                   if key not in overrides and key not in moved and isinstance(values.get(key), str)}
     return MovedRun(path, old, new, paths, given, same_run, others) if paths or others else None

@@ -270,3 +270,24 @@ def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_pat
         _checkpoint(cfg.save_dir, launch + 1)   # run B's own
     cfg, note = config_and_note(path, [f"--run_dir={b}", f"--logging.tensorboard_dir={scratch}/tb"])
     assert cfg.logging.tensorboard_dir == f"{scratch}/tb" and "tensorboard" not in note   # given: kept
+
+
+def test_a_run_moved_away_from_its_checkpoints_outside_it_without_metrics_resumes_them(tmp_path):
+    """``mv runs/a runs/b`` of a run whose checkpoint.save is outside it (scratch) and that wrote no metrics.jsonl
+    (``--logging.jsonl=false``): runs/b holds none of its checkpoints or metrics, so it was read as the config.yaml
+    copied alone, a new run saving in runs/b/checkpoints: the moved run restarted from step 0, its checkpoints left
+    aside. With runs/a gone and its recorded checkpoints there, it is that run and resumes them."""
+    from phf_megatron.training.config_io import config_and_note, config_from_argv, save_run_config
+
+    a, b, shared = str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b"), str(tmp_path / "scratch" / "a_ckpts")
+    save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={shared}", "--logging.jsonl=false"]))
+    _checkpoint(shared, 2)
+    shutil.copytree(a, b)   # a copy: a is still there, b a new run with a's settings
+    cfg, note = config_and_note(os.path.join(b, "config.yaml"))
+    assert (cfg.run_dir, cfg.save_dir) == (b, f"{b}/checkpoints") and "a new run there" in note
+    shutil.rmtree(b)
+    shutil.move(a, b)   # moved
+    cfg, note = config_and_note(os.path.join(b, "config.yaml"))
+    assert (cfg.run_dir, cfg.save_dir) == (b, shared)
+    assert note == (f"note: {b}/config.yaml records the run in {a}; its run_dir there are read in {b} (give --run_dir "
+                    "for another run directory)")
