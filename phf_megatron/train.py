@@ -36,6 +36,8 @@ def train(argv: list[str], quiet: bool = True) -> int:
     path, print_config, overrides = split_argv(argv)
     cfg, note = config_and_note(path, overrides)
     say(note)   # a run's config.yaml read in another run directory than it records
+    cfg, note = with_checkpoint_holdout(cfg)   # a resume of a run saved before data.holdout_fraction: printed too
+    say(note)
     if print_config:
         if (world := launch_world()) is not None:   # torchrun's, or a launcher's (examples/launch_phf.sh: NGPU x
             cfg.check_world_size(world[1])        # NNODES ranks); without RANK the run is one process (process_group)
@@ -55,8 +57,6 @@ def train(argv: list[str], quiet: bool = True) -> int:
         with stopping_at_once(cfg.checkpoint, cfg.save_dir):  # a preemption before the first step: one line
             from .training.export import finished_step, outputs_message
 
-            cfg, note = with_checkpoint_holdout(cfg)   # a resume of a run saved before data.holdout_fraction
-            say(note)
             if (step := finished_step(cfg)) is not None:
                 if process_rank() == 0:
                     print(f"phf_megatron.train: {cfg.run_dir} is finished (step {step} of "

@@ -87,6 +87,9 @@ def test_a_run_saved_before_the_holdout_resumes_on_its_rows_unless_another_fract
     assert err == (f"note: data.holdout_fraction unset: 0.0, the checkpoint's ({ckpt}; saved before the holdout, "
                    f"its run trained on every row), not --method={method}'s default {HOLDOUT[method]}: the resumed run "
                    "trains on the same rows\n")
+    assert train([*argv, "--print-config"]) == 0   # what the rerun trains with, the note too
+    out, printed = capsys.readouterr()
+    assert "  holdout_fraction: 0.0\n" in out and printed == err
     assert train([*argv, "--data.holdout_fraction=0"], quiet=False) == 0   # given as the checkpoint's: no note
     assert capsys.readouterr().err == ""
     with pytest.raises(SettingsDiffer, match=rf"data\.holdout_fraction: 0\.0 -> {HOLDOUT[method]}"):
