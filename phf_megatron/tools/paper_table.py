@@ -150,7 +150,7 @@ def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), s
     finished already is reused only if the trainer would reuse it (``training.export.finished_step``: the same
     settings), not scored again under flags it was not trained with."""
     from ..errors import SettingsDiffer, UserError
-    from ..training.config_io import config_from_argv
+    from ..training.config_io import config_from_argv, with_checkpoint_holdout
     from ..training.export import finished_step
 
     for row in rows:
@@ -166,8 +166,8 @@ def _check_trainer_args(rows: list[Row], step: int, overrides: list[str] = (), s
             if overrides:
                 check_overrides(row, cfg, overrides)
             try:
-                if training_finished(row, step):
-                    finished_step(cfg)
+                if training_finished(row, step):   # with the holdout its rerun adopts from the checkpoint
+                    finished_step(with_checkpoint_holdout(cfg)[0])
             except SettingsDiffer as err:  # a damaged file of the run is its own line, naming it
                 raise UserError(f"{err.line} (the {row.name} row, finished in {row.run_dir}, was trained with other "
                                 "settings: give a new --out to train it with these)") from None

@@ -253,6 +253,10 @@ def test_a_finished_row_is_reused_only_with_the_settings_it_was_trained_with(cap
     trained = json.loads(json.dumps(resume_fingerprint(config_from_argv(row.train_flags)), default=str))
     (iteration / "meta.json").write_text(json.dumps({"fingerprint": trained}))
     assert paper_table.main(argv) == 0 and capsys.readouterr().err == ""   # its own settings: reused
+    old = {k: v for k, v in trained.items() if not k.startswith("data.holdout")}   # saved before the holdout
+    (iteration / "meta.json").write_text(json.dumps({"fingerprint": old}))
+    assert paper_table.main(argv) == 0 and capsys.readouterr().err == ""   # reused, as the trainer's rerun does
+    (iteration / "meta.json").write_text(json.dumps({"fingerprint": trained}))
     assert paper_table.main([*argv, "--optimizer.lr=3e-5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {iteration}: the run's settings differ from the checkpoint's: ") and "lr" in err
