@@ -93,7 +93,7 @@ def help_text(description: str, argv: Sequence[str] = ()) -> str:
     path, _, _ = split_argv(argv)
     if path is None:
         return SETTINGS.help(description, OPTIONS)
-    preset = load_config(path)
+    preset = config_and_note(path)[0]   # as the trainer starts it (a run's config.yaml copied alone: a new run)
     note = textwrap.fill(f"The defaults shown are {path}'s, marked 'from {path}' where they differ from the code's; "
                          "--print-config prints the resolved config with the flags given.", 100,
                          break_on_hyphens=False, break_long_words=False)   # the path whole: copied from here

@@ -240,6 +240,8 @@ def test_a_runs_config_yaml_copied_alone_starts_a_new_run_there_that_saves_in_it
     assert train(["--config", path, "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert "  save: null\n" in out and err == note + "\n"
+    assert train(["--config", path, "--help"]) == 0   # the defaults it shows are the run's too
+    assert "--checkpoint.save=<str | None>  (default: None)\n" in capsys.readouterr().out
     assert load_config(path).checkpoint.save == shared   # a reader: the run it records
     assert config_and_note(path, [f"--checkpoint.save={shared}"])[0].save_dir == shared   # given: kept
 
