@@ -69,7 +69,7 @@ from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_environ import engine_start_environ, scoped_environ
 from .vllm_progress import finished_requests
-from .vllm_shutdown import default_group_exists, shut_down
+from .vllm_shutdown import default_group_exists, forget_failed_start, shut_down
 from .weights import WeightSpec
 
 
@@ -155,6 +155,8 @@ class VLLMEngine(RolloutEngine):
             with scoped_environ(env):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
+            if self.in_process:
+                forget_failed_start(self._joined_default_group)
             died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
             raise VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)
                                  + (f" (engine process: {died})" if died else ""), free_bytes=free_before,

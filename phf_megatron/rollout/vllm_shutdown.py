@@ -30,6 +30,19 @@ def _shutdown(llm) -> None:
             return
 
 
+def forget_failed_start(joined_default_group: bool) -> None:
+    """After an in-process engine failed to start: vLLM's distributed state (its groups, and the default process
+    group it made when this process had none) is dropped, as its shutdown would, so that the process is as it was
+    (a retry, another engine, torch.distributed's state); a default group it joined (the trainer's) stays."""
+    try:
+        from vllm.distributed import parallel_state
+    except Exception:   # noqa: BLE001 - not imported that far, or broken: nothing of vLLM's to drop
+        return
+    parallel_state.destroy_model_parallel()
+    with _keeping_default_group(joined_default_group):
+        parallel_state.destroy_distributed_environment()
+
+
 def default_group_exists() -> bool:
     """True when this process has a default process group (the trainer's), which an in-process engine joins."""
     import torch.distributed as dist

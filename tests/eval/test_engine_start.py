@@ -50,11 +50,17 @@ def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tmp_path, tiny_
 
 
 def test_the_engines_own_failure_is_one_line_saying_what_is_kept(tmp_path, tiny_dir, problems):
+    """... and leaves the process's torch.distributed as it was: the in-process engine's failed start kept the
+    default process group vLLM had made, so that a later command in the process took itself for rank 0 of it."""
     pytest.importorskip("vllm")
+    import torch.distributed as dist
+
+    had_group = dist.is_initialized()
     config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm",
                                  engine_kwargs={"kv_cache_bytes": 1})   # no room for one cache block
     with pytest.raises(RunStopped) as err:
         run_eval(config)
+    assert dist.is_initialized() == had_group
     text = str(err.value)
     assert text.startswith(f"the engine did not start: vLLM could not start on '{tiny_dir}': ") and "\n" not in text
     assert text.endswith(f"; the samples written before are kept in {tmp_path / 'run'}; rerun the same command to "
