@@ -3,7 +3,9 @@ the OOM killer or a failed node kills it (SIGKILL: no handler, no last word), as
 ``WHAT:WHERE:RANK:STEP`` says: global rank ``RANK`` kills itself (``WHAT`` = process) or its torchrun agent and
 then itself (node: a whole node of one process gone) at the start of step ``STEP`` (``WHERE`` = step, numbered as
 metrics.jsonl numbers it), as it is about to write its file of step ``STEP``'s checkpoint (save), or as it starts to
-read the checkpoint it would resume from, before the engines get the first weights (start: ``STEP`` unused).
+read the checkpoint it would resume from, before the engines get the first weights (start: ``STEP`` unused; it
+first waits there for every other rank to reach that point too, so that they wait in the collective that follows
+when it dies, rather than being stopped by torchrun's SIGTERM before they reach one: a race under load).
 ``$LOST_RANK_ENGINE_FAULT`` = ``STEP``: the rollout engines fail too, sampling step ``STEP`` (0-based, as the error
 names it). Every cleanup the run does after its error (the engines' shutdown, the process group's) first prints
 ``CLEANUP`` on stderr."""
@@ -11,6 +13,7 @@ names it). Every cleanup the run does after its error (the engines' shutdown, th
 import os
 import signal
 import sys
+import time
 
 from phf_megatron.training import checkpoint, distributed, loop, rollouts
 
@@ -23,6 +26,22 @@ def _die(what: str) -> None:
     if what == "node":
         os.kill(os.getppid(), signal.SIGKILL)  # the agent first: nothing is left to restart or stop the node's ranks
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _ready(run_dir: str, rank: int) -> str:
+    os.makedirs(run_dir, exist_ok=True)
+    return os.path.join(run_dir, f"lost_rank_run.ready.{rank}")
+
+
+def _wait_for_the_others(run_dir: str) -> None:
+    """Until every other rank has reached its resume (then 1 s more: it is in the collective after it)."""
+    me, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    deadline = time.monotonic() + 300
+    while not all(os.path.exists(_ready(run_dir, r)) for r in range(world) if r != me):
+        if time.monotonic() > deadline:
+            raise SystemExit("lost_rank_run: the other ranks never reached their resume")
+        time.sleep(0.05)
+    time.sleep(1.0)
 
 
 def _announced(fn):
@@ -46,7 +65,11 @@ if __name__ == "__main__":
 
             loop.Trainer.train_step = dying_step
         elif where == "start":
-            loop.Trainer._maybe_resume = lambda self: _die(what)
+            def dying_resume(self):
+                _wait_for_the_others(self.cfg.run_dir)
+                _die(what)
+
+            loop.Trainer._maybe_resume = dying_resume
         else:
             write = checkpoint._write_torch
 
@@ -56,6 +79,14 @@ if __name__ == "__main__":
                 return write(obj, path)
 
             checkpoint._write_torch = dying_write
+    elif where == "start":
+        resume = loop.Trainer._maybe_resume
+
+        def announced_resume(self):
+            open(_ready(self.cfg.run_dir, int(os.environ["RANK"])), "w").close()
+            return resume(self)
+
+        loop.Trainer._maybe_resume = announced_resume
     if ENGINE_FAULT in os.environ:
         sample = rollouts.RolloutDriver.sample
 

@@ -105,7 +105,9 @@ def test_a_killed_node_stops_the_other_nodes_ranks_with_one_line(tiny_inputs, tm
 @pytest.mark.slow  # ~20 s on 2 cores
 def test_a_rank_killed_as_the_run_starts_stops_the_other_with_one_line(tiny_inputs, tmp_path):
     hf, data = tiny_inputs
-    argv, _ = _argv(hf, data, str(tmp_path / "run"), nproc=2)
+    # torchrun polls its workers every 2 s (0.1 s by default): on a loaded machine its SIGTERM (the stop-at-start
+    # path, whose line rank 0 says, dead here) could reach rank 1 in the ms between gloo's error and its line
+    argv, _ = _argv(hf, data, str(tmp_path / "run"), nproc=2, torchrun=("--standalone", "--monitor-interval=2"))
     proc = run_python(argv[1:], timeout=600, **{FAULT: "process:start:0:0"})
     assert proc.returncode == 1, proc.stderr[-4000:]
     _assert_one_line(proc.stderr, (
