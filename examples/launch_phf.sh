@@ -93,7 +93,9 @@ done
 # srun's tasks (SLURM_STEP_NUM_TASKS: srun sets it in a step's tasks) are the launchers, one per node: NNODES of them
 if [ -z "${PREPARE_ONLY:-}" ] && [[ ${SLURM_STEP_NUM_TASKS:-} =~ ^[0-9]+$ ]] && [ "$SLURM_STEP_NUM_TASKS" -gt 1 ] \
    && [ "$SLURM_STEP_NUM_TASKS" -ne "$NNODES" ]; then   # each node's (or task's) torchrun was a run of its own
-  echo "error: SLURM_STEP_NUM_TASKS=$SLURM_STEP_NUM_TASKS: srun started $SLURM_STEP_NUM_TASKS launchers for NNODES=$NNODES: each would start a run of its own into the same RUN_DIR; run one task per node (srun --ntasks-per-node=1) with NNODES=<the nodes> and NODE_RANK=\$SLURM_NODEID (examples/slurm/train_phf_multinode.sbatch)" >&2
+  # worded beside the trainer's own srun check: phf_megatron/commands.py's srun_tasks_line
+  echo "error: $(python -c 'import sys; from phf_megatron.commands import srun_tasks_line; print(srun_tasks_line(*sys.argv[1:]))' \
+                 "$SLURM_STEP_NUM_TASKS" "$NNODES")" >&2
   exit 2
 fi
 if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's

@@ -58,9 +58,21 @@ def require_torchrun_under_srun(environ=None) -> None:
     env = os.environ if environ is None else environ
     tasks = env.get("SLURM_STEP_NUM_TASKS", "").strip()
     if "RANK" not in env and tasks.isdigit() and int(tasks) > 1:
-        raise UserError(f"SLURM_STEP_NUM_TASKS={tasks}: srun started {tasks} trainers without torchrun (no RANK): each "
-                        "would train alone, as one process, into the same run directory; run one task per node that "
-                        "starts torchrun (examples/launch_phf.sh, examples/slurm/train_phf_multinode.sbatch)")
+        raise UserError(srun_tasks_line(tasks))
+
+
+def srun_tasks_line(tasks: str, nnodes: str | None = None) -> str:
+    """The line for srun's ``tasks`` tasks each starting a run of its own: trainers without torchrun
+    (``require_torchrun_under_srun``), or, given ``nnodes``, launchers for that many nodes (``examples/launch_phf.sh``
+    asks for it: ``python -c``, on that error only). Both checks' wording, here."""
+    said = f"SLURM_STEP_NUM_TASKS={tasks}: srun started {tasks}"
+    if nnodes is None:
+        return (f"{said} trainers without torchrun (no RANK): each would train alone, as one process, into the same "
+                "run directory; run one task per node that starts torchrun (examples/launch_phf.sh, "
+                "examples/slurm/train_phf_multinode.sbatch)")
+    return (f"{said} launchers for NNODES={nnodes}: each would start a run of its own into the same RUN_DIR; run one "
+            "task per node (srun --ntasks-per-node=1) with NNODES=<the nodes> and NODE_RANK=$SLURM_NODEID "
+            "(examples/slurm/train_phf_multinode.sbatch)")
 
 
 #: How long a rank other than 0 waits before exiting on an error that only rank 0 reports.
