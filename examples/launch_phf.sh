@@ -34,9 +34,11 @@ fi
 DATA=${DATA:-siyanzhao/Openthoughts_math_30k_opsd}
 RUN_DIR=${RUN_DIR:-runs/${PHF_RUN_NAME:-$(basename "$CONFIG" .yaml)}}   # by default in the repository's runs/
 # How many of CUDA_VISIBLE_DEVICES's entries CUDA shows a process ($1: the GPUs the driver lists, 0 if unknown; the
-# rest: their UUIDs, in order, if listed), read as CUDA reads it (and torch.cuda._parse_visible_devices after it): the
-# entries up to the first that is not a GPU (-1, an empty entry, an index past the listed GPUs, a UUID of the other
-# kind, a GPU- UUID that is the start of no listed GPU's or of several), none if one is repeated
+# rest: their UUIDs, in order, if listed), read as CUDA reads it: the entries up to the first that is not a GPU (-1, an
+# empty entry, an index past the listed GPUs, a UUID of the other kind, a GPU- UUID that is the start of no listed GPU's
+# or of several), none if one of those is repeated. Not torch's parser (torch.cuda._parse_visible_devices): importing
+# torch takes ~1.5 s, it raises ValueError on an entry + or -, reads -0 as 0, and reads a repeat that follows an index
+# past the GPUs or an unknown UUID as none
 cuda_visible_count() {
   local entry id i n=0 seen=' ' prefix='' listed=$1
   shift
