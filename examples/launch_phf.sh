@@ -117,8 +117,10 @@ MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
             --data.path="$DATA" "$@")
 # the settings first (a second, no torch): a mistyped flag or SCALE, or a layout the NGPU x NNODES ranks do not fit
-# (TP x PP, the batch over the data-parallel ranks), stops here in one line, not after the conversion
-RANK=0 WORLD_SIZE=$((NGPU * NNODES)) python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
+# (TP x PP, the batch over the data-parallel ranks), stops here in one line, not after the conversion; node 0 (as
+# its first rank) says the settings' notes here, before the conversion, and the run does not repeat them
+RANK=$((10#${NODE_RANK:-0} * NGPU)) WORLD_SIZE=$((NGPU * NNODES)) python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
+export PHF_NOTES_SAID=1
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
 marker_state() { [ -f "$MCORE_DIR.failed" ] && { stat -c '%Y %i' "$MCORE_DIR.failed"; cat "$MCORE_DIR.failed"; } 2>/dev/null || true; }

@@ -20,6 +20,12 @@ from .errors import (ConfigError, LostRank, RunStopped, StoppedAtStart, UsageErr
                      write_failure)
 
 
+#: Set to 1 by examples/launch_phf.sh once its settings check (``--print-config``, as node 0's first rank) said the
+#: settings' notes (a run's config.yaml read elsewhere, a checkpoint's holdout adopted): the run's rank 0 then does
+#: not repeat them.
+NOTES_SAID = "PHF_NOTES_SAID"
+
+
 def process_rank() -> int:
     """This process's global rank: torch.distributed's once joined, else torchrun's ``RANK``, else 0."""
     dist = sys.modules.get("torch.distributed")

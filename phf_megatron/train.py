@@ -15,6 +15,7 @@ line, ``error: --flag: ...``, printed by rank 0, and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .commands import command
@@ -23,11 +24,11 @@ from .commands import command
 def train(argv: list[str], quiet: bool = True) -> int:
     """Parse (no torch imported yet: ``--help`` and setting errors are immediate), then train."""
     from .cli import wants_help
-    from .commands import launch_world, process_rank, require_torchrun_under_srun
+    from .commands import NOTES_SAID, launch_world, process_rank, require_torchrun_under_srun
     from .training.config_io import config_and_note, help_text, split_argv, to_yaml, with_checkpoint_holdout
 
     def say(note: str | None) -> None:
-        if note and process_rank() == 0:
+        if note and process_rank() == 0 and os.environ.get(NOTES_SAID) != "1":
             print(note, file=sys.stderr, flush=True)
 
     if wants_help(argv):

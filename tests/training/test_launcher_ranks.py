@@ -376,3 +376,35 @@ def test_a_preset_of_ones_own_is_read_from_the_directory_the_launcher_is_run_fro
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
         argv = next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
         assert argv[argv.index("--config") + 1] == read
+
+
+def test_the_settings_notes_are_said_once_by_node_0_before_the_conversion(tmp_path):
+    """A note of the settings (here: a run's config.yaml given with another RUN_DIR, a new run there) was said twice,
+    by the launcher's settings check and again by the run's rank 0, and once more by every other node's check. Node 0's
+    check says it (before the conversion: minutes at 8B), the run and the other nodes do not repeat it."""
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+
+    recorded = save_run_config(config_from_argv(["--config", os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"),
+                                                 f"--run_dir={tmp_path / 'a'}",
+                                                 f"--checkpoint.save={tmp_path / 'scratch'}"]))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # torchrun: its first rank on this node, as far as the run's start (its settings: --print-config)
+    (bin_dir / "torchrun").write_text(f"""#!/usr/bin/env bash
+[ "$1" = --help ] && exit 0
+node=0; while [ "$1" != -m ]; do [ "$1" = --node-rank ] && node=$2; shift; done; shift
+RANK=$((node * NGPU)) WORLD_SIZE=$((NGPU * NNODES)) exec {shlex.quote(sys.executable)} -m "$@" --print-config > /dev/null
+""")
+    (bin_dir / "torchrun").chmod(0o755)
+    (tmp_path / "mcore").mkdir()   # converted already: straight to torchrun
+    said = []
+    for node in ("0", "1"):
+        env, _ = _node(tmp_path, 2, {"CONFIG": recorded, "NGPU": "2", "NNODES": "2", "NODE_RANK": node,
+                                     "MASTER_ADDR": "127.0.0.1", "MCORE_DIR": str(tmp_path / "mcore"),
+                                     "RUN_DIR": str(tmp_path / "b")})
+        proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path), env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said.append([line for line in proc.stderr.splitlines() if line.startswith("note: ")])
+    assert [len(notes) for notes in said] == [1, 0], said
+    assert said[0][0].startswith(f"note: {recorded} records the run in {tmp_path / 'a'}"), said
