@@ -35,6 +35,22 @@ def process_rank() -> int:
     return int(rank) if rank.isdigit() else 0   # (a RANK that is not a number: ``launch_world`` says so, rank 0 prints)
 
 
+#: What a launcher's variable holds and who sets it: the end of the line that refuses one.
+LAUNCHER_INT = "expected a whole number (torchrun sets it: examples/launch_phf.sh)"
+
+
+def launcher_int(name: str, environ=None, *, why: str = LAUNCHER_INT) -> int:
+    """The whole number a launcher set in ``name`` (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``GROUP_RANK``), 0 when it is not set; a ``UserError`` naming the variable and its value, ending in
+    ``why``, when it is not a whole number (a hand-made launch: was a ``ValueError`` traceback)."""
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return 0
+    if not value.strip().isdigit():
+        raise UserError(f"{name}={value!r}: {why}")
+    return int(value)
+
+
 def launch_world(environ=None) -> tuple[int, int] | None:
     """``(RANK, WORLD_SIZE)`` as a launcher set them (torchrun, ``examples/launch_phf.sh``), None without ``RANK``
     (a world of one); a ``UserError`` naming the variable when ``WORLD_SIZE`` is missing or either is not a whole
@@ -42,19 +58,21 @@ def launch_world(environ=None) -> tuple[int, int] | None:
     env = os.environ if environ is None else environ
     if "RANK" not in env:
         return None
-    values = []
-    for name in ("RANK", "WORLD_SIZE"):
-        value = env.get(name)
-        if value is None or not value.strip().isdigit():
-            raise UserError((f"{name}={value!r}" if value is not None else f"{name} is not set (RANK={env['RANK']!r})")
-                            + ": torchrun sets RANK and WORLD_SIZE (whole numbers, RANK < WORLD_SIZE); "
-                            "unset RANK for a run of one process")
-        values.append(int(value))
-    rank, world = values
+    why = "torchrun sets RANK and WORLD_SIZE (whole numbers, RANK < WORLD_SIZE); unset RANK for a run of one process"
+    rank = launcher_int("RANK", env, why=why)
+    if "WORLD_SIZE" not in env:
+        raise UserError(f"WORLD_SIZE is not set (RANK={env['RANK']!r}): {why}")
+    world = launcher_int("WORLD_SIZE", env, why=why)
     if rank >= world:
-        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world}: torchrun sets RANK and WORLD_SIZE (whole "
-                        "numbers, RANK < WORLD_SIZE); unset RANK for a run of one process")
+        raise UserError(f"RANK={rank} is not below WORLD_SIZE={world}: {why}")
     return rank, world
+
+
+def launch_world_size(environ=None) -> int:
+    """The ranks the default process group will have (``runtime.process_group``): ``launch_world``'s
+    ``WORLD_SIZE``, 1 without ``RANK`` (a stray ``WORLD_SIZE`` is not read)."""
+    world = launch_world(environ)
+    return 1 if world is None else world[1]
 
 
 def require_torchrun_under_srun(environ=None) -> None:

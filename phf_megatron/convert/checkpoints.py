@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from phf_megatron.commands import launch_world_size
 from phf_megatron.convert.hf_checkpoint import TOKENIZER_FILES, HFCheckpoint
 from phf_megatron.convert.hf_writer import DTYPE_NAMES, write_hf_checkpoint
 from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
@@ -29,7 +30,7 @@ from phf_megatron.startup import progress_bar
 
 def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
     """The layout to build in: (tp, pp) under torchrun with tp*pp ranks, (1, 1) in one process."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launch_world_size()
     if world == 1:
         return 1, 1
     if world != tp * pp:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..commands import launcher_int
 from ..config_errors import fail
 
 #: ``rollout.num_engines`` value for one engine per node.
@@ -50,7 +51,7 @@ class RankPlace:
 
 def this_node(environ=os.environ) -> int:
     """This process's node index: torchrun's ``GROUP_RANK`` (0 outside torchrun)."""
-    return int(environ.get("GROUP_RANK", 0))
+    return launcher_int("GROUP_RANK", environ)
 
 
 def span(ranks) -> str:

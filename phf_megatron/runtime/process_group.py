@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from ..commands import launch_world
+from ..commands import launch_world, launcher_int
 from ..errors import UserError
 
 
@@ -35,16 +35,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_rank() -> int:
+    """``LOCAL_RANK``: this rank's index on its node (its GPU), 0 when it is not set; a ``UserError`` naming it
+    when it is not a whole number (``commands.launcher_int``)."""
+    return launcher_int("LOCAL_RANK")
+
+
 def local_device() -> int:
     """``LOCAL_RANK``, the GPU this rank takes; a ``UserError`` when it is not one this process sees (a hand-made
     launch, e.g. srun's one task per GPU with ``--gpus-per-task=1`` and ``LOCAL_RANK=$SLURM_LOCALID``: was CUDA's
     ``invalid device ordinal`` traceback in ``set_device``)."""
-    local, count = os.environ.get("LOCAL_RANK", "0").strip(), torch.cuda.device_count()
-    if not (local.isdigit() and int(local) < count):
-        raise UserError(f"LOCAL_RANK={local!r}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES="
+    local, count = local_rank(), torch.cuda.device_count()
+    if local >= count:
+        raise UserError(f"LOCAL_RANK={str(local)!r}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES="
                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one rank per GPU, LOCAL_RANK < {count}; "
                         "torchrun sets it (examples/launch_phf.sh)")
-    return int(local)
+    return local
 
 
 def join_default_group() -> bool:
@@ -55,13 +61,13 @@ def join_default_group() -> bool:
     if launch_world() is None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
+    rank, world = launch_world()
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(local_device())
     created = not dist.is_initialized()
     if created:
-        dist.init_process_group("nccl" if cuda else "gloo", rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]))
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     if not cuda:
         from . import cpu_shims
 

@@ -11,7 +11,6 @@ the ``LostRank`` every surviving rank says at once, before any cleanup; ``kept``
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal
@@ -26,7 +25,7 @@ from ..config_errors import fail
 from ..errors import LostRank, RunStopped, error_chain
 from ..input_files import kept
 from ..runtime.megatron_session import init_model_parallel, shutdown
-from ..runtime.process_group import join_default_group
+from ..runtime.process_group import join_default_group, local_rank
 from .config import TrainConfig
 
 
@@ -67,8 +66,9 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     Under ``torchrun`` the usual environment variables are read; a plain ``python`` launch is a
     world of one. Data parallelism fills what tensor x pipeline parallelism leaves.
     """
+    local = local_rank()   # (before joining: a LOCAL_RANK that is not a number leaves no group behind)
     join_default_group()
-    rank, world, local = dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+    rank, world = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available()
     m = cfg.model
     model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size

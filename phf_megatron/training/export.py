@@ -257,6 +257,7 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
     from .checkpoint_parts import RankLayout, dist_model_part, tensors_part
     from .distributed import init_distributed, shutdown_distributed
     from .model_setup import build_model_chunks, check_settings_fit_model, read_hf_config
+    from ..commands import launch_world_size
     from ..convert.checkpoints import _check_new_dir, say_phase  # the converters' refusal of an existing --out_dir
     from ..lora import adapter_parameters
     from ..models.qwen3_arch import Qwen3Arch
@@ -264,7 +265,7 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
 
     layout = ckpt.meta.get("layout", {})
     tp, pp = int(layout.get("tp_size", 1)), int(layout.get("pp_size", 1))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launch_world_size()
     if world % (tp * pp):
         raise InputFileError(ckpt.path, f"saved by a run at TP={tp} x PP={pp}: convert it under "
                                         f"torchrun --nproc-per-node {tp * pp} tools/convert/mcore_to_hf.py ...")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +42,7 @@ from ..rollout.sync import probe_tolerance
 from ..rollout.gpu_memory import release_cached_memory
 from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_node
 from ..rollout.config import RolloutConfig
+from ..runtime.process_group import local_rank
 from ..rollout.seeds import sample_seed
 from .config import TrainConfig
 from .engine_start import classify, start_failed
@@ -125,7 +125,7 @@ class RolloutDriver:
         # TP workers run on other ranks' GPUs, and vLLM checks the free memory on each of them
         release_cached_memory()
         places = self.gather(RankPlace(rank, ps.get_data_parallel_rank(), this_node(),
-                                        int(os.environ.get("LOCAL_RANK", 0))))
+                                        local_rank()))
         self.groups: EngineGroups = plan_engine_groups(cfg.rollout.num_engines, places,
                                                        prompts_per_step=cfg.prompts_per_step,
                                                        engine_tp=cfg.rollout.tensor_parallel_size)

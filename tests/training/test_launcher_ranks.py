@@ -281,8 +281,12 @@ def test_srun_tasks_without_torchrun_are_one_line(tmp_path, environ, refused):
     assert proc.returncode == 2 and (proc.stderr.splitlines() == [line]) == refused, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("local", ["1", "x"])
-def test_a_local_rank_past_the_gpus_this_process_sees_is_one_line(monkeypatch, local):
+@pytest.mark.parametrize("local, line", [
+    ("1", "LOCAL_RANK='1': this process sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=5): one rank per GPU, LOCAL_RANK < 1; "
+          "torchrun sets it (examples/launch_phf.sh)"),
+    ("x", "LOCAL_RANK='x': expected a whole number (torchrun sets it: examples/launch_phf.sh)"),
+])
+def test_a_local_rank_past_the_gpus_this_process_sees_is_one_line(monkeypatch, local, line):
     """srun's one task per GPU with ``--gpus-per-task=1`` and ``LOCAL_RANK=$SLURM_LOCALID``: each task sees one GPU,
     so ``set_device(LOCAL_RANK)`` was CUDA's ``invalid device ordinal`` traceback on every task but the first (a
     LOCAL_RANK that is not a number: a ValueError). Now one line naming LOCAL_RANK, before the device is set."""
@@ -301,8 +305,7 @@ def test_a_local_rank_past_the_gpus_this_process_sees_is_one_line(monkeypatch, l
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError) as err:
         process_group.join_default_group()
-    assert err.value.line == (f"LOCAL_RANK='{local}': this process sees 1 GPU(s) (CUDA_VISIBLE_DEVICES=5): one rank per "
-                              "GPU, LOCAL_RANK < 1; torchrun sets it (examples/launch_phf.sh)")
+    assert err.value.line == line
 
 
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
