@@ -74,3 +74,35 @@ def test_the_converters_read_the_world_the_process_group_will_have(monkeypatch, 
         with pytest.raises(UserError) as err:
             _launch_layout(2, 1)
         assert err.value.line == want
+
+
+@pytest.mark.parametrize("env, gpu", [
+    ({"RANK": "1", "WORLD_SIZE": "2"}, None),        # mpirun / srun / a script without torchrun: was GPU 0 for each
+    ({"RANK": "0", "WORLD_SIZE": "1"}, 0),           # a world of one: its GPU 0
+    ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, 3),
+])
+def test_a_launch_of_several_ranks_without_local_rank_is_one_line(monkeypatch, env, gpu):
+    """Each rank of a launch that sets RANK and WORLD_SIZE but not LOCAL_RANK took GPU 0 (``local_device``'s default),
+    all of them on one GPU, in silence. Now one line naming LOCAL_RANK, before any device is set."""
+    import torch
+
+    from phf_megatron.runtime import process_group
+
+    def set_device(device):   # (stops the set-up there: a world of several would wait for its other ranks)
+        raise RuntimeError(f"set_device({device})")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises((UserError, RuntimeError)) as err:
+        process_group.join_default_group()
+    if gpu is None:
+        assert err.type is UserError and err.value.line == (
+            "LOCAL_RANK is not set (RANK=1, WORLD_SIZE=2): each rank needs its index on its node, its GPU (else every "
+            "rank takes GPU 0); torchrun sets it (examples/launch_phf.sh); under mpirun or srun without torchrun set "
+            "LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK or $SLURM_LOCALID")
+    else:
+        assert (err.type, str(err.value)) == (RuntimeError, f"set_device({gpu})")

@@ -36,8 +36,14 @@ def free_port() -> int:
 
 
 def local_rank() -> int:
-    """``LOCAL_RANK``: this rank's index on its node (its GPU), 0 when it is not set; a ``UserError`` naming it
-    when it is not a whole number (``commands.launcher_int``)."""
+    """``LOCAL_RANK``: this rank's index on its node (its GPU), 0 when it is not set in a world of one; a ``UserError``
+    naming it when it is not a whole number (``commands.launcher_int``) or when a launch of several ranks did not set it
+    (mpirun, srun or a script of one's own without torchrun: every rank took GPU 0, in silence)."""
+    world = launch_world()
+    if "LOCAL_RANK" not in os.environ and world is not None and world[1] > 1:
+        raise UserError(f"LOCAL_RANK is not set (RANK={world[0]}, WORLD_SIZE={world[1]}): each rank needs its index on "
+                        "its node, its GPU (else every rank takes GPU 0); torchrun sets it (examples/launch_phf.sh); "
+                        "under mpirun or srun without torchrun set LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK or $SLURM_LOCALID")
     return launcher_int("LOCAL_RANK")
 
 
