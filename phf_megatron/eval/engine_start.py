@@ -8,6 +8,7 @@ traceback. The eval's engine is alone on its GPU, and its flags are ``--engine_k
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
@@ -15,7 +16,12 @@ from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 
-from ..errors import ConfigError, RunStopped, UserError
+from ..errors import ConfigError, RunStopped, UserError, as_config_error
+from .config import ENGINE_FIELDS_SET
+
+#: The ``EngineConfig`` fields ``--engine_kwargs`` gives: an engine's ``ValueError("field: ...")`` as it starts
+#: (``device``: a GPU the process does not see) is that flag's.
+ENGINE_KWARGS_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig)) - ENGINE_FIELDS_SET.keys()
 
 
 def samples_kept(out_dir: str) -> str:
@@ -31,6 +37,8 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
         said = refused_keyword(err, engine_config.vllm_kwargs)
         if said is not None:
             raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
+        if type(err) is ValueError and (setting := as_config_error(err, ENGINE_KWARGS_FIELDS)) is not None:
+            raise ConfigError("engine_kwargs", f"{setting.key}: {setting.detail}") from err
         if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
             why = vllm_start_failure(err, engine_config) if isinstance(err, VLLMStartError) else one_line(err)
             raise RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}") from err

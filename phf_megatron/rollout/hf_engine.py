@@ -14,6 +14,7 @@ from collections import defaultdict
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
+from ..runtime.process_group import sees_gpus
 from .engine import RolloutEngine
 from .errors import EngineStartError, GenerationTimeoutError
 from .sampling import filter_logits, row_generators, sample_tokens
@@ -22,6 +23,22 @@ from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def engine_device(device: str | None) -> torch.device:
+    """``device`` (default: cuda if available, else cpu); a ``ValueError`` naming the setting when it is not a device
+    or a GPU past those this process sees (``cuda:5`` on 2: was torch's ``invalid device ordinal`` as the model
+    moved, or later)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device: {device!r} is not a torch device (cpu, cuda, cuda:N)") from None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if resolved.type == "cuda" and (resolved.index or 0) >= count:
+        raise ValueError(f"device: {device!r}: {sees_gpus(count)}")
+    return resolved
 
 
 class HFEngine(RolloutEngine):
@@ -34,14 +51,14 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = engine_device(device)
         try:
             config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], local_files_only=True)
         except Exception as exc:
             raise EngineStartError(f"transformers could not load {model_dir!r}: {type(exc).__name__}: {exc}") from exc
         self.model = model.to(device).eval()
-        self.device = torch.device(device)
+        self.device = device
         self.max_batch_size = max_batch_size
         self.processed_logprobs = logprobs_mode == "processed"
         """``SamplingParams.logprobs`` of the filtered distribution the token was drawn from (``EngineConfig.logprobs_mode``)."""

@@ -47,14 +47,18 @@ def local_rank() -> int:
     return launcher_int("LOCAL_RANK")
 
 
+def sees_gpus(count: int) -> str:
+    """``this process sees N GPU(s) (CUDA_VISIBLE_DEVICES=...)``: the part of a line refusing a GPU past them."""
+    return f"this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+
+
 def local_device() -> int:
     """``LOCAL_RANK``, the GPU this rank takes; a ``UserError`` when it is not one this process sees (a hand-made
     launch, e.g. srun's one task per GPU with ``--gpus-per-task=1`` and ``LOCAL_RANK=$SLURM_LOCALID``: was CUDA's
     ``invalid device ordinal`` traceback in ``set_device``)."""
     local, count = local_rank(), torch.cuda.device_count()
     if local >= count:
-        raise UserError(f"LOCAL_RANK={str(local)!r}: this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES="
-                        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): one rank per GPU, LOCAL_RANK < {count}; "
+        raise UserError(f"LOCAL_RANK={str(local)!r}: {sees_gpus(count)}: one rank per GPU, LOCAL_RANK < {count}; "
                         "torchrun sets it (examples/launch_phf.sh)")
     return local
 

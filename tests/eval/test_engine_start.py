@@ -173,3 +173,25 @@ def test_a_setting_a_worker_said_comes_before_another_worker_killed_by_a_signal(
     assert type(err) is UserError and err.line == "no such model"
     err = workers_failed({0: ("stopped", "the engine did not start: x")}, {0: 1, 1: -9}, [["0"], ["1"]], "/run")
     assert isinstance(err, RunStopped) and str(err).startswith("data-parallel worker eval-dp1 (GPU 1) was killed by ")
+
+
+@pytest.mark.parametrize("device, gpus, line", [
+    ("cuda:5", 2, "--engine_kwargs: device: 'cuda:5': this process sees 2 GPU(s) (CUDA_VISIBLE_DEVICES=3,4)"),
+    ("cuda", 0, "--engine_kwargs: device: 'cuda': this process sees 0 GPU(s) (CUDA_VISIBLE_DEVICES=3,4)"),
+    ("gpu0", 2, "--engine_kwargs: device: 'gpu0' is not a torch device (cpu, cuda, cuda:N)"),
+])
+def test_a_transformers_engine_on_a_device_this_process_does_not_see_is_one_line(tmp_path, tiny_dir, monkeypatch,
+                                                                                 device, gpus, line):
+    """``--engine_kwargs '{device: cuda:5}'`` with 2 GPUs visible: the transformers engine moved its model there
+    (torch's ``invalid device ordinal``, or ``Torch not compiled with CUDA enabled`` without a GPU: a traceback)."""
+    import torch
+
+    from phf_megatron.eval.engine_start import start_engine
+    from phf_megatron.rollout import EngineConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
+    with pytest.raises(ConfigError) as err:
+        start_engine(str(tmp_path), EngineConfig(model_dir=tiny_dir, backend="hf", dtype="float32", device=device))
+    assert err.value.line == line
