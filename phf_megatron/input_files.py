@@ -188,12 +188,10 @@ def launch_relative(config_file: str, key: str, value: str) -> str:
 
 def moved_with_run(config_file: str, key: str, value: str, run_dir: str | None, saved_run_dir: str | None) -> str:
     """An absolute path ``value`` below ``saved_run_dir`` (the config's ``run_dir``) read below ``run_dir``, where the
-    run directory is now (moved or copied with its checkpoints), when it is there (a copy's own, not the original's,
-    as the trainer and ``load_config`` read it: ``config_io.moved_run_paths``); else as recorded; else it raises
-    ``InputFileError`` in one line."""
+    run directory is now (moved or copied: a copy's own, never the original's, as the trainer and ``load_config``
+    read it: ``moved_run``); one outside it as recorded; one not there raises ``InputFileError`` in one line."""
     if run_dir and (inside := below(value, saved_run_dir)) is not None:
-        if os.path.exists(moved := os.path.normpath(os.path.join(run_dir, inside))):
-            return moved
+        value = os.path.normpath(os.path.join(run_dir, inside))
     if os.path.exists(value):
         return value
     raise InputFileError(config_file, f"{key} {value!r} does not exist here (no checkpoint saved yet, or moved "

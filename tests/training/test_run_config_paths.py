@@ -216,6 +216,29 @@ def test_a_copied_run_directory_is_read_as_the_copy_by_the_eval_as_by_mcore_to_h
     assert latest_checkpoint(a) == os.path.join(a, "ckpts", "iter_0000200")   # the original: its own
 
 
+def test_a_run_directory_copied_without_its_checkpoints_is_not_read_at_the_originals(tmp_path):
+    """``runs/b`` holding run a's config.yaml and metrics, not its checkpoints (``checkpoint.save`` recorded inside
+    runs/a): the eval's ``--megatron_checkpoint runs/b`` converted and scored a's latest checkpoint in silence (the
+    recorded path, still there), while ``mcore_to_hf --mcore_dir runs/b`` said b has none and the trainer saves b's
+    own in runs/b. The eval now says the same line as mcore_to_hf."""
+    from phf_megatron.eval.models import latest_checkpoint
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+    from phf_megatron.training.export import find_run_checkpoint
+
+    a, b = str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b")
+    recorded = save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={a}/ckpts"]))
+    _checkpoint(os.path.join(a, "ckpts"), 100)
+    os.makedirs(b)
+    shutil.copy(recorded, b)
+    open(os.path.join(b, "metrics.jsonl"), "w").close()
+    line = (f"{b}/config.yaml: checkpoint.save '{b}/ckpts' does not exist here (no checkpoint saved yet, or moved "
+            "since the run wrote this file): give the checkpoints directory as it is now")
+    for read in (find_run_checkpoint, latest_checkpoint):   # mcore_to_hf's, the eval's (was a's iter_0000100)
+        with pytest.raises(InputFileError) as err:
+            read(b)
+        assert str(err.value) == line, read
+
+
 def test_a_runs_config_yaml_copied_alone_starts_a_new_run_there_that_saves_in_its_own_place(tmp_path, capsys):
     """A run's config.yaml copied alone into an empty directory was read as that run moved there: the same note,
     and its checkpoint.save recorded outside the run directory kept, so that the new run resumed the old run's
