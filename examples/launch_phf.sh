@@ -123,7 +123,8 @@ RANK=$((10#${NODE_RANK:-0} * NGPU)) WORLD_SIZE=$((NGPU * NNODES)) python -m phf_
 export PHF_NOTES_SAID=1
 
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
-marker_state() { [ -f "$MCORE_DIR.failed" ] && { stat -c '%Y %i' "$MCORE_DIR.failed"; cat "$MCORE_DIR.failed"; } 2>/dev/null || true; }
+# $MCORE_DIR.failed's time, inode and text, read once (node 0 may remove it meanwhile: then nothing)
+marker_state() { { s=$(stat -c '%Y %i' "$MCORE_DIR.failed") && t=$(cat "$MCORE_DIR.failed") && echo "$s"$'\n'"$t"; } 2>/dev/null || true; }
 
 if [ -d "$MCORE_DIR" ]; then
   :   # converted (the converter writes $MCORE_DIR.tmp and renames it when complete: its existence is the marker)
@@ -137,8 +138,9 @@ elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 
     # counts once it changes or is still there after MCORE_STALE seconds (default 120)
     stale=$(marker_state); STALE_UNTIL=$((SECONDS + MCORE_STALE))
     until [ -d "$MCORE_DIR" ]; do
-      if [ -f "$MCORE_DIR.failed" ] && { [ "$(marker_state)" != "$stale" ] || [ "$SECONDS" -ge "$STALE_UNTIL" ]; }; then
-        echo "error: MCORE_DIR: node 0's conversion into $MCORE_DIR failed ($(head -n 1 "$MCORE_DIR.failed")); node 0's log says more" >&2; exit 1
+      state=$(marker_state)
+      if [ -n "$state" ] && { [ "$state" != "$stale" ] || [ "$SECONDS" -ge "$STALE_UNTIL" ]; }; then
+        echo "error: MCORE_DIR: node 0's conversion into $MCORE_DIR failed ($(sed -n 2p <<< "$state")); node 0's log says more" >&2; exit 1
       fi
       [ "$SECONDS" -lt "$DEADLINE" ] || { echo "error: MCORE_DIR: $MCORE_DIR did not appear in $MCORE_WAIT s: node 0 (NODE_RANK=0) converts it; it must be on a file system every node sees (or convert first: PREPARE_ONLY=1)" >&2; exit 1; }
       sleep 1

@@ -411,3 +411,38 @@ RANK=$((node * NGPU)) WORLD_SIZE=$((NGPU * NNODES)) exec {shlex.quote(sys.execut
         said.append([line for line in proc.stderr.splitlines() if line.startswith("note: ")])
     assert [len(notes) for notes in said] == [1, 0], said
     assert said[0][0].startswith(f"note: {recorded} records the run in {tmp_path / 'a'}"), said
+
+
+def test_a_marker_node_0s_new_conversion_removes_as_node_1_looks_is_no_failure(tmp_path):
+    """Node 1 found MCORE_DIR.failed there (``[ -f ]``), then read it for its state; node 0's new conversion removing
+    it in between made the state '' (not the earlier launch's), so node 1 stopped at once: 'node 0's conversion ...
+    failed ()' (and head's 'No such file'), while node 0 converted. The marker is now read once per look: gone is
+    none. ``stat`` is faked to remove it on node 1's first look, as node 0's ``rm -f`` would between the two."""
+    import time
+
+    _fake_converter(tmp_path)
+    mcore, marker, count = tmp_path / "mcore_base", tmp_path / "mcore_base.failed", tmp_path / "stat_calls"
+    marker.write_text("exit code 2: error: shard-2: truncated\n")
+    (tmp_path / "bin" / "stat").write_text(f"""#!/usr/bin/env bash
+echo x >> {shlex.quote(str(count))}
+[ "$(wc -l < {shlex.quote(str(count))})" -ne 2 ] || rm -f {shlex.quote(str(marker))}   # node 0's rm, right then
+exec {shlex.quote(shutil.which("stat"))} "$@"
+""")
+    (tmp_path / "bin" / "stat").chmod(0o755)
+    env, _ = _node(tmp_path, 8, {"NGPU": "2", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "gpu017",
+                                 "MCORE_DIR": str(mcore), "MCORE_WAIT": "600", "MCORE_STALE": "60"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        deadline = time.monotonic() + 30
+        while marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not marker.exists()
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=2)   # waits on for node 0's conversion
+        mcore.mkdir()   # node 0's conversion done
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "launched: " in out and err == "", err[-3000:]
