@@ -195,15 +195,18 @@ exec {shlex.quote(sys.executable)} "$@"
         (bin_dir / name).chmod(0o755)
 
 
-def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path):
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path, slash):
     """A node of NODE_RANK > 0 waited the whole MCORE_WAIT (an hour by default) for a conversion node 0 had given up:
     node 0's failed conversion now leaves MCORE_DIR.failed (its exit code and last line), at which the others stop
-    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH)."""
+    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH). MCORE_DIR given
+    with a trailing / put the marker into MCORE_DIR (a bash error on node 0: the failed conversion made none), and
+    the others waited the hour again."""
     import time
 
     _fake_converter(tmp_path)
     mcore = tmp_path / "mcore_base"
-    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(mcore), "MCORE_WAIT": "600"}
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": f"{mcore}{slash}", "MCORE_WAIT": "600"}
     waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
     waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
