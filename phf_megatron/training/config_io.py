@@ -90,10 +90,15 @@ def field_types() -> dict[str, Any]:
 def help_text(description: str, argv: Sequence[str] = ()) -> str:
     """``--help``: ``description``, the options, then every setting by section (type, default, docstring); with
     ``--config FILE`` in ``argv``, the defaults shown are the preset's (``--print-config``: with the overrides)."""
-    path, _, _ = split_argv(argv)
+    path, _, args = split_argv(argv)
     if path is None:
         return SETTINGS.help(description, OPTIONS)
-    preset = config_and_note(path)[0]   # as the trainer starts it (a run's config.yaml copied alone: a new run)
+    try:   # another --run_dir: a run's config.yaml starts a new run there (moved_run), whose defaults these are
+        run_dir = parse_overrides(args).get("run_dir")
+    except (UsageError, ConfigError):   # a bad flag: the help still shows
+        run_dir = None
+    # as the trainer starts it (a run's config.yaml copied alone, or with another --run_dir: a new run)
+    preset = config_and_note(path, [f"--run_dir={run_dir}"] if run_dir else [])[0]
     note = textwrap.fill(f"The defaults shown are {path}'s, marked 'from {path}' where they differ from the code's; "
                          "--print-config prints the resolved config with the flags given.", 100,
                          break_on_hyphens=False, break_long_words=False)   # the path whole: copied from here

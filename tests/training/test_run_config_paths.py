@@ -279,7 +279,7 @@ def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_pat
     """``--config A/config.yaml --run_dir B`` with A's checkpoint.save recorded outside A: run B resumed A's
     checkpoints there and saved its own among them, on every launch, unsaid. Run B's checkpoints and events are in
     their default places, in B (on its next launch too, with B's own checkpoints there); one line says so."""
-    from phf_megatron.training.config_io import config_and_note, config_from_argv, save_run_config
+    from phf_megatron.training.config_io import config_and_note, config_from_argv, help_text, save_run_config
 
     a, b, scratch = str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path / "scratch")
     path = save_run_config(config_from_argv([f"--run_dir={a}", f"--checkpoint.save={scratch}/a_ckpts",
@@ -295,6 +295,9 @@ def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_pat
         _checkpoint(cfg.save_dir, launch + 1)   # run B's own
     cfg, note = config_and_note(path, [f"--run_dir={b}", f"--logging.tensorboard_dir={scratch}/tb"])
     assert cfg.logging.tensorboard_dir == f"{scratch}/tb" and "tensorboard" not in note   # given: kept
+    shown = help_text("train", ["--config", path, f"--run_dir={b}"])   # train --config A/config.yaml --run_dir B --help
+    for flag in ("--checkpoint.save", "--logging.tensorboard_dir"):   # was A's scratch paths, 'from A/config.yaml'
+        assert f"{flag}=<str | None>  (default: None)\n" in shown, flag
 
 
 def test_a_run_moved_away_from_its_checkpoints_outside_it_without_metrics_resumes_them(tmp_path):
