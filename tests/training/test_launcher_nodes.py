@@ -1,0 +1,203 @@
+"""examples/launch_phf.sh on several nodes: node 0 converts the HF checkpoint (minutes at 8B) and says the settings'
+notes, the others wait for its conversion (MCORE_WAIT) and stop at once at the marker its failed conversion leaves
+(MCORE_DIR.failed; one an earlier launch left counts once it changes or after MCORE_STALE seconds)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from ..helpers import REPO
+from .test_launcher_ranks import LAUNCHER, _node
+
+
+@pytest.mark.parametrize("converted", [False, True])
+def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
+    """A multi-node launch by hand (no Slurm, no PREPARE_ONLY step) converted the HF model on every node, into the
+    same MCORE_DIR on a shared file system. Now a node of NODE_RANK > 0 waits for node 0's conversion (the converter
+    renames its finished output to MCORE_DIR), up to MCORE_WAIT seconds, then starts torchrun; at the deadline one
+    line says what to check."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
+    (bin_dir / "torchrun").chmod(0o755)
+    mcore = tmp_path / "mcore_base"
+    wait = "60" if converted else "1"
+    env, _ = _node(tmp_path, 8, {"NGPU": "2", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "gpu017",
+                                 "MCORE_DIR": str(mcore), "MCORE_WAIT": wait})
+    proc = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    said = [f"launch_phf: node 1: waiting up to {wait} s (MCORE_WAIT) for node 0's conversion into {mcore}"]
+    assert proc.stderr.readline().rstrip("\n") == said[0]   # after the settings' check: node 1 is waiting
+    if converted:   # node 0's converter renames its finished output into place
+        mcore.mkdir()
+    else:
+        said.append(f"error: MCORE_DIR: {mcore} did not appear in 1 s: node 0 (NODE_RANK=0) converts it; it must be "
+                    "on a file system every node sees (or convert first: PREPARE_ONLY=1)")
+    out, err = proc.communicate(timeout=120)
+    assert said[1:] == err.splitlines(), err[-3000:]
+    if converted:
+        assert proc.returncode == 0 and out.startswith("launched: --nproc-per-node 2 --nnodes 2 --node-rank 1 "), out
+    else:
+        assert (proc.returncode, out) == (1, "")
+        assert not os.path.exists(mcore) and not os.path.exists(f"{mcore}.tmp")
+
+
+def _fake_converter(tmp_path) -> None:
+    """``torchrun`` and the converter (``python tools/convert/hf_to_mcore.py``) faked on the nodes' PATH: the
+    conversion makes its ``--out_dir``, or fails with two stderr lines where ``CONVERT_FAILS`` is set."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
+    (bin_dir / "python").write_text(f"""#!/usr/bin/env bash
+if [ "$1" = tools/convert/hf_to_mcore.py ]; then
+  echo "hf->mcore: reading the model"
+  [ -n "${{CONVERT_FAILS:-}}" ] && {{ echo "hf->mcore: loading shard 1 of 4" >&2; echo "error: shard-2: truncated" >&2; exit 2; }}
+  mkdir "$5"; exit 0
+fi
+exec {shlex.quote(sys.executable)} "$@"
+""")
+    for name in ("torchrun", "python"):
+        (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_the_waiting_nodes_stop_at_once_when_node_0s_conversion_fails(tmp_path, slash):
+    """A node of NODE_RANK > 0 waited the whole MCORE_WAIT (an hour by default) for a conversion node 0 had given up:
+    node 0's failed conversion now leaves MCORE_DIR.failed (its exit code and last line), at which the others stop
+    with one line; node 0's next conversion removes it. The converter is faked (``python`` on PATH). MCORE_DIR given
+    with a trailing / put the marker into MCORE_DIR (a bash error on node 0: the failed conversion made none), and
+    the others waited the hour again."""
+    import time
+
+    _fake_converter(tmp_path)
+    mcore = tmp_path / "mcore_base"
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": f"{mcore}{slash}", "MCORE_WAIT": "600"}
+    waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+    started = time.monotonic()
+    env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "0", "CONVERT_FAILS": "1"})
+    node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert (node0.returncode, node0.stderr.splitlines()) == (2, ["hf->mcore: loading shard 1 of 4",
+                                                                 "error: shard-2: truncated"]), node0.stderr[-3000:]
+    try:
+        out, err = waiting.communicate(timeout=30)   # it looks each second
+    finally:
+        waiting.kill()
+    assert (waiting.returncode, out, err.splitlines()) == (1, "", [
+        f"error: MCORE_DIR: node 0's conversion into {mcore} failed (exit code 2: error: shard-2: truncated); "
+        "node 0's log says more"])
+    assert time.monotonic() - started < 30   # not MCORE_WAIT's 600 s
+    assert not mcore.exists() and (tmp_path / "mcore_base.failed").exists()
+    env.pop("CONVERT_FAILS")   # node 0 again, the shard mended: its conversion removes the marker
+    node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert node0.returncode == 0 and mcore.is_dir() and not (tmp_path / "mcore_base.failed").exists(), node0.stderr
+
+
+def test_a_failure_marker_an_earlier_launch_left_waits_for_node_0s_new_conversion(tmp_path):
+    """MCORE_DIR.failed left by an earlier launch, found by a relaunched node 1 before node 0's new conversion had
+    removed it: node 1 stopped at once with the old failure. Such a marker counts only once it changes or after
+    MCORE_STALE seconds: node 1 waits on, and goes on once node 0's conversion is done; with no node 0, it stops."""
+    _fake_converter(tmp_path)
+    mcore = tmp_path / "mcore_base"
+    (tmp_path / "mcore_base.failed").write_text("exit code 2: error: shard-2: truncated\n")
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(mcore), "MCORE_WAIT": "600",
+             "MCORE_STALE": "60"}
+    waiting_env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)   # the old marker: not node 0's word on this launch
+        env, _ = _node(tmp_path, 8, {**nodes, "NODE_RANK": "0"})
+        node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert node0.returncode == 0 and mcore.is_dir(), node0.stderr[-3000:]
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "launched: " in out, err[-3000:]
+
+    shutil.rmtree(mcore)   # no node 0 this time: the old marker counts after MCORE_STALE
+    (tmp_path / "mcore_base.failed").write_text("exit code 2: error: shard-2: truncated\n")
+    waiting_env["MCORE_STALE"] = "2"
+    node1 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=waiting_env, capture_output=True, text=True,
+                           timeout=60)
+    assert (node1.returncode, node1.stderr.splitlines()[-1]) == (1, (
+        f"error: MCORE_DIR: node 0's conversion into {mcore} failed (exit code 2: error: shard-2: truncated); "
+        "node 0's log says more"))
+
+
+def test_the_settings_notes_are_said_once_by_node_0_before_the_conversion(tmp_path):
+    """A note of the settings (here: a run's config.yaml given with another RUN_DIR, a new run there) was said twice,
+    by the launcher's settings check and again by the run's rank 0, and once more by every other node's check. Node 0's
+    check says it (before the conversion: minutes at 8B), the run and the other nodes do not repeat it."""
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+
+    recorded = save_run_config(config_from_argv(["--config", os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"),
+                                                 f"--run_dir={tmp_path / 'a'}",
+                                                 f"--checkpoint.save={tmp_path / 'scratch'}"]))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # torchrun: its first rank on this node, as far as the run's start (its settings: --print-config)
+    (bin_dir / "torchrun").write_text(f"""#!/usr/bin/env bash
+[ "$1" = --help ] && exit 0
+node=0; while [ "$1" != -m ]; do [ "$1" = --node-rank ] && node=$2; shift; done; shift
+RANK=$((node * NGPU)) WORLD_SIZE=$((NGPU * NNODES)) exec {shlex.quote(sys.executable)} -m "$@" --print-config > /dev/null
+""")
+    (bin_dir / "torchrun").chmod(0o755)
+    (tmp_path / "mcore").mkdir()   # converted already: straight to torchrun
+    said = []
+    for node in ("0", "1"):
+        env, _ = _node(tmp_path, 2, {"CONFIG": recorded, "NGPU": "2", "NNODES": "2", "NODE_RANK": node,
+                                     "MASTER_ADDR": "127.0.0.1", "MCORE_DIR": str(tmp_path / "mcore"),
+                                     "RUN_DIR": str(tmp_path / "b")})
+        proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path), env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said.append([line for line in proc.stderr.splitlines() if line.startswith("note: ")])
+    assert [len(notes) for notes in said] == [1, 0], said
+    assert said[0][0].startswith(f"note: {recorded} records the run in {tmp_path / 'a'}"), said
+
+
+def test_a_marker_node_0s_new_conversion_removes_as_node_1_looks_is_no_failure(tmp_path):
+    """Node 1 found MCORE_DIR.failed there (``[ -f ]``), then read it for its state; node 0's new conversion removing
+    it in between made the state '' (not the earlier launch's), so node 1 stopped at once: 'node 0's conversion ...
+    failed ()' (and head's 'No such file'), while node 0 converted. The marker is now read once per look: gone is
+    none. ``stat`` is faked to remove it on node 1's first look, as node 0's ``rm -f`` would between the two."""
+    import time
+
+    _fake_converter(tmp_path)
+    mcore, marker, count = tmp_path / "mcore_base", tmp_path / "mcore_base.failed", tmp_path / "stat_calls"
+    marker.write_text("exit code 2: error: shard-2: truncated\n")
+    (tmp_path / "bin" / "stat").write_text(f"""#!/usr/bin/env bash
+echo x >> {shlex.quote(str(count))}
+[ "$(wc -l < {shlex.quote(str(count))})" -ne 2 ] || rm -f {shlex.quote(str(marker))}   # node 0's rm, right then
+exec {shlex.quote(shutil.which("stat"))} "$@"
+""")
+    (tmp_path / "bin" / "stat").chmod(0o755)
+    env, _ = _node(tmp_path, 8, {"NGPU": "2", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "gpu017",
+                                 "MCORE_DIR": str(mcore), "MCORE_WAIT": "600", "MCORE_STALE": "60"})
+    waiting = subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        deadline = time.monotonic() + 30
+        while marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not marker.exists()
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=2)   # waits on for node 0's conversion
+        mcore.mkdir()   # node 0's conversion done
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "launched: " in out and err == "", err[-3000:]
