@@ -185,3 +185,19 @@ echo "srun: the tasks saved and exited 143"; exit 143
     assert proc.returncode == 143, (proc.returncode, out[-2000:], err[-2000:])   # was -15: the shell died at once
     assert "srun: the line came while the tasks ran\nsrun: the tasks saved and exited 143" in out, out[-2000:]
     assert err.splitlines()[-1:] == ["train_phf_multinode: SIGTERM: waiting for the tasks on the nodes to save and stop"]
+
+
+def test_a_sigterm_after_srun_was_collected_keeps_srun_s_code(tmp_path):
+    """A SIGTERM that comes after ``wait`` returned srun's code, before the loop's test, made the shell wait
+    again on the collected srun: in POSIX mode that says 127, "not a child of this shell", and the
+    job exited 127, not srun's code. Here ``wait`` (a function the shell imports) signals the shell once, just
+    after the builtin returned srun's 3."""
+    env = _fake_job(tmp_path)
+    (tmp_path / "bin" / "srun").write_text("#!/usr/bin/env bash\nexit 3\n")
+    marker = shlex.quote(str(tmp_path / "signalled"))
+    env.update({"POSIXLY_CORRECT": "1", "BASH_FUNC_wait%%": f"""() {{ builtin wait "$@"; local rc=$?
+if [ "${{1:-}}" = "${{srun_pid:-}}" ] && [ ! -e {marker} ]; then touch {marker}; kill -TERM $$; fi; return $rc; }}"""})
+    proc = subprocess.run(["bash", SBATCH], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "signalled").exists(), proc.stderr[-2000:]
+    assert proc.returncode == 3, (proc.returncode, proc.stderr[-2000:])
+    assert "not a child of this shell" not in proc.stderr
