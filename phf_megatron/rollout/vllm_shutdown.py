@@ -8,6 +8,7 @@ trainer's) survives vLLM's shutdown, which ends by destroying it (``tests/rollou
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 
 def shut_down(llm, *, in_process: bool, keep_default_group: bool) -> None:
@@ -33,14 +34,22 @@ def _shutdown(llm) -> None:
 def forget_failed_start(joined_default_group: bool) -> None:
     """After an in-process engine failed to start: vLLM's distributed state (its groups, and the default process
     group it made when this process had none) is dropped, as its shutdown would, so that the process is as it was
-    (a retry, another engine, torch.distributed's state); a default group it joined (the trainer's) stays."""
+    (a retry, another engine, torch.distributed's state); a default group it joined (the trainer's) stays.
+    Called while the start's error is raised: a cleanup that fails is a one-line warning, never its traceback
+    in place of the start's one-line error."""
     try:
         from vllm.distributed import parallel_state
     except Exception:   # noqa: BLE001 - not imported that far, or broken: nothing of vLLM's to drop
         return
-    parallel_state.destroy_model_parallel()
-    with _keeping_default_group(joined_default_group):
-        parallel_state.destroy_distributed_environment()
+    try:
+        try:
+            parallel_state.destroy_model_parallel()
+        finally:
+            with _keeping_default_group(joined_default_group):
+                parallel_state.destroy_distributed_environment()
+    except Exception as err:   # noqa: BLE001 - the start's error is the one the user sees
+        warnings.warn(f"vLLM's state after its failed start was not dropped ({type(err).__name__}: {err}); "
+                      "another engine started in this process may fail", stacklevel=2)
 
 
 def default_group_exists() -> bool:
