@@ -15,7 +15,8 @@
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
-# converts the base model and stops (a multi-node job converts once, before the nodes start).
+# converts the base model and stops (a multi-node job converts once, before the nodes start; in an srun step of
+# several tasks only its task 0 converts, and srun's code is that conversion's).
 set -euo pipefail
 CALLER=$(pwd -P)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -93,11 +94,13 @@ for v in NGPU NNODES MCORE_WAIT MCORE_STALE; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
 # srun's tasks (SLURM_STEP_NUM_TASKS: srun sets it in a step's tasks) are the launchers, one per node: NNODES of them
-if [ -z "${PREPARE_ONLY:-}" ] && [[ ${SLURM_STEP_NUM_TASKS:-} =~ ^[0-9]+$ ]] && [ "$SLURM_STEP_NUM_TASKS" -gt 1 ] \
-   && [ "$SLURM_STEP_NUM_TASKS" -ne "$NNODES" ]; then   # each node's (or task's) torchrun was a run of its own
+STEP_TASKS=1
+if [[ ${SLURM_STEP_NUM_TASKS:-} =~ ^[0-9]+$ ]]; then STEP_TASKS=$((10#$SLURM_STEP_NUM_TASKS)); fi
+if [ -z "${PREPARE_ONLY:-}" ] && [ "$STEP_TASKS" -gt 1 ] \
+   && [ "$STEP_TASKS" -ne "$NNODES" ]; then   # each node's (or task's) torchrun was a run of its own
   # worded beside the trainer's own srun check: phf_megatron/commands.py's srun_tasks_line
   echo "error: $(python -c 'import sys; from phf_megatron.commands import srun_tasks_line; print(srun_tasks_line(*sys.argv[1:]))' \
-                 "$SLURM_STEP_NUM_TASKS" "$NNODES")" >&2
+                 "$STEP_TASKS" "$NNODES")" >&2
   exit 2
 fi
 if [ -n "${NODE_RANK:-}" ] && ! { [[ $NODE_RANK =~ ^[0-9]+$ ]] && [ $((10#$NODE_RANK)) -lt "$NNODES" ]; }; then   # not torchrun's
@@ -129,6 +132,9 @@ marker_state() { { s=$(stat -c '%Y %i' "$MCORE_DIR.failed") && t=$(cat "$MCORE_D
 
 if [ -d "$MCORE_DIR" ]; then
   :   # converted (the converter writes $MCORE_DIR.tmp and renames it when complete: its existence is the marker)
+elif [ -n "${PREPARE_ONLY:-}" ] && [ "$STEP_TASKS" -gt 1 ] && [ "${SLURM_PROCID:-0}" != 0 ]; then
+  # PREPARE_ONLY=1 srun -N2 ...: each task converted at once into the same $MCORE_DIR.tmp; the step's task 0 does
+  echo "launch_phf: srun task $SLURM_PROCID: PREPARE_ONLY=1: task 0 of the $STEP_TASKS converts into $MCORE_DIR, once" >&2
 elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 converts; the others wait for it
   if [ -n "${DRY_RUN:-}" ]; then
     echo "# node $NODE_RANK waits up to $MCORE_WAIT s for node 0's conversion into $MCORE_DIR"

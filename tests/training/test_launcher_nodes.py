@@ -201,3 +201,21 @@ exec {shlex.quote(shutil.which("stat"))} "$@"
     finally:
         waiting.kill()
     assert waiting.returncode == 0 and "launched: " in out and err == "", err[-3000:]
+
+
+def test_prepare_only_in_an_srun_step_of_several_tasks_converts_in_task_0_alone(tmp_path):
+    """``PREPARE_ONLY=1 srun -N2 ... launch_phf.sh`` ran one conversion per task at once, into the same MCORE_DIR
+    (and its .tmp). Now only the step's task 0 converts; the others say so in one line and stop, exit 0 (srun's code
+    is then task 0's). The converter is faked (``python`` on PATH)."""
+    _fake_converter(tmp_path)
+    mcore = tmp_path / "mcore_base"
+    step = {"PREPARE_ONLY": "1", "NGPU": "2", "MCORE_DIR": str(mcore), "SLURM_STEP_NUM_TASKS": "2"}
+    env, _ = _node(tmp_path, 8, {**step, "SLURM_PROCID": "1"})
+    task1 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert (task1.returncode, task1.stdout, task1.stderr.splitlines()) == (0, "", [
+        f"launch_phf: srun task 1: PREPARE_ONLY=1: task 0 of the 2 converts into {mcore}, once"]), task1.stderr[-3000:]
+    assert not mcore.exists()
+    env, _ = _node(tmp_path, 8, {**step, "SLURM_PROCID": "0"})
+    task0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert task0.returncode == 0 and mcore.is_dir(), task0.stderr[-3000:]
+    assert task0.stdout == "hf->mcore: reading the model\n"   # converted, then stopped: no torchrun
