@@ -24,7 +24,7 @@ from phf_megatron.convert.mcore_checkpoint import (METADATA_FILE, TOKENIZER_DIR,
 from phf_megatron.runtime.megatron_session import megatron_session
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
-from phf_megatron.errors import InputFileError, as_config_error
+from phf_megatron.errors import InputFileError, UserError, as_config_error
 from phf_megatron.startup import progress_bar
 
 
@@ -34,7 +34,8 @@ def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
     if world == 1:
         return 1, 1
     if world != tp * pp:
-        raise ValueError(f"launched with {world} ranks; expected 1 or tp x pp = {tp * pp}")
+        raise UserError(f"WORLD_SIZE={world}: launched with {world} ranks; expected 1 or tp x pp = {tp * pp} "
+                        f"(--tp {tp} --pp {pp})")
     return tp, pp
 
 

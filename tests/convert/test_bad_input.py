@@ -210,3 +210,26 @@ def test_a_damaged_tokenizer_file_is_named_not_copied_on(tmp_path, hf_dir):
     with pytest.raises(InputFileError, match=rf"^{stored}: not a valid tokenizer file \("):
         convert_mcore_to_hf(mcore, str(tmp_path / "out"), progress=False)
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("tool", ["hf_to_mcore", "mcore_to_hf"])
+def test_a_launch_of_ranks_that_do_not_fit_tp_x_pp_is_one_line(tmp_path, capsys, monkeypatch, hf_dir, tool):
+    """``torchrun --nproc-per-node 3`` (RANK and WORLD_SIZE set) for a converter whose --tp x --pp is 2: was a
+    ValueError traceback, exit code 1; now one line naming WORLD_SIZE and the flags, exit code 2, no output."""
+    import importlib
+
+    from ..helpers.tiny_qwen3 import copy_tokenizer
+
+    main = importlib.import_module(f"phf_megatron.tools.{tool}").main
+    hf = copy_tokenizer(_copy(hf_dir, str(tmp_path / "hf")))
+    if tool == "hf_to_mcore":
+        argv = ["--hf_dir", hf]
+    else:
+        convert_hf_to_mcore(hf, str(tmp_path / "mcore"), progress=False)
+        argv = ["--mcore_dir", str(tmp_path / "mcore")]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert main([*argv, "--out_dir", str(tmp_path / "out"), "--tp", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: WORLD_SIZE=3: launched with 3 ranks; expected 1 or tp x pp = 2 (--tp 2 --pp 1)"]
+    assert not (tmp_path / "out").exists()
