@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from ..cli import Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key is part of this module's API
+from ..cli import HELP_FLAGS, Settings, coerce, did_you_mean, resolve_key  # noqa: F401 - resolve_key: this module's API
 from ..errors import ConfigError, InputFileError, UsageError
 from ..input_files import (
     META_FILE, RUN_CONFIG_FILE, checkpoint_saved, iter_dir_name, load_yaml, read_json, read_latest,
@@ -94,7 +94,7 @@ def help_text(description: str, argv: Sequence[str] = ()) -> str:
     if path is None:
         return SETTINGS.help(description, OPTIONS)
     try:   # another --run_dir: a run's config.yaml starts a new run there (moved_run), whose defaults these are
-        run_dir = parse_overrides(args).get("run_dir")
+        run_dir = parse_overrides([a for a in args if a not in HELP_FLAGS]).get("run_dir")   # (--help: no setting)
     except (UsageError, ConfigError):   # a bad flag: the help still shows
         run_dir = None
     # as the trainer starts it (a run's config.yaml copied alone, or with another --run_dir: a new run)

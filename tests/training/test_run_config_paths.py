@@ -275,7 +275,7 @@ def test_a_runs_config_yaml_copied_alone_starts_a_new_run_there_that_saves_in_it
                     "(give --run_dir for another run directory)")
 
 
-def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_path):
+def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_path, capsys):
     """``--config A/config.yaml --run_dir B`` with A's checkpoint.save recorded outside A: run B resumed A's
     checkpoints there and saved its own among them, on every launch, unsaid. Run B's checkpoints and events are in
     their default places, in B (on its next launch too, with B's own checkpoints there); one line says so."""
@@ -295,9 +295,19 @@ def test_a_new_run_dir_from_a_runs_config_yaml_saves_its_own_checkpoints(tmp_pat
         _checkpoint(cfg.save_dir, launch + 1)   # run B's own
     cfg, note = config_and_note(path, [f"--run_dir={b}", f"--logging.tensorboard_dir={scratch}/tb"])
     assert cfg.logging.tensorboard_dir == f"{scratch}/tb" and "tensorboard" not in note   # given: kept
-    shown = help_text("train", ["--config", path, f"--run_dir={b}"])   # train --config A/config.yaml --run_dir B --help
-    for flag in ("--checkpoint.save", "--logging.tensorboard_dir"):   # was A's scratch paths, 'from A/config.yaml'
-        assert f"{flag}=<str | None>  (default: None)\n" in shown, flag
+    for shown in (help_text("train", ["--config", path, f"--run_dir={b}"]), _train_help(path, b, capsys)):
+        for flag in ("--checkpoint.save", "--logging.tensorboard_dir"):   # was A's scratch paths, 'from A/config.yaml'
+            assert f"{flag}=<str | None>  (default: None)\n" in shown, flag
+
+
+def _train_help(path: str, run_dir: str, capsys) -> str:
+    """What ``train --config PATH --run_dir RUN_DIR --help`` prints: the flag is in the argv help_text reads (it
+    was a setting parse_overrides refused, so the --run_dir given was dropped and the help showed PATH's run's)."""
+    from phf_megatron.train import main
+
+    capsys.readouterr()
+    assert main(["--config", path, "--run_dir", run_dir, "--help"]) == 0
+    return capsys.readouterr().out
 
 
 def test_a_run_moved_away_from_its_checkpoints_outside_it_without_metrics_resumes_them(tmp_path):
