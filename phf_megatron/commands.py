@@ -20,9 +20,9 @@ from .errors import (ConfigError, LostRank, RunStopped, StoppedAtStart, UsageErr
                      write_failure)
 
 
-#: Set to 1 by examples/launch_phf.sh once its settings check (``--print-config``, as node 0's first rank) said the
-#: settings' notes (a run's config.yaml read elsewhere, a checkpoint's holdout adopted): the run's rank 0 then does
-#: not repeat them.
+#: Set to 1 by examples/launch_phf.sh once node 0's settings check (``--print-config``) said the settings' notes (a
+#: run's config.yaml read elsewhere, a checkpoint's holdout adopted), and for the other nodes' checks: the run's rank
+#: 0 then does not repeat them.
 NOTES_SAID = "PHF_NOTES_SAID"
 
 

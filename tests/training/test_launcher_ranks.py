@@ -75,8 +75,9 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (3, {}, "error: --model.tensor_model_parallel_size: world size 3 is not a multiple of tensor_model_parallel_size "
             "x pipeline_model_parallel_size = 2"),
     (6, {}, "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks"),
-    (8, {"NGPU": "3", "NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "gpu017"},
-     "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks"),
+    *((8, {"NGPU": "3", "NNODES": "2", "NODE_RANK": node, "MASTER_ADDR": "gpu017"},
+       "error: --training.global_batch_size: 32 samples do not split over 3 data-parallel ranks")
+      for node in ("0", "1")),   # node 1's check was that of its first rank, 3: silent (rank 0's to say), 10 s later
     (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
     (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
     (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
