@@ -104,6 +104,21 @@ def test_a_run_that_saves_on_another_signal_than_slurms_is_refused(tmp_path, arg
         assert (proc.returncode, proc.stderr.splitlines(), proc.stdout) == (2, [line], ""), proc.stderr[-3000:]
 
 
+def test_the_settings_notes_are_said_once_in_a_job(tmp_path):
+    """A note of the settings (a run's config.yaml given with another RUN_DIR: a new run there) was said twice in the
+    job's log: by the PREPARE_ONLY step's settings check, then by node 0's (d989b45 said it once per launcher)."""
+    from phf_megatron.training.config_io import config_from_argv, save_run_config
+
+    recorded = save_run_config(config_from_argv(["--config", os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"),
+                                                 f"--run_dir={tmp_path / 'a'}",
+                                                 f"--checkpoint.save={tmp_path / 'scratch'}"]))
+    env = {**_fake_job(tmp_path), "CONFIG": recorded, "SLURM_GPUS_ON_NODE": "2"}
+    proc = subprocess.run(["bash", SBATCH], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.count("+ torchrun") == 2, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith(f"note: {recorded} records the run in {tmp_path / 'a'}"), notes
+
+
 def test_outside_a_slurm_job_it_says_so(tmp_path):
     env = {"PATH": os.environ["PATH"], "SLURM_SUBMIT_DIR": REPO, "HF_MODEL": str(tmp_path)}
     proc = subprocess.run(["bash", SBATCH], env=env, capture_output=True, text=True, timeout=60)
