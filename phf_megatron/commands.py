@@ -32,7 +32,12 @@ def process_rank() -> int:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     rank = os.environ.get("RANK", "0").strip()
-    return int(rank) if rank.isdigit() else 0   # (a RANK that is not a number: ``launch_world`` says so, rank 0 prints)
+    return int(rank) if _whole_number(rank) else 0   # (a RANK that is not a number: ``launch_world`` says so, rank 0 prints)
+
+
+def _whole_number(text: str) -> bool:
+    """Digits ``int()`` reads: ASCII ones ("²".isdigit() is True, and ``int`` refuses it)."""
+    return text.isascii() and text.isdigit()
 
 
 #: What a launcher's variable holds and who sets it: the end of the line that refuses one.
@@ -46,7 +51,7 @@ def launcher_int(name: str, environ=None, *, why: str = LAUNCHER_INT) -> int:
     value = (os.environ if environ is None else environ).get(name)
     if value is None:
         return 0
-    if not value.strip().isdigit():
+    if not _whole_number(value.strip()):
         raise UserError(f"{name}={value!r}: {why}")
     return int(value)
 
@@ -81,7 +86,7 @@ def require_torchrun_under_srun(environ=None) -> None:
     (every task on the first GPU it sees). ``SLURM_STEP_NUM_TASKS`` is srun's, set in a step's tasks only."""
     env = os.environ if environ is None else environ
     tasks = env.get("SLURM_STEP_NUM_TASKS", "").strip()
-    if "RANK" not in env and tasks.isdigit() and int(tasks) > 1:
+    if "RANK" not in env and _whole_number(tasks) and int(tasks) > 1:
         raise UserError(srun_tasks_line(tasks))
 
 

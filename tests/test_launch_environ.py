@@ -29,15 +29,16 @@ def launch(monkeypatch):
         dist.destroy_process_group()
 
 
-def test_a_local_rank_that_is_not_a_number_is_one_line_before_the_group_is_joined(launch):
+@pytest.mark.parametrize("value", ["first", "²"])   # "²".isdigit() is True, and int() refuses it
+def test_a_local_rank_that_is_not_a_number_is_one_line_before_the_group_is_joined(launch, value):
     """The trainer's set-up (``init_distributed``) read it with ``int()`` after joining the group."""
     from phf_megatron.training.config import TrainConfig
     from phf_megatron.training.distributed import init_distributed
 
-    launch(LOCAL_RANK="first")
+    launch(LOCAL_RANK=value)
     with pytest.raises(UserError) as err:
         init_distributed(TrainConfig())
-    assert err.value.line == f"LOCAL_RANK='first': {WHOLE_NUMBER}"
+    assert err.value.line == f"LOCAL_RANK={value!r}: {WHOLE_NUMBER}"
     assert not dist.is_initialized()
 
 
