@@ -29,6 +29,22 @@ def launch(monkeypatch):
         dist.destroy_process_group()
 
 
+def test_a_stray_local_rank_in_a_world_of_one_is_the_device_it_joined_with(launch, monkeypatch):
+    """A plain ``python`` launch (no RANK, WORLD_SIZE) with a LOCAL_RANK left in the shell is a world of one on its
+    GPU 0 (``join_default_group``); the trainer's context read the stray value before joining, so its device
+    (``cuda:3``) was not the one set (``cuda:0``)."""
+    from phf_megatron.training.config import TrainConfig
+    from phf_megatron.training.distributed import init_distributed, shutdown_distributed
+
+    launch(LOCAL_RANK="3")
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    try:
+        assert init_distributed(TrainConfig()).local_rank == 0
+    finally:
+        shutdown_distributed()
+
+
 @pytest.mark.parametrize("value", ["first", "²"])   # "²".isdigit() is True, and int() refuses it
 def test_a_local_rank_that_is_not_a_number_is_one_line_before_the_group_is_joined(launch, value):
     """The trainer's set-up (``init_distributed``) read it with ``int()`` after joining the group."""

@@ -73,8 +73,9 @@ def join_default_group() -> bool:
                           MASTER_PORT=os.environ.get("MASTER_PORT", str(free_port())))
     rank, world = launch_world()
     cuda = torch.cuda.is_available()
+    local = local_device() if cuda else local_rank()   # (before joining: a bad LOCAL_RANK leaves no group behind)
     if cuda:
-        torch.cuda.set_device(local_device())
+        torch.cuda.set_device(local)
     created = not dist.is_initialized()
     if created:
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)

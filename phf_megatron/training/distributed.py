@@ -66,8 +66,8 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     Under ``torchrun`` the usual environment variables are read; a plain ``python`` launch is a
     world of one. Data parallelism fills what tensor x pipeline parallelism leaves.
     """
-    local = local_rank()   # (before joining: a LOCAL_RANK that is not a number leaves no group behind)
     join_default_group()
+    local = local_rank()   # (after joining: a world of one is LOCAL_RANK 0, the GPU it set)
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available()
     m = cfg.model
