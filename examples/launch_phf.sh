@@ -125,7 +125,9 @@ TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" -
 # leaves a setting's error to rank 0), not after the conversion; node 0 alone says the settings' notes here, before
 # the conversion, and the run does not repeat them (nor does a launch given PHF_NOTES_SAID=1: the Slurm example's
 # nodes, after its PREPARE_ONLY step said them)
-RANK=0 WORLD_SIZE=$((NGPU * NNODES)) PHF_NOTES_SAID=${PHF_NOTES_SAID:-$([ "$((10#${NODE_RANK:-0}))" -eq 0 ] || echo 1)} \
+NOTES_SAID=${PHF_NOTES_SAID:-}
+[ "$((10#${NODE_RANK:-0}))" -eq 0 ] || NOTES_SAID=1
+RANK=0 WORLD_SIZE=$((NGPU * NNODES)) PHF_NOTES_SAID=$NOTES_SAID \
   python -m phf_megatron.train "${TRAIN_ARGS[@]}" --print-config > /dev/null
 export PHF_NOTES_SAID=1
 
