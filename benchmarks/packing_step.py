@@ -167,6 +167,8 @@ def main(argv=None) -> dict:
                 metrics = step.reduce_logs(logs)
                 row["variants"][variant] = dict(
                     slowest_rank_s=max(times), sum_ranks_s=sum(times), microbatches=sum(len(m) for m in ranks),
+                    rank_s=times, rank_shapes=[[(list(m.student_tokens.shape), list(m.teacher_tokens.shape))
+                                                for m in r] for r in ranks],   # (what a slow rank held)
                     tokens=sum(m.student_tokens.numel() + m.teacher_tokens.numel() for r in ranks for m in r),
                     loss=metrics["loss"], loss_opsd=metrics["loss_opsd"], loss_flow=metrics["loss_flow"],
                     peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
