@@ -71,6 +71,27 @@ def test_packed_sequences_attend_within_their_segment():
         torch.testing.assert_close(got[a:b], want, rtol=1e-12, atol=1e-12)
 
 
+def test_packed_sequences_leave_cudnn_attention_out(monkeypatch):
+    # cuDNN builds a plan per exact sequence length: one per packed sample, new every step (H200, torch 2.11)
+    import torch.nn.functional as F
+
+    from phf_megatron.models import attention
+
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    q, k, v = _qkv(12, 1)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
+    _attention()(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=params)
+    assert seen == [False, False]
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+
+
 def test_packed_sequences_reject_bad_lengths():
     q, k, v = _qkv(12, 1)
     cu = torch.tensor([0, 5, 10], dtype=torch.int32)
