@@ -25,6 +25,8 @@
 #              same command again (it resumes)                                              (<= 240 s)
 #   packing    benchmarks/packing_step.py: the PHF step padded / packed / packed + token budget on the
 #              real length mix at the 1.7B shape, bf16, time and peak memory per variant (issue 23) (<= 240 s)
+#   sdpa       benchmarks/sdpa_plans.py: what a new sequence length costs PyTorch's attention, with every
+#              backend and with packed attention's (no cuDNN) (issue 23)                    (<= 120 s)
 #   grpo, sft  the paper's GRPO / SFT baselines on the same trainer at the 1.7B shape (issue 22): the
 #              step breakdown (rollout, old log-probs, student, optimizer, sync) and peak memory (<= 420 / 300 s)
 #   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5); STEPS_PACKING: packing's (6);
@@ -81,7 +83,7 @@ if [ "$TINY" = 1 ]; then
   GPU_TESTS=(tests/training/test_nonfinite.py)   # its gpu tests skip on CPU: the plumbing is what runs
   VLLM_TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
   GRPO=(--tiny --steps 4 --batch 4 --group-size 4 --max-tokens 8); SFT=(--tiny --steps 2 --batch 4)
-  PACKING=(--shape tiny --rows 32 --steps 1 --scale 16 --warmup 0)
+  PACKING=(--shape tiny --rows 32 --steps 1 --scale 16 --warmup 0); SDPA=(--tiny --lengths 4)
   LAUNCHER=(--tiny); EVAL=(tiny --backend hf --n 1 --max_new_tokens 8 --dtype float32)
 else
   SHAPE17=(--shape 1.7b --steps "${STEPS17:-20}" --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
@@ -102,6 +104,7 @@ else
         --gpu-memory-utilization 0.35)
   SFT=(--shape 1.7b --steps 5 --batch 32 --micro-batch 4)
   PACKING=(--shape 1.7b --steps "${STEPS_PACKING:-6}" ${PACKING_MIX:+--mix "$PACKING_MIX"})   # the image has no Qwen3 tokenizer before the bundle: the lengths in a file
+  SDPA=()
   LAUNCHER=()
   EVAL=(1.7b --n 2 --max_new_tokens 256 --engine_kwargs "{enforce_eager: true, gpu_memory_utilization: 0.4}")
 fi
@@ -130,6 +133,7 @@ for s in "${WANT[@]}"; do
     grpo) stage grpo 420 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${GRPO[@]}" --method grpo --eager \
             --name grpo --check ;;
     sft) stage sft 300 "$PY" -m benchmarks.train_step_breakdown "$WORK" "${SFT[@]}" --method sft --name sft --check ;;
+    sdpa) stage sdpa 120 "$PY" -m benchmarks.sdpa_plans "${SDPA[@]}" --out "$OUT/sdpa_plans.json" ;;
     packing) stage packing 240 "$PY" -m benchmarks.packing_step "${PACKING[@]}" --out "$OUT/packing_step.json" ;;
     reference) stage reference 420 "$PY" -m benchmarks.opsd_reference_step "$WORK/reference" "${REF[@]}" ;;
     *) echo "unknown stage $s" >>"$LOG"; printf '%s\t2\t0\n' "$s" >>"$STATUS" ;;
