@@ -283,7 +283,8 @@ class TrainingConfig:
     sequence, attention kept inside each; ``parallel.layout``), padded only to a multiple of the TP size
     under sequence parallelism (and, under pipelining, to one length per rank); the update equals the padded
     one (PHF: the windows at every layer and the scored rows are addressed through each side's layout).
-    Every method; the default (exact, and 1.35x the padded step on the real mix, CPU: BENCHMARKS.md).
+    Every method; the default (exact, and 1.35x the padded step on the real mix on CPU; 0.40x on one H200 before
+    cuDNN attention was left out of the packed calls, not re-measured since: BENCHMARKS.md, issue 23).
     false: right-padded micro-batches."""
     max_tokens_per_microbatch: int | None = None
     """With --training.packing: group a step's samples into micro-batches by their token counts instead of
