@@ -20,10 +20,12 @@ Masks:
   PyTorch itself: on CUDA each call takes the flash kernel with native GQA; work and memory grow
   with ``sum L_i^2``, never the dense ``[t, t]`` of a block-diagonal mask); output [t, 1, n·d].
   The sequence bounds are read to the host once per micro-batch (cached on the params object),
-  not once per layer. These calls leave cuDNN's attention out (``SEGMENT_BACKENDS``): PyTorch
-  >= 2.11 on Hopper (its bundled cuDNN > 9.15) tries cuDNN first, whose plans are built per exact
-  sequence length (a thread-local cache keyed on ``s_q``/``s_kv``), and every packed sample brings
-  new lengths each step.
+  not once per layer.
+
+Every call leaves cuDNN's attention out (``SDPA_BACKENDS``): PyTorch on Hopper may try cuDNN first (with a
+bundled cuDNN newer than 9.15, as torch 2.11's likely is: read in PyTorch's backend choice, not recorded on a
+GPU), whose plans are built per exact sequence length (a cache keyed on ``s_q``/``s_kv``), and every step of
+on-policy training brings new lengths: each packed sample, each padded micro-batch (issue 23, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-#: The kernels of the per-sequence calls of packed attention (module docstring): no cuDNN, which would build a
-#: plan for every new sequence length.
-SEGMENT_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+#: The kernels attention may take (module docstring): no cuDNN, which would build a plan for every new sequence length.
+SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 class SDPACoreAttention(MegatronModule):
@@ -94,9 +95,9 @@ class SDPACoreAttention(MegatronModule):
 
 def _attend(q, k, v, keep, is_causal, dropout_p, scale, segments):
     """SDPA over ``[b, n, s, d]``; with ``segments`` (packed), causal SDPA inside each ``[lo, hi)``."""
-    if segments is None:
-        return _sdpa(q, k, v, keep, is_causal, dropout_p, scale)
-    with sdpa_kernel(list(SEGMENT_BACKENDS)):
+    with sdpa_kernel(list(SDPA_BACKENDS)):
+        if segments is None:
+            return _sdpa(q, k, v, keep, is_causal, dropout_p, scale)
         return torch.cat([_sdpa(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], None, hi - lo > 1, dropout_p, scale)
                           for lo, hi in segments], dim=2)
 

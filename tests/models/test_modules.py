@@ -71,8 +71,9 @@ def test_packed_sequences_attend_within_their_segment():
         torch.testing.assert_close(got[a:b], want, rtol=1e-12, atol=1e-12)
 
 
-def test_packed_sequences_leave_cudnn_attention_out(monkeypatch):
-    # cuDNN builds a plan per exact sequence length: one per packed sample, new every step (H200, torch 2.11)
+def test_attention_leaves_cudnn_out_packed_and_padded(monkeypatch):
+    # cuDNN builds a plan per exact sequence length: each packed sample's and each padded micro-batch's are new
+    # every step of on-policy training (H200, torch 2.11: BENCHMARKS.md, issue 23)
     import torch.nn.functional as F
 
     from phf_megatron.models import attention
@@ -88,8 +89,12 @@ def test_packed_sequences_leave_cudnn_attention_out(monkeypatch):
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
     _attention()(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=params)
-    assert seen == [False, False]
+    assert seen == [False, False]                   # one call per packed sequence
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+    _attention()(q, k, v, None)                     # padded, causal
+    keep = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
+    _attention()(q, k, v, ~keep)                    # padded, a mask
+    assert seen == [False] * 4 and torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_packed_sequences_reject_bad_lengths():
