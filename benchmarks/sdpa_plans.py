@@ -6,10 +6,10 @@
 On an H200 (torch 2.11+cu130) the packed PHF step took 2.5x the time of the packed + budget step that holds the
 same samples, run right after it (``BENCHMARKS.md``, issue 23). The suspect: PyTorch on Hopper choosing cuDNN's
 attention, whose plans are built per exact sequence length, so the first variant to meet a length pays the build.
-Packed attention (``models/attention.py``) now leaves cuDNN out (``SEGMENT_BACKENDS``); this measures the cause
+Our attention (``models/attention.py``) now leaves cuDNN out (``SDPA_BACKENDS``); this measures the cause
 itself, apart from our model: causal GQA attention forward + backward, one sequence at a time, laid out as
 ``_attend`` sees it (``v`` a view of a fused QKV tensor), over ``--lengths`` lengths never seen before, then the same
-lengths again, once with every backend PyTorch has and once with ``SEGMENT_BACKENDS``. A plan build shows as
+lengths again, once with every backend PyTorch has and once with ``SDPA_BACKENDS``. A plan build shows as
 ``new_s`` far above ``again_s`` in the first row only. Also recorded: torch and cuDNN versions, the device, the
 backend order, and the backend PyTorch picks for such a call (``torch._fused_sdp_choice``: 0 math, 1 flash, 2
 memory-efficient, 3 cuDNN).
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from phf_megatron.models.attention import SEGMENT_BACKENDS
+from phf_megatron.models.attention import SDPA_BACKENDS
 
 #: Qwen3-1.7B's attention (16 query heads, 8 KV heads of 128); ``--tiny``: 4 / 2 heads of 16.
 SHAPES = {"1.7b": (16, 8, 128), "tiny": (4, 2, 16)}
@@ -77,12 +77,13 @@ def main(argv=None) -> dict:
     heads = SHAPES["tiny" if args.tiny else "1.7b"]
     base = 37 if args.tiny else 700
     probe = segment(base, heads, device, dtype)
+    # (the choice first: PyTorch settles its backend order, cuDNN first or not, at the first choice in a process)
+    choice = int(torch._fused_sdp_choice(*probe, is_causal=True, enable_gqa=True)) if cuda else None
     out = dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name()
-               if cuda else "cpu", dtype=str(dtype), heads=heads,
+               if cuda else "cpu", dtype=str(dtype), heads=heads, default_choice=choice,
                priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None,
-               default_choice=int(torch._fused_sdp_choice(*probe, is_causal=True, enable_gqa=True)) if cuda else None,
                runs=[measure(None, base, args.lengths, 7, heads, device, dtype),
-                     measure(list(SEGMENT_BACKENDS), base + 1, args.lengths, 7, heads, device, dtype)])
+                     measure(list(SDPA_BACKENDS), base + 1, args.lengths, 7, heads, device, dtype)])
     for r in out["runs"]:
         print(f"backends {r['backends']}: {args.lengths} new lengths {r['new_s']:.3f} s, the same again "
               f"{r['again_s']:.3f} s", flush=True)

@@ -26,7 +26,7 @@
 #   packing    benchmarks/packing_step.py: the PHF step padded / packed / packed + token budget on the
 #              real length mix at the 1.7B shape, bf16, time and peak memory per variant (issue 23) (<= 240 s)
 #   sdpa       benchmarks/sdpa_plans.py: what a new sequence length costs PyTorch's attention, with every
-#              backend and with packed attention's (no cuDNN) (issue 23)                    (<= 120 s)
+#              backend and with our attention's (no cuDNN) (issue 23)                       (<= 120 s)
 #   grpo, sft  the paper's GRPO / SFT baselines on the same trainer at the 1.7B shape (issue 22): the
 #              step breakdown (rollout, old log-probs, student, optimizer, sync) and peak memory (<= 420 / 300 s)
 #   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5); STEPS_PACKING: packing's (6);
