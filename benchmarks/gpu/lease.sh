@@ -91,12 +91,12 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
   harvest)
     OUT=${2:?usage: lease.sh harvest OUT SECONDS}
     [ -d "$L" ] || { echo "fresh machine: nothing to collect"; exit 3; }
-    wait_for p2 "${3:?}" "$OUT"; collect "$OUT" ;;
-  more)   # device time left once phase 2 is done: STAGES (no default) as phase 3, waits up to SECONDS, collects
-    OUT=${2:?usage: STAGES=... lease.sh more OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
+    end=$((SECONDS + ${3:?})); wait_for p2 "$3" "$OUT"; wait_for p3 $((end - SECONDS)) "$OUT"; collect "$OUT" ;;
+  more)   # device time left once phases 1 and 2 are done: MORE_STAGES as phase 3, waits up to SECONDS, collects
+    OUT=${2:?usage: MORE_STAGES=... lease.sh more OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
     [ -d "$L/vb" ] || { echo "fresh machine: /tmp/lease is gone; start over from call 1 (lease.sh start)"; exit 3; }
     [ -n "${MORE_STAGES:-}" ] || { echo "usage: MORE_STAGES=8b,... lease.sh more OUT SECONDS" >&2; exit 2; }
-    running p2 && { echo "phase 2 still running: use harvest"; exit 2; }
+    for p in p1 p2 p3; do running $p && { echo "phase ${p#p} still running: use harvest"; exit 2; }; done
     background p3 "/tmp/vllm_site:$L/mv" --stages "$MORE_STAGES" "${@:4}"
     wait_for p3 $((end - SECONDS - 15)) "$OUT"
     collect "$OUT" ;;
