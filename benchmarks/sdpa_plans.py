@@ -72,13 +72,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--lengths", type=int, default=32, help="new lengths per measurement")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.lengths < 1:
+        ap.error(f"--lengths: at least 1 (got {args.lengths}; each measurement times that many new lengths)")
     cuda = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     heads = SHAPES["tiny" if args.tiny else "1.7b"]
     base = 37 if args.tiny else 700
-    probe = segment(base, heads, device, dtype)
-    # (the choice first: PyTorch settles its backend order, cuDNN first or not, at the first choice in a process)
-    choice = int(torch._fused_sdp_choice(*probe, is_causal=True, enable_gqa=True)) if cuda else None
+    choice = None
+    if cuda:   # (the choice first: PyTorch settles its backend order, cuDNN first or not, at the first choice)
+        choice = int(torch._fused_sdp_choice(*segment(base, heads, device, dtype), is_causal=True, enable_gqa=True))
     out = dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name()
                if cuda else "cpu", dtype=str(dtype), heads=heads, default_choice=choice,
                priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None,

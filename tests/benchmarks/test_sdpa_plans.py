@@ -3,6 +3,9 @@ plan-build cost it looks for is a first meeting), our attention's backends (mode
 
 import json
 
+import pytest
+
+from benchmarks import sdpa_plans
 from benchmarks.sdpa_plans import main
 
 
@@ -15,3 +18,26 @@ def test_each_measurement_meets_only_new_lengths_and_the_json_is_written(tmp_pat
     assert len(first) == len(second) == 4 and not first & second
     assert all(r["new_s"] > 0 and r["again_s"] > 0 for r in out["runs"])
     assert json.loads((tmp_path / "sdpa.json").read_text())["runs"][1]["lengths"] == segment["lengths"]
+
+
+@pytest.mark.parametrize("lengths", ["0", "-3"])
+def test_no_lengths_is_refused_in_one_line_naming_the_argument(lengths, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--tiny", "--lengths", lengths])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"--lengths: at least 1 (got {lengths}; each "
+                                                                     "measurement times that many new lengths)")
+
+
+def test_on_cpu_every_sequence_built_is_timed(monkeypatch):
+    """The backend probe is a GPU question: on CPU only the timed calls build sequences (a warm-up, then the new
+    lengths and the same again, per measurement)."""
+    built, real = [], sdpa_plans.segment
+
+    def counted(*args, grad=False):
+        built.append(grad)
+        return real(*args, grad=grad)
+
+    monkeypatch.setattr(sdpa_plans, "segment", counted)
+    main(["--tiny", "--lengths", "2"])
+    assert built == [True] * 2 * (1 + 2 * 2)
