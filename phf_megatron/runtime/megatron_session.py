@@ -51,7 +51,7 @@ def shutdown(destroy_group: bool = True) -> None:
 def megatron_session(tp: int = 1, pp: int = 1, seed: int = 1234):
     """Yield with ``dist`` and Megatron initialised for ``tp`` x ``pp``; on exit tear down what it set up
     (the default process group only if this call created it)."""
-    own_group = join_default_group()
+    own_group, _ = join_default_group()
     init_model_parallel(tp, pp, seed=seed)
     try:
         yield

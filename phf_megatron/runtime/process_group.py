@@ -63,8 +63,9 @@ def local_device() -> int:
     return local
 
 
-def join_default_group() -> bool:
-    """Initialise ``torch.distributed`` from the environment unless it is already; True if this call did.
+def join_default_group() -> tuple[bool, int]:
+    """Initialise ``torch.distributed`` from the environment unless it is already: True if this call did, and this
+    rank's ``LOCAL_RANK`` (read once, before joining; a world of one is 0).
 
     Without torchrun's variables the process is a world of one (``MASTER_PORT`` kept if set).
     """
@@ -83,4 +84,4 @@ def join_default_group() -> bool:
         from . import cpu_shims
 
         cpu_shims.apply()
-    return created
+    return created, local

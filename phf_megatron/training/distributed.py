@@ -25,7 +25,7 @@ from ..config_errors import fail
 from ..errors import LostRank, RunStopped, error_chain
 from ..input_files import kept
 from ..runtime.megatron_session import init_model_parallel, shutdown
-from ..runtime.process_group import join_default_group, local_rank
+from ..runtime.process_group import join_default_group
 from .config import TrainConfig
 
 
@@ -66,8 +66,7 @@ def init_distributed(cfg: TrainConfig) -> DistributedContext:
     Under ``torchrun`` the usual environment variables are read; a plain ``python`` launch is a
     world of one. Data parallelism fills what tensor x pipeline parallelism leaves.
     """
-    join_default_group()
-    local = local_rank()   # (after joining: a world of one is LOCAL_RANK 0, the GPU it set)
+    _, local = join_default_group()   # (a world of one is LOCAL_RANK 0, the GPU it set)
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = torch.cuda.is_available()
     m = cfg.model
