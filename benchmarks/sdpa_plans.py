@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
                if cuda else "cpu", dtype=str(dtype), heads=heads, default_choice=choice,
                priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None,
                runs=[measure(None, base, args.lengths, 7, heads, device, dtype),
-                     measure(list(SDPA_BACKENDS), base + 1, args.lengths, 7, heads, device, dtype)])
+                     measure(SDPA_BACKENDS, base + 1, args.lengths, 7, heads, device, dtype)])
     for r in out["runs"]:
         print(f"backends {r['backends']}: {args.lengths} new lengths {r['new_s']:.3f} s, the same again "
               f"{r['again_s']:.3f} s", flush=True)

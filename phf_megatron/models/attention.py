@@ -42,7 +42,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: The kernels attention may take (module docstring): no cuDNN, which would build a plan for every new sequence length.
-SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+#: A list, built once: ``sdpa_kernel`` refuses a tuple.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class SDPACoreAttention(MegatronModule):
@@ -95,7 +96,7 @@ class SDPACoreAttention(MegatronModule):
 
 def _attend(q, k, v, keep, is_causal, dropout_p, scale, segments):
     """SDPA over ``[b, n, s, d]``; with ``segments`` (packed), causal SDPA inside each ``[lo, hi)``."""
-    with sdpa_kernel(list(SDPA_BACKENDS)):
+    with sdpa_kernel(SDPA_BACKENDS):
         if segments is None:
             return _sdpa(q, k, v, keep, is_causal, dropout_p, scale)
         return torch.cat([_sdpa(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], None, hi - lo > 1, dropout_p, scale)
