@@ -42,6 +42,9 @@ collect() {  # collect OUT: what finished so far, into OUT
   mv -f "$out/summary.md.part" "$out/summary.md"
   cat "$out/summary.md"
 }
+leased() {  # a call after 'start': exit 3 on a fresh machine (the lease directory is gone with the last machine)
+  [ -d "$L/vb" ] || { echo "fresh machine: $L is gone; start over from call 1 (lease.sh start)"; exit 3; }
+}
 running() { pgrep -f "main_job.sh $L/$1" >/dev/null; }
 wait_for() {  # wait_for PHASE SECONDS [OUT]: until the phase's main_job ends or SECONDS pass; collects into OUT every 60 s
   local end=$((SECONDS + $2)) next=$((SECONDS + 60))
@@ -74,7 +77,7 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     sleep 5; cat "$L/p1/main_job.log" 2>/dev/null | head -20 ;;
   vllm)
     OUT=${2:?usage: lease.sh vllm OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
-    [ -d "$L/vb" ] || { echo "fresh machine: /tmp/lease is gone; start over from call 1 (lease.sh start)"; exit 3; }
+    leased
     cp .vllm_bundle/vllm-bundle.tar.xz.part01 .vllm_bundle/manifest.json "$L/vb/" || exit 1
     # the eval's graders (benchmarks/gpu/project_wheels.txt): math-verify and its two
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$L/mv" \
@@ -94,7 +97,7 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     end=$((SECONDS + ${3:?})); wait_for p2 "$3" "$OUT"; wait_for p3 $((end - SECONDS)) "$OUT"; collect "$OUT" ;;
   more)   # device time left once phases 1 and 2 are done: MORE_STAGES as phase 3, waits up to SECONDS, collects
     OUT=${2:?usage: MORE_STAGES=... lease.sh more OUT SECONDS}; LIMIT=${3:?}; end=$((SECONDS + LIMIT))
-    [ -d "$L/vb" ] || { echo "fresh machine: /tmp/lease is gone; start over from call 1 (lease.sh start)"; exit 3; }
+    leased
     [ -n "${MORE_STAGES:-}" ] || { echo "usage: MORE_STAGES=8b,... lease.sh more OUT SECONDS" >&2; exit 2; }
     for p in p1 p2 p3; do running $p && { echo "phase ${p#p} still running: use harvest"; exit 2; }; done
     background p3 "/tmp/vllm_site:$L/mv" --stages "$MORE_STAGES" "${@:4}"
