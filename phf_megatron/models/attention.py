@@ -1,7 +1,7 @@
 """Core attention on ``torch.nn.functional.scaled_dot_product_attention`` for Megatron-Core.
 
 A drop-in ``core_attention`` for Megatron's ``SelfAttention`` when Transformer Engine is absent:
-PyTorch picks the flash / cuDNN / memory-efficient kernel on GPU and its own CPU kernel here,
+PyTorch picks its flash / memory-efficient / math kernel (``kernel_in_use`` names the one it takes),
 instead of Megatron's local ``DotProductAttention`` that materialises [b, n, s, s] scores.
 
 Layout (Megatron's): query [sq, b, np, d], key/value [sk, b, ng, d] with np = heads and
@@ -17,7 +17,8 @@ Masks:
 * ``packed_seq_params`` (qkv_format 'thd': tokens of several sequences packed along s with
   b = 1; Megatron passes [t, n, d] tensors): block-diagonal causal attention from
   ``cu_seqlens_q``, computed as one causal SDPA call per sequence (a varlen attention from
-  PyTorch itself: on CUDA each call takes the flash kernel with native GQA; work and memory grow
+  PyTorch itself: each call takes the kernel PyTorch picks (flash on CUDA and CPU, with native GQA, where
+  it can: ``kernel_in_use`` names it, and the start line says it); work and memory grow
   with ``sum L_i^2``, never the dense ``[t, t]`` of a block-diagonal mask); output [t, 1, n·d].
   The sequence bounds are read to the host once per micro-batch (cached on the params object),
   not once per layer.
@@ -44,6 +45,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 #: The kernels attention may take (module docstring): no cuDNN, which would build a plan for every new sequence length.
 #: A list, built once: ``sdpa_kernel`` refuses a tuple.
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+#: PyTorch's names for its SDPA kernels, as ``torch._fused_sdp_choice`` numbers them.
+KERNEL_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
+                SDPBackend.EFFICIENT_ATTENTION: "memory-efficient", SDPBackend.CUDNN_ATTENTION: "cuDNN"}
+
+
+def kernel_in_use(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The SDPA kernel PyTorch picks for our attention on this rank (``"flash"``, ``"memory-efficient"``, ``"math"``):
+    its own choice (``torch._fused_sdp_choice``) for a causal GQA call of this layout and dtype on ``device``, under
+    ``SDPA_BACKENDS``, as every ``_attend`` call runs. A probe of 16 tokens: the choice reads the layout, not the length."""
+    q = torch.zeros(1, heads, 16, head_dim, dtype=dtype, device=device)
+    kv = torch.zeros(1, kv_heads, 16, head_dim, dtype=dtype, device=device)
+    with sdpa_kernel(list(SDPA_BACKENDS)):
+        choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=heads != kv_heads)
+    return KERNEL_NAMES.get(SDPBackend(int(choice)), f"backend {int(choice)}")
 
 
 class SDPACoreAttention(MegatronModule):

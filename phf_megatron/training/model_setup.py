@@ -226,8 +226,9 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     cuda = torch.cuda.is_available()
     te = resolve_backend(cfg.model.transformer_impl) == "te"
     no_te = "" if te else (" (Transformer Engine not installed)" if not have_transformer_engine() else "")
-    packed = f", packed sequences: {packed_attention(te, cuda)}" if cfg.training.packing else ""
-    parts = [f"attention {'Transformer Engine' if te else 'SDPA (Megatron local spec)'}{no_te}{packed}",
+    kernel = "" if te else sdpa_kernel_in_use(student.config, cuda)
+    packed = f", packed sequences: {packed_attention(te, kernel)}" if cfg.training.packing else ""
+    parts = [f"attention {'Transformer Engine' if te else f'SDPA (Megatron local spec, {kernel})'}{no_te}{packed}",
              f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]
     fused = cfg.model.fused_kernels and cuda
     parts.append("fused RMSNorm/RoPE/SwiGLU " + ("on" if fused else "off" + ("" if cuda else " (no CUDA)")))
@@ -238,14 +239,24 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     return "; ".join(parts)
 
 
-def packed_attention(te: bool, cuda: bool) -> str:
+def packed_attention(te: bool, kernel: str) -> str:
     """The attention that runs packed sequences (``training.packing``, THD with ``cu_seqlens``): Transformer
     Engine's THD path; else ``models.attention.SDPACoreAttention``: one causal SDPA call per packed sequence
-    (block-diagonal causal attention without a ``[S, S]`` mask), on CUDA PyTorch's flash kernel, on CPU its own."""
+    (block-diagonal causal attention without a ``[S, S]`` mask) on ``kernel`` (``sdpa_kernel_in_use``)."""
     if te:
         return "Transformer Engine THD (cu_seqlens)"
-    kernel = "flash kernel" if cuda else "CPU kernel"
     return f"SDPA per sequence, causal ({kernel})"
+
+
+def sdpa_kernel_in_use(config, cuda: bool) -> str:
+    """The SDPA kernel PyTorch takes for this rank's attention (Megatron ``TransformerConfig``: heads and query groups
+    per tensor-parallel rank, head size, parameter dtype), e.g. ``"flash kernel"``, ``"math kernel on CPU"``."""
+    from ..models.attention import kernel_in_use
+
+    tp = config.tensor_model_parallel_size
+    name = kernel_in_use(config.num_attention_heads // tp, config.num_query_groups // tp, config.kv_channels,
+                         config.params_dtype, torch.device("cuda" if cuda else "cpu"))
+    return f"{name} kernel" + ("" if cuda else " on CPU")
 
 
 def loss_kernels(cfg: TrainConfig) -> list[str]:

@@ -97,6 +97,41 @@ def test_attention_leaves_cudnn_out_packed_and_padded(monkeypatch):
     assert seen == [False] * 4 and torch.backends.cuda.cudnn_sdp_enabled()
 
 
+#: The ATen op each SDPA kernel runs as (what the profiler records; on CPU flash's ends in ``_for_cpu``).
+_KERNEL_OPS = {"flash": "aten::_scaled_dot_product_flash_attention", "math": "aten::_scaled_dot_product_attention_math",
+               "memory-efficient": "aten::_scaled_dot_product_efficient_attention"}
+
+
+@pytest.mark.parametrize("groups", [2, 4])
+def test_kernel_in_use_names_the_kernel_that_runs(groups):
+    # the start line's attention kernel: PyTorch's own choice, read from the op that really runs packed and padded
+    from torch.profiler import ProfilerActivity, profile
+
+    from phf_megatron.models.attention import kernel_in_use
+
+    q, k, v = (t.float() for t in _qkv(12, 1, heads=4, groups=groups))
+    name = kernel_in_use(4, groups, 32, torch.float32, torch.device("cpu"))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
+    attend = SDPACoreAttention(qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.float32),
+                               layer_number=1, attn_mask_type=AttnMaskType.causal).eval()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        attend(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=params)
+        attend(q, k, v, None)
+    ran = {kernel for kernel, op in _KERNEL_OPS.items() for e in prof.key_averages() if e.key.startswith(op)}
+    assert ran == {name}
+
+
+def test_kernel_in_use_reads_the_allowed_backends(monkeypatch):
+    from torch.nn.attention import SDPBackend
+
+    from phf_megatron.models import attention
+
+    assert attention.kernel_in_use(4, 2, 32, torch.float32, torch.device("cpu")) != "math"   # PyTorch's CPU flash
+    monkeypatch.setattr(attention, "SDPA_BACKENDS", (SDPBackend.MATH,))
+    assert attention.kernel_in_use(4, 2, 32, torch.float32, torch.device("cpu")) == "math"
+
+
 def test_packed_sequences_reject_bad_lengths():
     q, k, v = _qkv(12, 1)
     cu = torch.tensor([0, 5, 10], dtype=torch.int32)

@@ -53,7 +53,7 @@ def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
     # a quiet log under torchrun too: the vLLM engine's own process and both ranks
     log = proc.stdout + proc.stderr
     assert warning_lines(log) == [], "\n".join(warning_lines(log)[:20])
-    assert log.count("phf_megatron.train: attention SDPA (Megatron local spec)") == 1   # rank 0 says it once
+    assert log.count("phf_megatron.train: attention SDPA (Megatron local spec, flash kernel on CPU)") == 1   # rank 0 says it once
     said = [line.split(": ")[2].split(" ")[0] for line in proc.stdout.splitlines()   # the start's stages, once
             if line.startswith("phf_megatron.train: starting: ")]
     assert said == ["loading", "building", "starting"], proc.stdout[-3000:]

@@ -47,6 +47,6 @@ def test_packed_and_token_budget_runs_give_the_padded_update_and_resume_exactly(
             assert b[key] == a[key], (a["step"], key)
     for k, v in _adapters(str(tmp_path / "budget")).items():
         torch.testing.assert_close(_adapters(str(tmp_path / "resumed"))[k], v, rtol=0, atol=0)
-    line = "packed sequences: SDPA per sequence, causal (CPU kernel)"
+    line = "packed sequences: SDPA per sequence, causal (flash kernel on CPU)"
     assert line in procs["packed"].stdout + procs["packed"].stderr
     assert "packed sequences" not in procs["padded"].stdout + procs["padded"].stderr

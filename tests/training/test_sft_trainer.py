@@ -207,7 +207,7 @@ def test_packing_and_a_token_budget_give_the_padded_update(tiny_inputs, tmp_path
             assert b["num_tokens"] == a["num_tokens"] and b["sequences"] == a["sequences"]
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
-    line = "packed sequences: SDPA per sequence, causal (CPU kernel)"
+    line = "packed sequences: SDPA per sequence, causal (flash kernel on CPU)"
     assert line in procs["budget"].stdout + procs["budget"].stderr
     assert "packed sequences" not in procs["padded"].stdout + procs["padded"].stderr
 
@@ -228,12 +228,17 @@ def test_a_sample_over_the_token_budget_is_one_line_naming_its_row(tiny_inputs, 
     assert not os.path.exists(os.path.join(tmp_path, "over", "metrics.jsonl"))
 
 
-def test_packed_attention_names_each_backend():
-    from phf_megatron.training.model_setup import packed_attention
+def test_the_start_line_names_the_attention_kernel_of_this_rank():
+    # PyTorch's own choice for this rank's heads and dtype (tests/models: it is the kernel the profiler sees run)
+    from phf_megatron.models.config import qwen3_transformer_config
+    from phf_megatron.training.model_setup import packed_attention, sdpa_kernel_in_use
 
-    assert packed_attention(te=True, cuda=True) == "Transformer Engine THD (cu_seqlens)"
-    assert packed_attention(te=False, cuda=True) == "SDPA per sequence, causal (flash kernel)"
-    assert packed_attention(te=False, cuda=False) == "SDPA per sequence, causal (CPU kernel)"
+    from ..helpers.tiny_qwen3 import tiny_config
+
+    assert packed_attention(te=True, kernel="") == "Transformer Engine THD (cu_seqlens)"
+    config = qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.bfloat16)
+    assert sdpa_kernel_in_use(config, cuda=False) == "flash kernel on CPU"
+    assert packed_attention(te=False, kernel="flash kernel") == "SDPA per sequence, causal (flash kernel)"
 
 
 def test_a_token_budget_with_a_per_micro_batch_loss_is_one_line():
