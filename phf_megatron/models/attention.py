@@ -57,7 +57,7 @@ def kernel_in_use(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
     ``SDPA_BACKENDS``, as every ``_attend`` call runs. A probe of 16 tokens: the choice reads the layout, not the length."""
     q = torch.zeros(1, heads, 16, head_dim, dtype=dtype, device=device)
     kv = torch.zeros(1, kv_heads, 16, head_dim, dtype=dtype, device=device)
-    with sdpa_kernel(list(SDPA_BACKENDS)):
+    with sdpa_kernel(SDPA_BACKENDS):
         choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=heads != kv_heads)
     return KERNEL_NAMES.get(SDPBackend(int(choice)), f"backend {int(choice)}")
 

@@ -128,7 +128,7 @@ def test_kernel_in_use_reads_the_allowed_backends(monkeypatch):
     from phf_megatron.models import attention
 
     assert attention.kernel_in_use(4, 2, 32, torch.float32, torch.device("cpu")) != "math"   # PyTorch's CPU flash
-    monkeypatch.setattr(attention, "SDPA_BACKENDS", (SDPBackend.MATH,))
+    monkeypatch.setattr(attention, "SDPA_BACKENDS", [SDPBackend.MATH])
     assert attention.kernel_in_use(4, 2, 32, torch.float32, torch.device("cpu")) == "math"
 
 
