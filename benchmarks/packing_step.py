@@ -19,6 +19,11 @@ rank's longest; ``packed``: each side of a micro-batch in one row of its own pac
 trainer packs without pipelining (``training.batches.Packing``); ``packed+budget``: ``training.microbatch_plan`` with the budget, packed). A step waits for its
 slowest rank: the step time of a variant is the slowest rank's; the sum over ranks is the compute.
 
+``--again`` runs each variant's ranks a second time right after its timed run (``again_*``): a cost paid only for
+a length never seen before (a per-length kernel plan, a recompilation) shows as the first run far above the second,
+and the order of the variants stops mattering. ``attention_kernel``: the SDPA kernel PyTorch takes for the model's
+heads and dtype (``training.model_setup.sdpa_kernel_in_use``, as the trainer's start line says it).
+
 Check: the logs of all ranks reduced together give the step's global loss, OPSD and flow terms, which
 must not depend on the layout (``loss_rel_diff`` against padded, float32).
 """
@@ -111,6 +116,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=1, help="untimed rank passes per variant first")
     ap.add_argument("--mix", default=None, help="the lengths from a JSON of `python -m benchmarks.packing --out` "
                     "(its first preset) instead of tokenizing here: a machine without the Qwen3 tokenizer")
+    ap.add_argument("--again", action="store_true", help="time each variant's ranks a second time right after "
+                    "(again_*: a cost paid once per new length shows as the first run above the second)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -121,6 +128,7 @@ def main(argv=None) -> dict:
     from phf_megatron.objectives import ObjectiveConfig
     from phf_megatron.parallel import PhfStep, WindowCapture
     from phf_megatron.runtime.megatron_session import megatron_session
+    from phf_megatron.training.model_setup import sdpa_kernel_in_use
 
     mix_argv = ["--configs", args.config, "--data", args.data, "--steps", str(args.steps), "--gpus", str(args.gpus)]
     mix_argv += ["--rows", str(args.rows)] if args.rows else []
@@ -138,6 +146,7 @@ def main(argv=None) -> dict:
     result["device"] = torch.cuda.get_device_name() if cuda else "cpu"
     with megatron_session(1, 1):
         model = build_qwen3_model(shape, dtype=dtype, calculate_per_token_loss=True)
+        result["attention_kernel"] = sdpa_kernel_in_use(model.config, cuda)
         model = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model).train()
         capture, fb = WindowCapture(model), get_forward_backward_func()
         step = PhfStep(objective, model.config, tp_group=None, dp_group=None, student_capture=capture,
@@ -165,6 +174,7 @@ def main(argv=None) -> dict:
                     times.append(seconds)
                     logs += rank_logs
                 metrics = step.reduce_logs(logs)
+                again = [run_rank(model, step, mbs, fb)[0] for mbs in ranks] if args.again else None
                 row["variants"][variant] = dict(
                     slowest_rank_s=max(times), sum_ranks_s=sum(times), microbatches=sum(len(m) for m in ranks),
                     rank_s=times, rank_shapes=[[(list(m.student_tokens.shape), list(m.teacher_tokens.shape))
@@ -172,12 +182,16 @@ def main(argv=None) -> dict:
                     tokens=sum(m.student_tokens.numel() + m.teacher_tokens.numel() for r in ranks for m in r),
                     loss=metrics["loss"], loss_opsd=metrics["loss_opsd"], loss_flow=metrics["loss_flow"],
                     peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None)
+                if again:
+                    row["variants"][variant].update(again_slowest_rank_s=max(again), again_sum_ranks_s=sum(again),
+                                                    again_rank_s=again)
             base = row["variants"]["padded"]
             for v in row["variants"].values():
                 v["loss_rel_diff"] = max(abs(v[key] - base[key]) / max(abs(base[key]), 1e-12)
                                          for key in ("loss", "loss_opsd", "loss_flow"))
-            print(f"step {k}: " + "; ".join(f"{n} {v['slowest_rank_s']:.2f} s (sum {v['sum_ranks_s']:.2f} s, "
-                                            f"{v['tokens']:,} tokens)" for n, v in row["variants"].items()), flush=True)
+            print(f"step {k}: " + "; ".join(f"{n} {v['slowest_rank_s']:.2f} s " + (
+                f"(again {v['again_slowest_rank_s']:.2f} s) " if args.again else "") + f"(sum {v['sum_ranks_s']:.2f} s, "
+                f"{v['tokens']:,} tokens)" for n, v in row["variants"].items()), flush=True)
             result["steps"].append(row)
     result["summary"] = summarize(result["steps"])
     print(table(result["summary"]))
@@ -189,26 +203,32 @@ def main(argv=None) -> dict:
 
 
 def summarize(steps: list[dict]) -> dict:
-    """Per variant: median over steps of the slowest rank's time and of the sum over ranks; tokens; vs padded."""
+    """Per variant: median over steps of the slowest rank's time and of the sum over ranks (and of the second run's,
+    ``--again``); tokens; vs padded."""
+    times = ("slowest_rank_s", "sum_ranks_s") + (("again_slowest_rank_s", "again_sum_ranks_s")
+                                                  if "again_slowest_rank_s" in steps[0]["variants"]["padded"] else ())
     out = {}
     for v in VARIANTS:
-        slow = statistics.median(s["variants"][v]["slowest_rank_s"] for s in steps)
-        total = statistics.median(s["variants"][v]["sum_ranks_s"] for s in steps)
-        out[v] = dict(slowest_rank_s=slow, sum_ranks_s=total,
-                      tokens=statistics.mean(s["variants"][v]["tokens"] for s in steps),
+        out[v] = {key: statistics.median(s["variants"][v][key] for s in steps) for key in times}
+        out[v].update(tokens=statistics.mean(s["variants"][v]["tokens"] for s in steps),
                       max_loss_rel_diff=max(s["variants"][v]["loss_rel_diff"] for s in steps))
     for v in VARIANTS:
-        out[v]["speedup_slowest"] = out["padded"]["slowest_rank_s"] / out[v]["slowest_rank_s"]
-        out[v]["speedup_sum"] = out["padded"]["sum_ranks_s"] / out[v]["sum_ranks_s"]
+        for key in times:
+            name = key.replace("slowest_rank_s", "speedup_slowest").replace("sum_ranks_s", "speedup_sum")
+            out[v][name] = out["padded"][key] / out[v][key]
     return out
 
 
 def table(summary: dict) -> str:
-    lines = ["| variant | step (slowest rank) s | speed-up | all ranks s | speed-up | tokens computed / step | "
-             "loss vs padded (max rel.) |", "|" + "---|" * 7]
+    again = "again_slowest_rank_s" in summary["padded"]
+    lines = ["| variant | step (slowest rank) s | speed-up | all ranks s | speed-up | " +
+             ("again: slowest rank s | speed-up | " if again else "") + "tokens computed / step | "
+             "loss vs padded (max rel.) |", "|" + "---|" * (9 if again else 7)]
     for v, s in summary.items():
         lines.append(f"| {v} | {s['slowest_rank_s']:.2f} | {s['speedup_slowest']:.2f}x | {s['sum_ranks_s']:.2f} | "
-                     f"{s['speedup_sum']:.2f}x | {s['tokens']:,.0f} | {s['max_loss_rel_diff']:.1e} |")
+                     f"{s['speedup_sum']:.2f}x | " + (f"{s['again_slowest_rank_s']:.2f} | {s['again_speedup_slowest']:.2f}x | "
+                                                     if again else "") +
+                     f"{s['tokens']:,.0f} | {s['max_loss_rel_diff']:.1e} |")
     return "\n".join(lines)
 
 

@@ -83,7 +83,7 @@ if [ "$TINY" = 1 ]; then
   GPU_TESTS=(tests/training/test_nonfinite.py)   # its gpu tests skip on CPU: the plumbing is what runs
   VLLM_TESTS=(tests/rollout/test_gpu_paths.py -k fingerprints_catch)
   GRPO=(--tiny --steps 4 --batch 4 --group-size 4 --max-tokens 8); SFT=(--tiny --steps 2 --batch 4)
-  PACKING=(--shape tiny --rows 32 --steps 1 --scale 16 --warmup 0); SDPA=(--tiny --lengths 4)
+  PACKING=(--shape tiny --rows 32 --steps 1 --scale 16 --warmup 0 --again); SDPA=(--tiny --lengths 4)
   LAUNCHER=(--tiny); EVAL=(tiny --backend hf --n 1 --max_new_tokens 8 --dtype float32)
 else
   SHAPE17=(--shape 1.7b --steps "${STEPS17:-20}" --batch 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
@@ -103,7 +103,7 @@ else
   GRPO=(--shape 1.7b --steps 4 --batch 16 --group-size 8 --micro-batch 4 --max-tokens 1024 --sleep-mode
         --gpu-memory-utilization 0.35)
   SFT=(--shape 1.7b --steps 5 --batch 32 --micro-batch 4)
-  PACKING=(--shape 1.7b --steps "${STEPS_PACKING:-6}" ${PACKING_MIX:+--mix "$PACKING_MIX"})   # the image has no Qwen3 tokenizer before the bundle: the lengths in a file
+  PACKING=(--shape 1.7b --steps "${STEPS_PACKING:-6}" --again ${PACKING_MIX:+--mix "$PACKING_MIX"})   # the image has no Qwen3 tokenizer before the bundle: the lengths in a file
   SDPA=()
   LAUNCHER=()
   EVAL=(1.7b --n 2 --max_new_tokens 256 --engine_kwargs "{enforce_eager: true, gpu_memory_utilization: 0.4}")
