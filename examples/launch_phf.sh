@@ -6,7 +6,8 @@
 # Environment: HF_MODEL (required: the HF Qwen3 directory), DATA (default: the official OPSD set on
 # the HF Hub; a JSONL/Parquet path or a `save_to_disk` directory also works), RUN_DIR (default
 # runs/<PHF_RUN_NAME, else the config's name> in the repository; relative paths given in HF_MODEL, DATA, RUN_DIR and
-# MCORE_DIR are read from the directory the launcher is run from, CONFIG too where the repository has no such file),
+# MCORE_DIR are read from the directory the launcher is run from, CONFIG too where the repository has no such file;
+# where both have one and they differ it stops: give CONFIG as an absolute path),
 # NGPU (the GPUs this node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base; on several nodes node 0 converts
 # and the others wait for it up to MCORE_WAIT seconds, default 3600, or stop at once at the $MCORE_DIR.failed its
@@ -26,8 +27,15 @@ if [ "$CALLER" != "$(pwd -P)" ]; then   # run from another directory: the paths 
   for v in HF_MODEL DATA; do   # an input there (else as before, from the repository: DATA may be a Hub name)
     if [ -n "${!v:-}" ] && [[ ${!v} != /* ]] && [ -e "$CALLER/${!v}" ]; then printf -v "$v" '%s' "$CALLER/${!v}"; fi
   done
-  # a preset of one's own there (not in the repository, whose configs/*.yaml the train_*.sh launchers name)
-  if [[ $CONFIG != /* ]] && [ ! -e "$CONFIG" ] && [ -e "$CALLER/$CONFIG" ]; then CONFIG=$CALLER/$CONFIG; fi
+  # a preset of one's own there (the train_*.sh launchers name the repository's, absolute); one there and another of
+  # the same name in the repository: the user names which
+  if [[ $CONFIG != /* ]] && [ -e "$CALLER/$CONFIG" ]; then
+    if [ ! -e "$CONFIG" ]; then CONFIG=$CALLER/$CONFIG
+    elif [ -f "$CALLER/$CONFIG" ] && [ -f "$CONFIG" ] && ! cmp -s "$CALLER/$CONFIG" "$CONFIG"; then
+      echo "error: CONFIG=$CONFIG: $CALLER/$CONFIG and the repository's $(pwd -P)/$CONFIG differ: name the one to train on, CONFIG=$CALLER/$CONFIG (yours) or CONFIG=$(pwd -P)/$CONFIG (the preset)" >&2
+      exit 2
+    fi
+  fi
   for v in RUN_DIR MCORE_DIR; do   # an output: there
     if [ -n "${!v:-}" ] && [[ ${!v} != /* ]]; then printf -v "$v" '%s' "$CALLER/${!v}"; fi
   done

@@ -16,5 +16,6 @@
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
 export PHF_RUN_NAME=grpo_qwen3_$SCALE   # RUN_DIR's default: runs/grpo_qwen3_$SCALE in the repository
-CONFIG=configs/phf_qwen3_$SCALE.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" --method=grpo \
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)   # the preset: the repository's, wherever run from
+CONFIG=$REPO/configs/phf_qwen3_$SCALE.yaml exec bash "$REPO/examples/launch_phf.sh" --method=grpo \
   --rollout.n=8 --training.global_batch_size=32 --rollout.top_k=0 --rollout.top_p=1.0 "$@"

@@ -7,4 +7,5 @@
 #   HF_MODEL=/models/Qwen3-1.7B [DATA=...] [RUN_DIR=...] bash examples/train_phf_qwen3_1p7b.sh [--section.field=value ...]
 #   e.g. an ablation:  ... bash examples/train_phf_qwen3_1p7b.sh --ablation=local_only
 set -euo pipefail
-CONFIG=configs/phf_qwen3_1p7b.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" "$@"
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)   # the preset: the repository's, wherever run from
+CONFIG=$REPO/configs/phf_qwen3_1p7b.yaml exec bash "$REPO/examples/launch_phf.sh" "$@"

@@ -11,5 +11,6 @@
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
 export PHF_RUN_NAME=sft_qwen3_$SCALE   # RUN_DIR's default: runs/sft_qwen3_$SCALE in the repository
-CONFIG=configs/phf_qwen3_$SCALE.yaml exec bash "$(dirname "${BASH_SOURCE[0]}")/launch_phf.sh" --method=sft \
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)   # the preset: the repository's, wherever run from
+CONFIG=$REPO/configs/phf_qwen3_$SCALE.yaml exec bash "$REPO/examples/launch_phf.sh" --method=sft \
   --training.micro_batch_size=1 "$@"

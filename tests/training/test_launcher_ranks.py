@@ -192,6 +192,31 @@ def test_a_local_rank_past_the_gpus_this_process_sees_is_one_line(monkeypatch, l
     assert err.value.line == line
 
 
+def _dry_run(tmp_path, script: str, **given: str) -> subprocess.CompletedProcess:
+    """``DRY_RUN=1 bash examples/<script>`` on 2 ranks, run from ``tmp_path`` (a model directory there, ``hf``)."""
+    hf = tmp_path / "hf"
+    hf.mkdir(exist_ok=True)
+    (hf / "config.json").write_text("{}")
+    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NNODES", "RUN_DIR")}
+    env.update(DRY_RUN="1", NGPU="2", HF_MODEL=str(hf), PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    return subprocess.run(["bash", os.path.join(REPO, "examples", script)], cwd=str(tmp_path), env={**env, **given},
+                          capture_output=True, text=True, timeout=120)
+
+
+def _torchrun(proc: subprocess.CompletedProcess) -> list[str]:
+    """The torchrun command a ``DRY_RUN=1`` launch printed, as argv."""
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
+
+
+def _own_preset(tmp_path, edit: str = "") -> str:
+    """``tmp_path/configs/phf_qwen3_8b.yaml``: the repository's preset plus ``edit``; returns its path."""
+    (tmp_path / "configs").mkdir()
+    ours = tmp_path / "configs" / "phf_qwen3_8b.yaml"
+    ours.write_text(open(os.path.join(REPO, "configs", "phf_qwen3_8b.yaml")).read() + edit)
+    return os.path.join(os.path.realpath(tmp_path), "configs", "phf_qwen3_8b.yaml")   # as the launcher's `pwd -P`
+
+
 def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp_path):
     """The launcher changes to the repository: HF_MODEL=models/Qwen3-8B given in another directory was looked for in
     the repository ("has no config.json") and RUN_DIR=runs/exp1 written there. They are now the caller's; a DATA that
@@ -200,21 +225,13 @@ def test_relative_paths_are_read_from_the_directory_the_launcher_is_run_from(tmp
     hf.mkdir(parents=True)
     (hf / "config.json").write_text("{}")
     (tmp_path / "train.jsonl").write_text("")
-    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NNODES", "RUN_DIR")}
-    env.update(DRY_RUN="1", NGPU="2", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-
-    def torchrun(script: str, **given: str) -> list[str]:
-        proc = subprocess.run(["bash", os.path.join(REPO, "examples", script)], cwd=str(tmp_path), env={**env, **given},
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-        return next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
-
-    argv = torchrun("train_phf_qwen3_8b.sh", HF_MODEL="my models/Qwen3-8B", DATA="train.jsonl", RUN_DIR="runs/exp1")
+    argv = _torchrun(_dry_run(tmp_path, "train_phf_qwen3_8b.sh", HF_MODEL="my models/Qwen3-8B", DATA="train.jsonl",
+                              RUN_DIR="runs/exp1"))
     here = os.path.realpath(tmp_path)   # the launcher's `pwd -P`
     run = os.path.join(here, "runs", "exp1")
     assert [f"--run_dir={run}", f"--model.hf_dir={here}/my models/Qwen3-8B", f"--model.pretrained_checkpoint={run}/mcore_base",
             f"--data.path={here}/train.jsonl"] == argv[argv.index("--config") + 2:], argv
-    argv = torchrun("train_grpo_qwen3.sh", HF_MODEL=str(hf), DATA="siyanzhao/Openthoughts_math_30k_opsd")
+    argv = _torchrun(_dry_run(tmp_path, "train_grpo_qwen3.sh", HF_MODEL=str(hf), DATA="siyanzhao/Openthoughts_math_30k_opsd"))
     assert ["--run_dir=runs/grpo_qwen3_1p7b", f"--model.hf_dir={hf}",
             "--model.pretrained_checkpoint=runs/grpo_qwen3_1p7b/mcore_base",
             "--data.path=siyanzhao/Openthoughts_math_30k_opsd"] == argv[argv.index("--config") + 2:][:4], argv
@@ -244,22 +261,48 @@ def test_several_ranks_get_torchruns_thread_default_without_its_warning(tmp_path
 
 def test_a_preset_of_ones_own_is_read_from_the_directory_the_launcher_is_run_from(tmp_path):
     """CONFIG=my.yaml given in another directory was looked for in the repository ("error: config file 'my.yaml' does
-    not exist", beside it); it is read from there when the repository has no such file. A repository preset (the
-    train_*.sh launchers' configs/*.yaml) stays the repository's, even where the directory holds one of that name."""
-    (tmp_path / "configs").mkdir()
+    not exist", beside it); it is read from there when the repository has no such file. A file there that is the
+    same as the repository's of that name is nothing to choose: the repository's."""
+    _own_preset(tmp_path)
     shutil.copy(os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"), tmp_path / "my.yaml")
-    shutil.copy(os.path.join(REPO, "configs", "phf_qwen3_8b.yaml"), tmp_path / "configs" / "phf_qwen3_8b.yaml")
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text("{}")
-    env = {k: v for k, v in standalone_environ().items() if k not in ("CUDA_VISIBLE_DEVICES", "NNODES", "RUN_DIR")}
-    env.update(DRY_RUN="1", NGPU="2", HF_MODEL=str(hf), RUN_DIR=str(tmp_path / "run"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     here = os.path.realpath(tmp_path)   # the launcher's `pwd -P`
     for config, read in (("my.yaml", os.path.join(here, "my.yaml")),
                          ("configs/phf_qwen3_8b.yaml", "configs/phf_qwen3_8b.yaml")):
-        proc = subprocess.run(["bash", os.path.join(REPO, "examples", "launch_phf.sh")], cwd=str(tmp_path),
-                              env={**env, "CONFIG": config}, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-        argv = next(shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ torchrun"))
+        argv = _torchrun(_dry_run(tmp_path, "launch_phf.sh", CONFIG=config, RUN_DIR=str(tmp_path / "run")))
         assert argv[argv.index("--config") + 1] == read
+
+
+def test_a_preset_of_ones_own_that_differs_from_the_repositorys_of_that_name_is_one_line(tmp_path):
+    """CONFIG=configs/phf_qwen3_8b.yaml given in a directory holding one's own edited copy trained on the
+    repository's preset, silently. Now one line naming both and how to choose, exit 2, before python starts (no
+    conversion, nothing made); either absolute path given is the one read."""
+    ours = _own_preset(tmp_path, "# lr edited\n")
+    preset = os.path.join(os.path.realpath(REPO), "configs", "phf_qwen3_8b.yaml")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f"#!/usr/bin/env bash\ntouch {shlex.quote(str(tmp_path / 'python_ran'))}\nexit 3\n")
+    (bin_dir / "python").chmod(0o755)
+    proc = _dry_run(tmp_path, "launch_phf.sh", CONFIG="configs/phf_qwen3_8b.yaml", RUN_DIR=str(tmp_path / "run"),
+                    PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [
+        f"error: CONFIG=configs/phf_qwen3_8b.yaml: {ours} and the repository's {preset} differ: name the one to train "
+        f"on, CONFIG={ours} (yours) or CONFIG={preset} (the preset)"]), proc.stderr[-3000:]
+    assert proc.stdout == "" and not (tmp_path / "python_ran").exists() and not (tmp_path / "run").exists()
+    for config in (ours, preset):
+        argv = _torchrun(_dry_run(tmp_path, "launch_phf.sh", CONFIG=config, RUN_DIR=str(tmp_path / "run")))
+        assert argv[argv.index("--config") + 1] == config
+
+
+@pytest.mark.parametrize("script, scale, run_dir", [
+    ("train_phf_qwen3_8b.sh", {}, "runs/phf_qwen3_8b"),
+    ("train_sft_qwen3.sh", {"SCALE": "8b"}, "runs/sft_qwen3_8b"),
+    ("train_grpo_qwen3.sh", {"SCALE": "8b"}, "runs/grpo_qwen3_8b"),
+])
+def test_a_train_launcher_reads_the_repositorys_preset_wherever_it_is_run_from(tmp_path, script, scale, run_dir):
+    """The train_*.sh launchers name the repository's preset: run from a directory that holds another
+    configs/phf_qwen3_8b.yaml they read the repository's (by its absolute path), with no question asked; RUN_DIR's
+    default stays runs/<preset or baseline> in the repository."""
+    _own_preset(tmp_path, "# lr edited\n")
+    argv = _torchrun(_dry_run(tmp_path, script, **scale))
+    assert argv[argv.index("--config") + 1] == os.path.join(os.path.realpath(REPO), "configs", "phf_qwen3_8b.yaml")
+    assert argv[argv.index("--config") + 2] == f"--run_dir={run_dir}"
