@@ -51,14 +51,16 @@ KERNEL_NAMES = {SDPBackend.MATH: "math", SDPBackend.FLASH_ATTENTION: "flash",
                 SDPBackend.EFFICIENT_ATTENTION: "memory-efficient", SDPBackend.CUDNN_ATTENTION: "cuDNN"}
 
 
-def kernel_in_use(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> str:
+def kernel_in_use(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                  dropout_p: float = 0.0) -> str:
     """The SDPA kernel PyTorch picks for our attention on this rank (``"flash"``, ``"memory-efficient"``, ``"math"``):
-    its own choice (``torch._fused_sdp_choice``) for a causal GQA call of this layout and dtype on ``device``, under
-    ``SDPA_BACKENDS``, as every ``_attend`` call runs. A probe of 16 tokens: the choice reads the layout, not the length."""
+    its own choice (``torch._fused_sdp_choice``) for a causal GQA call of this layout, dtype and training-time
+    ``dropout_p`` on ``device`` (PyTorch's CPU flash takes no dropout), under ``SDPA_BACKENDS``, as every ``_attend``
+    call runs. A probe of 16 tokens: the choice reads the layout, not the length."""
     q = torch.zeros(1, heads, 16, head_dim, dtype=dtype, device=device)
     kv = torch.zeros(1, kv_heads, 16, head_dim, dtype=dtype, device=device)
     with sdpa_kernel(SDPA_BACKENDS):
-        choice = torch._fused_sdp_choice(q, kv, kv, is_causal=True, enable_gqa=heads != kv_heads)
+        choice = torch._fused_sdp_choice(q, kv, kv, dropout_p=dropout_p, is_causal=True, enable_gqa=heads != kv_heads)
     return KERNEL_NAMES.get(SDPBackend(int(choice)), f"backend {int(choice)}")
 
 

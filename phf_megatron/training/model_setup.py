@@ -250,12 +250,13 @@ def packed_attention(te: bool, kernel: str) -> str:
 
 def sdpa_kernel_in_use(config, cuda: bool) -> str:
     """The SDPA kernel PyTorch takes for this rank's attention (Megatron ``TransformerConfig``: heads and query groups
-    per tensor-parallel rank, head size, parameter dtype), e.g. ``"flash kernel"``, ``"math kernel on CPU"``."""
+    per tensor-parallel rank, head size, parameter dtype, attention dropout), e.g. ``"flash kernel"``,
+    ``"math kernel on CPU"``."""
     from ..models.attention import kernel_in_use
 
     tp = config.tensor_model_parallel_size
     name = kernel_in_use(config.num_attention_heads // tp, config.num_query_groups // tp, config.kv_channels,
-                         config.params_dtype, torch.device("cuda" if cuda else "cpu"))
+                         config.params_dtype, torch.device("cuda" if cuda else "cpu"), config.attention_dropout)
     return f"{name} kernel" + ("" if cuda else " on CPU")
 
 

@@ -102,20 +102,22 @@ _KERNEL_OPS = {"flash": "aten::_scaled_dot_product_flash_attention", "math": "at
                "memory-efficient": "aten::_scaled_dot_product_efficient_attention"}
 
 
-@pytest.mark.parametrize("groups", [2, 4])
-def test_kernel_in_use_names_the_kernel_that_runs(groups):
-    # the start line's attention kernel: PyTorch's own choice, read from the op that really runs packed and padded
+@pytest.mark.parametrize("groups, dropout", [(2, 0.0), (4, 0.0), (2, 0.1)])
+def test_kernel_in_use_names_the_kernel_that_runs(groups, dropout):
+    # the start line's attention kernel: PyTorch's own choice, read from the op that really runs packed and padded,
+    # in training (with attention dropout: PyTorch's CPU flash takes none, so math runs)
     from torch.profiler import ProfilerActivity, profile
 
     from phf_megatron.models.attention import kernel_in_use
+    from phf_megatron.runtime.megatron_session import megatron_session
 
     q, k, v = (t.float() for t in _qkv(12, 1, heads=4, groups=groups))
-    name = kernel_in_use(4, groups, 32, torch.float32, torch.device("cpu"))
+    name = kernel_in_use(4, groups, 32, torch.float32, torch.device("cpu"), dropout)
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
-    attend = SDPACoreAttention(qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.float32),
-                               layer_number=1, attn_mask_type=AttnMaskType.causal).eval()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    config = qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.float32, attention_dropout=dropout)
+    attend = SDPACoreAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal).train()
+    with megatron_session(1, 1), profile(activities=[ProfilerActivity.CPU]) as prof:   # (its RNG tracker: dropout)
         attend(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=params)
         attend(q, k, v, None)
     ran = {kernel for kernel, op in _KERNEL_OPS.items() for e in prof.key_averages() if e.key.startswith(op)}

@@ -238,6 +238,8 @@ def test_the_start_line_names_the_attention_kernel_of_this_rank():
     assert packed_attention(te=True, kernel="") == "Transformer Engine THD (cu_seqlens)"
     config = qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.bfloat16)
     assert sdpa_kernel_in_use(config, cuda=False) == "flash kernel on CPU"
+    config = qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.bfloat16, attention_dropout=0.1)
+    assert sdpa_kernel_in_use(config, cuda=False) == "math kernel on CPU"   # its attention dropout: no CPU flash
     assert packed_attention(te=False, kernel="flash kernel") == "SDPA per sequence, causal (flash kernel)"
 
 
