@@ -20,8 +20,9 @@ trainer packs without pipelining (``training.batches.Packing``); ``packed+budget
 slowest rank: the step time of a variant is the slowest rank's; the sum over ranks is the compute.
 
 ``--again`` runs each variant's ranks a second time right after its timed run (``again_*``): a cost paid only for
-a length never seen before (a per-length kernel plan, a recompilation) shows as the first run far above the second,
-and the order of the variants stops mattering. ``attention_kernel``: the SDPA kernel PyTorch takes for the model's
+a length never seen before (a per-length kernel plan, a recompilation) shows as the first run far above the second
+in the variant that meets those lengths first (a later variant on the same lengths is warm in both runs), and the
+second runs compare the variants whatever their order. ``attention_kernel``: the SDPA kernel PyTorch takes for the model's
 heads and dtype (``training.model_setup.sdpa_kernel_in_use``, as the trainer's start line says it).
 
 Check: the logs of all ranks reduced together give the step's global loss, OPSD and flow terms, which
