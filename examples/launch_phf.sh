@@ -11,8 +11,11 @@
 # NGPU (the GPUs this node shows: those of CUDA_VISIBLE_DEVICES CUDA reads, else `nvidia-smi -L`'s; one with MIG; 8 where it shows none),
 # MCORE_DIR (where the converted base checkpoint goes, default $RUN_DIR/mcore_base; on several nodes node 0 converts
 # and the others wait for it up to MCORE_WAIT seconds, default 3600, or stop at once at the $MCORE_DIR.failed its
-# failed conversion leaves, which its next conversion removes (one an earlier launch left counts after MCORE_STALE
-# seconds, default 120): put it where every node sees it),
+# failed (or SIGTERMed) conversion leaves, which its next conversion removes (one an earlier launch left counts after
+# MCORE_STALE seconds, default 120); while node 0 converts it rewrites the heartbeat $MCORE_DIR.converting every
+# MCORE_HEARTBEAT seconds (default 5) and removes it at the end, and the others stop once it has not changed in
+# MCORE_SILENT seconds of their wait (default 120, more than twice MCORE_HEARTBEAT): node 0 was killed outright (one
+# already there counts from the wait's start): put it where every node sees it),
 # NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT for multi-node torchrun (add --rollout.num_engines=auto for
 # a rollout engine per node; a Slurm job: examples/slurm/train_phf_multinode.sbatch).
 # DRY_RUN=1 prints the commands (conversion, torchrun) instead of running them; PREPARE_ONLY=1
@@ -98,9 +101,15 @@ NGPU=${NGPU:-$( [ "$GPUS_HERE" -gt 0 ] && echo "$GPUS_HERE" || echo 8)}
 NNODES=${NNODES:-1}
 MCORE_WAIT=${MCORE_WAIT:-3600}
 MCORE_STALE=${MCORE_STALE:-120}
-for v in NGPU NNODES MCORE_WAIT MCORE_STALE; do
+MCORE_HEARTBEAT=${MCORE_HEARTBEAT:-5}
+MCORE_SILENT=${MCORE_SILENT:-120}
+for v in NGPU NNODES MCORE_WAIT MCORE_STALE MCORE_HEARTBEAT MCORE_SILENT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "error: $v=${!v}: expected a whole number >= 1" >&2; exit 2; }
 done
+if [ "$MCORE_SILENT" -le $((2 * MCORE_HEARTBEAT)) ]; then   # a waiting node looks each second: a live node 0 seems silent
+  echo "error: MCORE_SILENT=$MCORE_SILENT: expected more than twice MCORE_HEARTBEAT=$MCORE_HEARTBEAT, the seconds between node 0's heartbeats" >&2
+  exit 2
+fi
 # srun's tasks (SLURM_STEP_NUM_TASKS: srun sets it in a step's tasks) are the launchers, one per node: NNODES of them
 STEP_TASKS=1
 if [[ ${SLURM_STEP_NUM_TASKS:-} =~ ^[0-9]+$ ]]; then STEP_TASKS=$((10#$SLURM_STEP_NUM_TASKS)); fi
@@ -142,6 +151,23 @@ export PHF_NOTES_SAID=1
 run() { if [ -n "${DRY_RUN:-}" ]; then printf '+'; printf ' %q' "$@"; echo; else "$@"; fi; }
 # $MCORE_DIR.failed's time, inode and text, read once (node 0 may remove it meanwhile: then nothing)
 marker_state() { { s=$(stat -c '%Y %i' "$MCORE_DIR.failed") && t=$(cat "$MCORE_DIR.failed") && echo "$s"$'\n'"$t"; } 2>/dev/null || true; }
+fail_marker() { echo "$1" > "$MCORE_DIR.failed.tmp" && mv "$MCORE_DIR.failed.tmp" "$MCORE_DIR.failed"; }
+# node 0's heartbeat while it converts: rewritten (a new text each time) until the conversion ends, however it ends
+# but by SIGKILL (the OOM killer, a scheduler, a lost machine), or this launcher is gone; '' where there is none
+HEARTBEAT=$MCORE_DIR.converting
+heartbeat_state() { cat "$HEARTBEAT" 2>/dev/null || true; }
+beat() {
+  trap 'exit 0' TERM   # between writes (none renamed into place after the removal); wait, unlike sleep, ends at once
+  while kill -0 "$$" 2>/dev/null; do
+    date +%s.%N > "$HEARTBEAT.tmp" && mv -f "$HEARTBEAT.tmp" "$HEARTBEAT"
+    sleep "$MCORE_HEARTBEAT" & wait $!
+  done
+}
+conversion_ends() {   # EXIT trap of node 0's conversion: one stopped short (SIGTERM, an error) leaves its marker too
+  kill "$BEAT" 2>/dev/null && wait "$BEAT" || true
+  [ -d "$MCORE_DIR" ] || [ -e "$MCORE_DIR.failed" ] || fail_marker "its launcher stopped before it ended: SIGTERM?"
+  rm -f "$HEARTBEAT" "$HEARTBEAT.tmp"
+}
 
 if [ -d "$MCORE_DIR" ]; then
   :   # converted (the converter writes $MCORE_DIR.tmp and renames it when complete: its existence is the marker)
@@ -157,10 +183,19 @@ elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 
     # a marker already there may be an earlier launch's, which node 0's conversion, started later, removes: it
     # counts once it changes or is still there after MCORE_STALE seconds (default 120)
     stale=$(marker_state); STALE_UNTIL=$((SECONDS + MCORE_STALE))
+    # node 0's heartbeat, judged by its changes seen here (no clocks compared across machines); one already there
+    # may be an earlier launch's, which node 0's conversion rewrites: silent from the wait's start
+    beat_seen=$(heartbeat_state); BEAT_SINCE=$SECONDS
     until [ -d "$MCORE_DIR" ]; do
       state=$(marker_state)
       if [ -n "$state" ] && { [ "$state" != "$stale" ] || [ "$SECONDS" -ge "$STALE_UNTIL" ]; }; then
         echo "error: MCORE_DIR: node 0's conversion into $MCORE_DIR failed ($(sed -n 2p <<< "$state")); node 0's log says more" >&2; exit 1
+      fi
+      beat_now=$(heartbeat_state)
+      [ "$beat_now" = "$beat_seen" ] || { beat_seen=$beat_now; BEAT_SINCE=$SECONDS; }
+      if [ -n "$beat_now" ] && [ $((SECONDS - BEAT_SINCE)) -ge "$MCORE_SILENT" ]; then
+        echo "error: MCORE_DIR: node 0 (NODE_RANK=0) stopped converting into $MCORE_DIR: its heartbeat $HEARTBEAT has not changed in $((SECONDS - BEAT_SINCE)) s (MCORE_SILENT; killed? out of memory, the scheduler, a lost machine): see node 0's log, then launch again (its conversion replaces the partial $MCORE_DIR.tmp)" >&2
+        exit 1
       fi
       [ "$SECONDS" -lt "$DEADLINE" ] || { echo "error: MCORE_DIR: $MCORE_DIR did not appear in $MCORE_WAIT s: node 0 (NODE_RANK=0) converts it; it must be on a file system every node sees (or convert first: PREPARE_ONLY=1)" >&2; exit 1; }
       sleep 1
@@ -172,14 +207,18 @@ else   # once: the base weights as a Megatron-Core dist checkpoint (any layout l
   if [ -n "${DRY_RUN:-}" ]; then run "${CONVERT[@]}"; else
     # a failure leaves $MCORE_DIR.failed (the exit code, the converter's last line): the waiting nodes stop at it
     rm -f "$MCORE_DIR.failed"
+    BEAT=''
+    if [ "$NNODES" -gt 1 ]; then   # nodes wait for it: the heartbeat (the EXIT trap ends it)
+      beat < /dev/null > /dev/null 2>&1 & BEAT=$!
+      trap conversion_ends EXIT
+    fi
     ERR_LOG=$(mktemp)
     code=0
     { "${CONVERT[@]}" 2>&1 1>&3 | tee "$ERR_LOG" >&2; } 3>&1 || code=$?   # stderr shown as it comes, and kept
-    if [ "$code" -ne 0 ]; then
-      echo "exit code $code: $(tail -n 1 "$ERR_LOG")" > "$MCORE_DIR.failed.tmp" && mv "$MCORE_DIR.failed.tmp" "$MCORE_DIR.failed"
-    fi
+    [ "$code" -eq 0 ] || fail_marker "exit code $code: $(tail -n 1 "$ERR_LOG")"
     rm -f "$ERR_LOG"
     [ "$code" -eq 0 ] || exit "$code"
+    [ -z "$BEAT" ] || { conversion_ends; trap - EXIT; }   # before torchrun's exec, which runs no EXIT trap
   fi
 fi
 [ -z "${PREPARE_ONLY:-}" ] || exit 0

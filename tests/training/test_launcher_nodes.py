@@ -1,10 +1,13 @@
 """examples/launch_phf.sh on several nodes: node 0 converts the HF checkpoint (minutes at 8B) and says the settings'
 notes, the others wait for its conversion (MCORE_WAIT) and stop at once at the marker its failed conversion leaves
-(MCORE_DIR.failed; one an earlier launch left counts once it changes or after MCORE_STALE seconds)."""
+(MCORE_DIR.failed; one an earlier launch left counts once it changes or after MCORE_STALE seconds), or once node 0's
+heartbeat (MCORE_DIR.converting) has not changed in MCORE_SILENT seconds: node 0 killed outright."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,7 +53,8 @@ def test_only_node_0_converts_the_others_wait_for_it(tmp_path, converted):
 
 def _fake_converter(tmp_path) -> None:
     """``torchrun`` and the converter (``python tools/convert/hf_to_mcore.py``) faked on the nodes' PATH: the
-    conversion makes its ``--out_dir``, or fails with two stderr lines where ``CONVERT_FAILS`` is set."""
+    conversion makes its ``--out_dir`` (after ``CONVERT_SLEEP`` seconds), or fails with two stderr lines where
+    ``CONVERT_FAILS`` is set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\necho "launched: $*"\n')
@@ -58,7 +62,7 @@ def _fake_converter(tmp_path) -> None:
 if [ "$1" = tools/convert/hf_to_mcore.py ]; then
   echo "hf->mcore: reading the model"
   [ -n "${{CONVERT_FAILS:-}}" ] && {{ echo "hf->mcore: loading shard 1 of 4" >&2; echo "error: shard-2: truncated" >&2; exit 2; }}
-  mkdir "$5"; exit 0
+  sleep "${{CONVERT_SLEEP:-0}}"; mkdir "$5"; exit 0
 fi
 exec {shlex.quote(sys.executable)} "$@"
 """)
@@ -219,3 +223,120 @@ def test_prepare_only_in_an_srun_step_of_several_tasks_converts_in_task_0_alone(
     task0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert task0.returncode == 0 and mcore.is_dir(), task0.stderr[-3000:]
     assert task0.stdout == "hf->mcore: reading the model\n"   # converted, then stopped: no torchrun
+
+
+def _heartbeat_nodes(tmp_path) -> tuple[dict[str, str], dict[str, str]]:
+    """The environments of node 0 and node 1 (the converter faked), the heartbeat each second, silent after 3."""
+    _fake_converter(tmp_path)
+    nodes = {"NGPU": "2", "NNODES": "2", "MASTER_ADDR": "gpu017", "MCORE_DIR": str(tmp_path / "mcore_base"),
+             "MCORE_WAIT": "600", "MCORE_HEARTBEAT": "1", "MCORE_SILENT": "3"}
+    return _node(tmp_path, 8, {**nodes, "NODE_RANK": "0"})[0], _node(tmp_path, 8, {**nodes, "NODE_RANK": "1"})[0]
+
+
+def _start(tmp_path, env: dict[str, str]) -> subprocess.Popen:
+    """The launcher, in a process group of its own (a node's: killed whole)."""
+    return subprocess.Popen(["bash", LAUNCHER], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _beats(path, until, timeout: float = 30) -> list[str]:
+    """The heartbeat's texts seen at ``path`` (every 0.1 s) until ``until(them)`` or ``timeout`` s."""
+    import time
+
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if text and text not in seen:
+            seen.append(text)
+        if until(seen):
+            break
+        time.sleep(0.1)
+    return seen
+
+
+@pytest.mark.parametrize("sig, whole", [("SIGKILL", True), ("SIGKILL", False), ("SIGTERM", True)])
+def test_the_waiting_nodes_stop_when_node_0_is_killed_mid_conversion(tmp_path, sig, whole):
+    """Node 0 killed outright while converting (SIGKILL: the OOM killer, a scheduler, a lost machine) leaves no
+    MCORE_DIR.failed: the other nodes waited MCORE_WAIT (an hour) in silence. Node 0 now keeps a heartbeat beside
+    MCORE_DIR while it converts; a waiting node stops with one line once it has not changed in MCORE_SILENT seconds.
+    Its launcher killed alone (``whole`` False), the converter living on: the heartbeat stops too. SIGTERM runs node
+    0's trap: no heartbeat left, MCORE_DIR.failed instead, at which the others stop at once."""
+    import signal
+    import time
+
+    env0, env1 = _heartbeat_nodes(tmp_path)
+    mcore, heartbeat = tmp_path / "mcore_base", tmp_path / "mcore_base.converting"
+    waiting = _start(tmp_path, env1)
+    node0 = _start(tmp_path, {**env0, "CONVERT_SLEEP": "600"})
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        assert len(_beats(heartbeat, lambda seen: len(seen) >= 2)) >= 2, "no heartbeat while node 0 converts"
+        (os.killpg if whole else os.kill)(node0.pid, getattr(signal, sig))
+        killed = time.monotonic()
+        node0.wait(timeout=30)   # reaped, as its parent (srun, a shell) would
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node0.pid, signal.SIGKILL)   # the rest of node 0's group (its converter)
+    assert time.monotonic() - killed < 15   # not MCORE_WAIT's 600 s
+    assert (waiting.returncode, out, len(err.splitlines())) == (1, "", 1), err
+    if sig == "SIGKILL":   # the heartbeat stays, unchanged: silent from the kill on
+        assert heartbeat.exists() and re.fullmatch(
+            rf"error: MCORE_DIR: node 0 \(NODE_RANK=0\) stopped converting into {re.escape(str(mcore))}: its heartbeat "
+            rf"{re.escape(str(heartbeat))} has not changed in \d+ s \(MCORE_SILENT; killed\? out of memory, the "
+            r"scheduler, a lost machine\): see node 0's log, then launch again \(its conversion replaces the partial "
+            rf"{re.escape(str(mcore))}\.tmp\)\n", err), err
+    else:   # the launcher's trap says so, or the conversion's own end (its code) where that came first
+        assert not heartbeat.exists() and re.fullmatch(
+            rf"error: MCORE_DIR: node 0's conversion into {re.escape(str(mcore))} failed \((its launcher stopped before it "
+            r"ended: SIGTERM\?|exit code 143: .*)\); node 0's log says more\n", err), err
+
+
+def test_a_slow_conversion_keeps_its_heartbeat_and_the_waiting_nodes_wait_on(tmp_path):
+    """A healthy conversion longer than MCORE_SILENT: node 0 rewrites its heartbeat each MCORE_HEARTBEAT seconds, node
+    1 waits on and starts torchrun after it; the heartbeat is gone once the conversion is done."""
+    env0, env1 = _heartbeat_nodes(tmp_path)
+    heartbeat = tmp_path / "mcore_base.converting"
+    waiting = _start(tmp_path, env1)
+    node0 = _start(tmp_path, {**env0, "CONVERT_SLEEP": "7"})
+    try:
+        beats = _beats(heartbeat, lambda _: node0.poll() is not None, timeout=60)
+        out0, err0 = node0.communicate(timeout=30)
+        out1, err1 = waiting.communicate(timeout=30)
+    finally:
+        for proc in (waiting, node0):
+            proc.kill()
+    assert node0.returncode == 0 and "launched: " in out0, err0[-3000:]
+    assert waiting.returncode == 0 and "launched: " in out1, err1[-3000:]
+    assert len(beats) >= 4 and not heartbeat.exists(), beats   # ~7 in 7 s
+
+
+def test_a_heartbeat_an_earlier_killed_launch_left_is_judged_from_the_wait_s_start(tmp_path):
+    """A heartbeat an earlier launch's killed node 0 left (hours old) does not stop a new launch: node 1 gives node 0
+    MCORE_SILENT seconds from its own start, node 0's new conversion rewrites it and removes it at the end; with no
+    node 0, node 1 stops after MCORE_SILENT seconds, not MCORE_WAIT."""
+    import time
+
+    env0, env1 = _heartbeat_nodes(tmp_path)
+    mcore, heartbeat = tmp_path / "mcore_base", tmp_path / "mcore_base.converting"
+    heartbeat.write_text("1700000000.000000000\n")
+    os.utime(heartbeat, (1700000000, 1700000000))
+    waiting = _start(tmp_path, env1)
+    try:
+        assert waiting.stderr.readline().startswith("launch_phf: node 1: waiting up to 600 s")
+        time.sleep(1)   # node 0 starts later
+        node0 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env={**env0, "CONVERT_SLEEP": "4"},
+                               capture_output=True, text=True, timeout=120)
+        assert node0.returncode == 0 and mcore.is_dir() and not heartbeat.exists(), node0.stderr[-3000:]
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and "launched: " in out, err[-3000:]
+
+    shutil.rmtree(mcore)   # no node 0 this time
+    heartbeat.write_text("1700000000.000000000\n")
+    started = time.monotonic()
+    node1 = subprocess.run(["bash", LAUNCHER], cwd=str(tmp_path), env=env1, capture_output=True, text=True, timeout=60)
+    assert 3 <= time.monotonic() - started < 30
+    assert node1.returncode == 1 and "its heartbeat" in node1.stderr.splitlines()[-1], node1.stderr[-3000:]

@@ -35,7 +35,7 @@ def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tupl
     run = str(tmp_path / "run")
     env = {k: v for k, v in standalone_environ().items()
            if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT", "MCORE_STALE",
-                        "SLURM_STEP_NUM_TASKS")}
+                        "MCORE_HEARTBEAT", "MCORE_SILENT", "SLURM_STEP_NUM_TASKS")}
     env.update({"HF_MODEL": str(hf), "RUN_DIR": run, "DATA": "train.jsonl", **extra_env,
                 "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])})
     return env, run
@@ -81,6 +81,10 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (8, {"NNODES": "2"}, "error: NNODES=2: set NODE_RANK, this node's index (0 to 1)"),
     (8, {"NNODES": "2", "NODE_RANK": "1"}, "error: NNODES=2: set MASTER_ADDR, the address of the node of NODE_RANK=0"),
     (8, {"NGPU": "eight"}, "error: NGPU=eight: expected a whole number >= 1"),
+    (8, {"MCORE_HEARTBEAT": "0"}, "error: MCORE_HEARTBEAT=0: expected a whole number >= 1"),
+    # a waiting node would take a live node 0, its heartbeat not seen to change in MCORE_SILENT s, for a dead one
+    (8, {"MCORE_SILENT": "10"}, "error: MCORE_SILENT=10: expected more than twice MCORE_HEARTBEAT=5, the seconds "
+     "between node 0's heartbeats"),
     # a node index out of range: was torchrun's error, after the conversion
     *((8, {"NNODES": nnodes, "NODE_RANK": rank, "MASTER_ADDR": "gpu017"}, f"error: NODE_RANK={rank}: expected this "
        f"node's index, a whole number from 0 to {int(nnodes) - 1} (NNODES={nnodes})")
