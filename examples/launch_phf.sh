@@ -193,7 +193,8 @@ elif [ "${NODE_RANK:-0}" -ne 0 ] && [ -z "${PREPARE_ONLY:-}" ]; then   # node 0 
       fi
       beat_now=$(heartbeat_state)
       [ "$beat_now" = "$beat_seen" ] || { beat_seen=$beat_now; BEAT_SINCE=$SECONDS; }
-      if [ -n "$beat_now" ] && [ $((SECONDS - BEAT_SINCE)) -ge "$MCORE_SILENT" ]; then
+      # more than MCORE_SILENT in SECONDS (whole seconds of the clock, read twice: up to 1 s early) is at least that
+      if [ -n "$beat_now" ] && [ $((SECONDS - BEAT_SINCE)) -gt "$MCORE_SILENT" ]; then
         echo "error: MCORE_DIR: node 0 (NODE_RANK=0) stopped converting into $MCORE_DIR: its heartbeat $HEARTBEAT has not changed in $((SECONDS - BEAT_SINCE)) s (MCORE_SILENT; killed? out of memory, the scheduler, a lost machine): see node 0's log, then launch again (its conversion replaces the partial $MCORE_DIR.tmp)" >&2
         exit 1
       fi
