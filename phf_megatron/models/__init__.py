@@ -23,7 +23,8 @@ API::
 * ``qwen3_arch.Qwen3Arch.from_hf(config | dict | dir)``: the shapes, with checks (imports neither
   Megatron nor transformers; the converters share it).
 * ``unwrap(model)``: the ``GPTModel`` inside DDP / Float16Module wrappers.
-* ``choices.TRANSFORMER_IMPLS``: the layer implementations a config may name.
+* ``choices.TRANSFORMER_IMPLS``: the layer implementations a config may name; ``choices.PACKED_ATTENTIONS``: the
+  attentions of packed sequences (``models/varlen.py``: PyTorch's varlen flash attention, opt-in).
 
 Why ``GPTModel`` rather than 0.19's ``HybridModel``: see ``provider.py``. Submodules load on first
 use (``lazy_exports``): ``models.qwen3_arch`` and ``models.choices`` import without Megatron.
@@ -32,7 +33,7 @@ use (``lazy_exports``): ``models.qwen3_arch`` and ``models.choices`` import with
 from ..lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "choices": ("TRANSFORMER_IMPLS",),
+    "choices": ("PACKED_ATTENTIONS", "TRANSFORMER_IMPLS"),
     "config": ("Qwen3TransformerConfig", "qwen3_transformer_config"),
     "provider": ("build_qwen3_model", "unwrap"),
     "qwen3_arch": ("Qwen3Arch",),

@@ -21,7 +21,10 @@ Masks:
   it can: ``kernel_in_use`` names it, and the start line says it); work and memory grow
   with ``sum L_i^2``, never the dense ``[t, t]`` of a block-diagonal mask); output [t, 1, n·d].
   The sequence bounds are read to the host once per micro-batch (cached on the params object),
-  not once per layer.
+  not once per layer. Opt-in, ``packed_attention='varlen'`` (``Qwen3TransformerConfig``; the trainer's
+  ``--model.packed_attention``): one call per layer of PyTorch's varlen flash attention from ``cu_seqlens``
+  instead (``models/varlen.py``: CUDA only, no attention dropout; the start line says "varlen flash"). It stays
+  opt-in until a GPU has measured it against the per-sequence calls (``benchmarks/sdpa_plans.py``).
 
 Every call leaves cuDNN's attention out (``SDPA_BACKENDS``): PyTorch on Hopper may try cuDNN first (with a
 bundled cuDNN newer than 9.15, as torch 2.11's likely is: read in PyTorch's backend choice, not recorded on a
@@ -41,6 +44,9 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from phf_megatron.models.choices import PACKED_ATTENTIONS
+from phf_megatron.models.varlen import varlen_attend, varlen_call, varlen_parameters
 
 #: The kernels attention may take (module docstring): no cuDNN, which would build a plan for every new sequence length.
 #: A list, built once: ``sdpa_kernel`` refuses a tuple.
@@ -80,6 +86,16 @@ class SDPACoreAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.varlen = None
+        """The ``varlen_attn`` call of packed sequences (``packed_attention='varlen'``); None: one SDPA call each."""
+        packed = getattr(config, "packed_attention", "sdpa")
+        if packed not in PACKED_ATTENTIONS:
+            raise ValueError(f"packed_attention: {packed!r} is not one of {PACKED_ATTENTIONS}")
+        if packed == "varlen":   # refused here (start-up) if it cannot serve this model
+            tp = config.tensor_model_parallel_size
+            self.varlen = varlen_call(varlen_parameters(), config.num_attention_heads // tp,
+                                      (config.num_query_groups or config.num_attention_heads) // tp,
+                                      config.kv_channels, self.softmax_scale, self.dropout_p)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType] = None,
@@ -89,6 +105,11 @@ class SDPACoreAttention(MegatronModule):
         if query.dim() == 3:  # packed 'thd': Megatron squeezes the batch dim -> [t, n, d]
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         sq, b, heads, d = query.shape
+        if packed_seq_params is not None and self.varlen is not None:
+            cu_seqlens, longest = packed_cu_seqlens(packed_seq_params, sq, b, query.device)
+            with sdpa_kernel(SDPA_BACKENDS):
+                out = varlen_attend(self.varlen, query[:, 0], key[:, 0], value[:, 0], cu_seqlens, longest)
+            return out.reshape(sq, b, heads * d)
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         is_causal = False
         segments = None
@@ -156,3 +177,17 @@ def packed_segments(params, sq: int, b: int) -> list[tuple[int, int]]:
     segments = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
     params._sdpa_segments = (sq, segments)
     return segments
+
+
+
+def packed_cu_seqlens(params, sq: int, b: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """``packed_segments`` as ``varlen_attn`` takes them: int32 ``cu_seqlens`` on ``device`` (empty sequences left
+    out) and the longest sequence, built once per params object."""
+    cached = getattr(params, "_varlen_bounds", None)
+    if cached is not None and cached[0] == sq and cached[1].device == device:
+        return cached[1], cached[2]
+    segments = packed_segments(params, sq, b)
+    cu_seqlens = torch.tensor([segments[0][0]] + [hi for _, hi in segments], dtype=torch.int32, device=device)
+    longest = max(hi - lo for lo, hi in segments)
+    params._varlen_bounds = (sq, cu_seqlens, longest)
+    return cu_seqlens, longest

@@ -5,3 +5,7 @@ checks them before anything heavy loads)."""
 #: when it imports, else local), "te" (Transformer Engine's spec), "local" (Megatron's local spec
 #: with our SDPA attention and SP-safe RMSNorm).
 TRANSFORMER_IMPLS = ("auto", "te", "local")
+
+#: Attention of packed sequences in the local spec (``model.packed_attention``, ``models.attention``): "sdpa" (one
+#: causal SDPA call per sequence), "varlen" (one call per layer of PyTorch's varlen flash attention, CUDA only).
+PACKED_ATTENTIONS = ("sdpa", "varlen")

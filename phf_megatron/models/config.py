@@ -41,6 +41,11 @@ class Qwen3TransformerConfig(TransformerConfig):
     """``torch.compile`` every decoder layer (fuses the residual adds, norms, RoPE and SwiGLU
     with the surrounding element-wise work); applied by ``build_qwen3_model``."""
 
+    packed_attention: str = "sdpa"
+    """The local spec's attention of packed sequences (THD, ``cu_seqlens``; ``models/attention.py``): sdpa (one
+    causal SDPA call per sequence) | varlen (one call per layer of PyTorch's varlen flash attention,
+    ``models/varlen.py``: CUDA only, no attention dropout). ``choices.PACKED_ATTENTIONS``."""
+
 
 def as_dtype(dtype: Any) -> torch.dtype:
     if isinstance(dtype, torch.dtype):

@@ -49,6 +49,7 @@ RESUME_MUTABLE = (
     "model.recompute_method",
     "model.recompute_num_layers",
     "model.transformer_impl",
+    "model.packed_attention",
     "data.path",
     "rollout.gpu_memory_utilization",
     "rollout.enable_sleep_mode",

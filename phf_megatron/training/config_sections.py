@@ -14,7 +14,7 @@ from ..config_errors import check_choice, check_positive, fail
 from ..data.prompts import TEACHER_PROMPTS
 from ..data.reason_first import DEFAULT_ANALYSIS_TOKENS
 from ..lora.config import LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
-from ..models.choices import TRANSFORMER_IMPLS
+from ..models.choices import PACKED_ATTENTIONS, TRANSFORMER_IMPLS
 from ..rollout.config import RolloutConfig  # noqa: F401 - the rollout section lives with the engines
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
@@ -71,6 +71,10 @@ class ModelConfig:
     """Compiled RMSNorm / RoPE / SwiGLU fast paths (GPU only; measured 1.31x HF tokens/s on an H100)."""
     compile_layers: bool = False
     """``torch.compile`` each decoder layer (GPU; measured 1.65x HF tokens/s on an H100, longer start-up)."""
+    packed_attention: str = "sdpa"
+    """Attention of packed sequences (training.packing) in the local spec: sdpa (one causal SDPA call per sequence) |
+    varlen (one call per layer of PyTorch's varlen flash attention from cu_seqlens, models/varlen.py: CUDA only, no
+    attention dropout, not with Transformer Engine). Opt-in: not yet measured on a GPU (benchmarks/sdpa_plans.py)."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPES)
@@ -85,6 +89,7 @@ class ModelConfig:
         if self.tensor_model_parallel_size == 1:
             self.sequence_parallel = False  # Megatron's rule: nothing to split at TP = 1
         check_choice("model.transformer_impl", self.transformer_impl, TRANSFORMER_IMPLS)
+        check_choice("model.packed_attention", self.packed_attention, PACKED_ATTENTIONS)
         if self.recompute_granularity is not None:
             check_choice("model.recompute_granularity", self.recompute_granularity, RECOMPUTE_GRANULARITIES)
         if self.recompute_granularity == "full":

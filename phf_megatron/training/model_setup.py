@@ -114,7 +114,26 @@ def _config_overrides(cfg: TrainConfig) -> dict:
         out.update(hidden_dropout=0.0, attention_dropout=0.0)
     if m.compile_layers:
         out["compile_layers"] = True
+    out["packed_attention"] = m.packed_attention
     return out
+
+
+def check_packed_attention(cfg: TrainConfig) -> None:
+    """``model.packed_attention='varlen'`` where it cannot run, refused in one line before anything is built: with
+    Transformer Engine's spec (its own THD attention runs packed sequences), a torch without ``varlen_attn``, no
+    CUDA device. What the model refuses (attention dropout, a softmax scale) is named as it is built."""
+    if cfg.model.packed_attention != "varlen":
+        return
+    from ..models.spec import resolve_backend
+    from ..models.varlen import varlen_unavailable
+
+    if resolve_backend(cfg.model.transformer_impl) == "te":
+        raise fail("model.packed_attention", "'varlen' is the local spec's attention; model.transformer_impl="
+                   f"{cfg.model.transformer_impl!r} runs Transformer Engine here, whose THD attention takes packed "
+                   "sequences: set model.transformer_impl=local, or leave this at 'sdpa'")
+    reason = varlen_unavailable()
+    if reason:
+        raise fail("model.packed_attention", reason.removeprefix("packed_attention: "))
 
 
 def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:
@@ -175,9 +194,12 @@ def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
     chunks = []
     vpp = cfg.model.virtual_pipeline_model_parallel_size
     for vp_stage in range(vpp or 1):
-        model = build_qwen3_model(hf_config, sp=cfg.model.sequence_parallel, dtype=dtype, fused=fused,
-                                  backend=cfg.model.transformer_impl, vp_stage=vp_stage if vpp else None,
-                                  **_config_overrides(cfg))
+        try:
+            model = build_qwen3_model(hf_config, sp=cfg.model.sequence_parallel, dtype=dtype, fused=fused,
+                                      backend=cfg.model.transformer_impl, vp_stage=vp_stage if vpp else None,
+                                      **_config_overrides(cfg))
+        except ValueError as err:   # "packed_attention: ..." (models/varlen.py)
+            raise as_config_error(err, ("packed_attention",), "model") or err from None
         _load_base_weights(model, cfg, arch)
         if lora.enabled:
             apply_lora(model, lora, seed=cfg.training.seed)
@@ -195,6 +217,7 @@ def build_student(cfg: TrainConfig, num_rows: int) -> StudentModel:
 
     hf_config = read_hf_config(cfg)
     check_settings_fit_model(cfg, hf_config)
+    check_packed_attention(cfg)
     arch = Qwen3Arch.from_hf(hf_config)
     chunks = []
     for model in build_model_chunks(cfg, hf_config, arch):
@@ -227,7 +250,8 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     te = resolve_backend(cfg.model.transformer_impl) == "te"
     no_te = "" if te else (" (Transformer Engine not installed)" if not have_transformer_engine() else "")
     kernel = "" if te else sdpa_kernel_in_use(student.config, cuda)
-    packed = f", packed sequences: {packed_attention(te, kernel)}" if cfg.training.packing else ""
+    packed = f", packed sequences: {packed_attention(te, kernel, cfg.model.packed_attention)}" \
+        if cfg.training.packing else ""
     parts = [f"attention {'Transformer Engine' if te else f'SDPA (Megatron local spec, {kernel})'}{no_te}{packed}",
              f"norm {'Transformer Engine RMSNorm' if te else 'RMSNorm (phf_megatron.models.norm)'}"]
     fused = cfg.model.fused_kernels and cuda
@@ -239,12 +263,15 @@ def implementations(cfg: TrainConfig, student: StudentModel, engine, loss_parts:
     return "; ".join(parts)
 
 
-def packed_attention(te: bool, kernel: str) -> str:
+def packed_attention(te: bool, kernel: str, choice: str = "sdpa") -> str:
     """The attention that runs packed sequences (``training.packing``, THD with ``cu_seqlens``): Transformer
-    Engine's THD path; else ``models.attention.SDPACoreAttention``: one causal SDPA call per packed sequence
-    (block-diagonal causal attention without a ``[S, S]`` mask) on ``kernel`` (``sdpa_kernel_in_use``)."""
+    Engine's THD path; else ``models.attention.SDPACoreAttention`` as ``choice`` (``model.packed_attention``) says:
+    one causal SDPA call per packed sequence (block-diagonal causal attention without a ``[S, S]`` mask) on
+    ``kernel`` (``sdpa_kernel_in_use``), or ``'varlen'``: PyTorch's varlen flash attention, one call per layer."""
     if te:
         return "Transformer Engine THD (cu_seqlens)"
+    if choice == "varlen":
+        return "varlen flash, causal (torch.nn.attention.varlen.varlen_attn, one call per layer)"
     return f"SDPA per sequence, causal ({kernel})"
 
 

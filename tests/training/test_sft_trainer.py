@@ -241,6 +241,22 @@ def test_the_start_line_names_the_attention_kernel_of_this_rank():
     config = qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.bfloat16, attention_dropout=0.1)
     assert sdpa_kernel_in_use(config, cuda=False) == "math kernel on CPU"   # its attention dropout: no CPU flash
     assert packed_attention(te=False, kernel="flash kernel") == "SDPA per sequence, causal (flash kernel)"
+    assert packed_attention(te=False, kernel="flash kernel", choice="varlen") == \
+        "varlen flash, causal (torch.nn.attention.varlen.varlen_attn, one call per layer)"
+    assert packed_attention(te=True, kernel="", choice="varlen") == "Transformer Engine THD (cu_seqlens)"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal without CUDA")
+def test_varlen_attention_without_cuda_stops_the_start_in_one_line(tiny_inputs, tmp_path):
+    """PyTorch's varlen attention runs on CUDA only: named at start-up, before the model is built or a step runs."""
+    hf, data = tiny_inputs
+    proc = train(hf, data, str(tmp_path / "varlen"), *SFT, "--training.train_iters=1", "--training.packing",
+                 "--model.packed_attention=varlen")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --model.packed_attention: 'varlen' runs on CUDA only (PyTorch's varlen_attn) and no CUDA device is "
+        "visible: use 'sdpa'")
+    assert not os.path.exists(os.path.join(tmp_path, "varlen", "metrics.jsonl"))
 
 
 def test_a_token_budget_with_a_per_micro_batch_loss_is_one_line():

@@ -1,0 +1,63 @@
+"""``--model.packed_attention`` (sdpa | varlen: ``models/varlen.py``): listed by ``--help``, checked as a choice,
+refused at start-up where it cannot run (each refusal one line naming the setting), handed to the model's config,
+and, as a kernel choice, free to change on a resume."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from phf_megatron.errors import ConfigError
+from phf_megatron.training.config import ModelConfig, TrainConfig
+from phf_megatron.training.config_io import resume_fingerprint
+from phf_megatron.training.model_setup import _config_overrides, check_packed_attention
+
+
+def _with(packed: str, **model) -> TrainConfig:
+    cfg = TrainConfig()
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, packed_attention=packed, **model))
+
+
+def test_help_lists_the_setting_with_its_default(capsys):
+    from phf_megatron.train import train
+
+    assert train(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "  --model.packed_attention=<str>  (default: sdpa)\n" in out
+    assert "varlen (one call per layer of PyTorch's varlen flash attention" in " ".join(out.split())
+
+
+def test_an_unknown_choice_is_one_line():
+    with pytest.raises(ConfigError) as err:
+        ModelConfig(packed_attention="flash")
+    assert err.value.line == "--model.packed_attention: 'flash' is not one of ('sdpa', 'varlen')"
+
+
+def test_varlen_with_transformer_engine_is_refused(monkeypatch):
+    from phf_megatron.models import spec
+
+    monkeypatch.setattr(spec, "resolve_backend", lambda backend: "te")
+    with pytest.raises(ConfigError) as err:
+        check_packed_attention(_with("varlen", transformer_impl="auto"))
+    assert err.value.line == ("--model.packed_attention: 'varlen' is the local spec's attention; "
+                              "model.transformer_impl='auto' runs Transformer Engine here, whose THD attention takes "
+                              "packed sequences: set model.transformer_impl=local, or leave this at 'sdpa'")
+    check_packed_attention(_with("sdpa", transformer_impl="auto"))   # the default: nothing to check
+
+
+def test_where_varlen_cannot_run_the_reason_is_the_line(monkeypatch):
+    from phf_megatron.models import varlen
+
+    monkeypatch.setattr(varlen, "varlen_unavailable", lambda: "packed_attention: 'varlen' runs on CUDA only (why)")
+    with pytest.raises(ConfigError) as err:
+        check_packed_attention(_with("varlen", transformer_impl="local"))
+    assert err.value.line == "--model.packed_attention: 'varlen' runs on CUDA only (why)"
+    monkeypatch.setattr(varlen, "varlen_unavailable", lambda: None)
+    check_packed_attention(_with("varlen", transformer_impl="local"))
+
+
+def test_the_choice_reaches_the_models_config_and_a_resume_may_change_it():
+    assert _config_overrides(_with("varlen"))["packed_attention"] == "varlen"
+    assert _config_overrides(_with("sdpa"))["packed_attention"] == "sdpa"
+    assert resume_fingerprint(_with("varlen")) == resume_fingerprint(_with("sdpa"))
