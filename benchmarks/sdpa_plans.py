@@ -13,6 +13,12 @@ lengths again, once with every backend PyTorch has and once with ``SDPA_BACKENDS
 ``new_s`` far above ``again_s`` in the first row only. Also recorded: torch and cuDNN versions, the device, the
 backend order, and the backend PyTorch picks for such a call (``torch._fused_sdp_choice``: 0 math, 1 flash, 2
 memory-efficient, 3 cuDNN).
+
+``varlen`` (a GPU only; skipped on CPU with the reason recorded): the model's packed attention both ways,
+``SDPACoreAttention`` with ``packed_attention`` ``'sdpa'`` (one causal SDPA call per sequence) and ``'varlen'`` (one
+call of PyTorch's varlen flash attention, ``models/varlen.py``), forward + backward on the same lengths packed
+``PER_MICROBATCH`` to a micro-batch, ``VARLEN_REPEATS`` times after a warm-up: ms per layer (one layer's attention of
+one micro-batch, the median over repeats) each, and their ratio (``sdpa_over_varlen`` > 1: varlen is faster).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -31,6 +38,9 @@ from phf_megatron.models.attention import SDPA_BACKENDS
 
 #: Qwen3-1.7B's attention (16 query heads, 8 KV heads of 128); ``--tiny``: 4 / 2 heads of 16.
 SHAPES = {"1.7b": (16, 8, 128), "tiny": (4, 2, 16)}
+#: The varlen comparison: sequences per packed micro-batch (the 1.7B preset's micro_batch_size), timed repeats.
+PER_MICROBATCH = 4
+VARLEN_REPEATS = 5
 
 
 def segment(n: int, heads: tuple[int, int, int], device: str, dtype: torch.dtype, grad: bool = False):
@@ -66,6 +76,53 @@ def measure(backends: list[SDPBackend] | None, base: int, count: int, stride: in
     return dict(backends=[b.name for b in backends] if backends else "all", lengths=lengths, new_s=new, again_s=again)
 
 
+def packed_attention_ms(packed: str, microbatches: list[list[int]], heads, device, dtype) -> float:
+    """Median over ``VARLEN_REPEATS`` of one layer's packed attention, forward + backward, per micro-batch (ms), as
+    the model runs it (``SDPACoreAttention`` with ``packed_attention=packed``; bounds cached per micro-batch)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from benchmarks.shapes import qwen3_shape
+    from phf_megatron.models.attention import SDPACoreAttention
+    from phf_megatron.models.config import qwen3_transformer_config
+
+    hq, hkv, d = heads
+    config = qwen3_transformer_config(qwen3_shape("1.7b", num_attention_heads=hq, num_key_value_heads=hkv, head_dim=d),
+                                      dtype=dtype, packed_attention=packed)
+    attend = SDPACoreAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal).train()
+    calls = []
+    for lengths in microbatches:
+        cu = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths),
+                                 max_seqlen_kv=max(lengths))
+        qkv = [x[0].transpose(0, 1) for x in segment(sum(lengths), heads, device, dtype, grad=True)]   # [t, h, d]
+        calls.append((qkv, params))
+
+    def run() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for (q, k, v), params in calls:
+            attend(q, k, v, None, packed_seq_params=params).sum().backward()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3 / len(calls)
+
+    run()   # warm-up
+    return statistics.median(run() for _ in range(VARLEN_REPEATS))
+
+
+def compare_varlen(lengths: list[int], heads, device: str, dtype: torch.dtype) -> dict:
+    """Per-sequence SDPA vs varlen flash attention on ``lengths`` (module docstring); ``skipped`` says why not."""
+    from phf_megatron.models.varlen import varlen_unavailable
+
+    reason = varlen_unavailable() if device == "cuda" else "a CPU run (--tiny or no GPU): varlen_attn is CUDA only"
+    if reason:
+        return dict(skipped=reason)
+    microbatches = [lengths[i: i + PER_MICROBATCH] for i in range(0, len(lengths), PER_MICROBATCH)]
+    ms = {packed: packed_attention_ms(packed, microbatches, heads, device, dtype) for packed in ("sdpa", "varlen")}
+    return dict(microbatches=microbatches, repeats=VARLEN_REPEATS, sdpa_per_sequence_ms_per_layer=ms["sdpa"],
+                varlen_ms_per_layer=ms["varlen"], sdpa_over_varlen=ms["sdpa"] / ms["varlen"])
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny head layout and short lengths (CPU check)")
@@ -86,9 +143,15 @@ def main(argv=None) -> dict:
                priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None,
                runs=[measure(None, base, args.lengths, 7, heads, device, dtype),
                      measure(SDPA_BACKENDS, base + 1, args.lengths, 7, heads, device, dtype)])
+    out["varlen"] = compare_varlen(out["runs"][1]["lengths"], heads, device, dtype)
     for r in out["runs"]:
         print(f"backends {r['backends']}: {args.lengths} new lengths {r['new_s']:.3f} s, the same again "
               f"{r['again_s']:.3f} s", flush=True)
+    v = out["varlen"]
+    print(f"varlen: skipped ({v['skipped']})" if "skipped" in v else
+          f"packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
+          f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
+          f"ratio {v['sdpa_over_varlen']:.2f}", flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))

@@ -17,7 +17,7 @@
 #   reference  benchmarks/opsd_reference_step.py: HF+PEFT OPSD step vs ours (PHF, OPSD-only),
 #              both shapes (REF_SHAPES), time/step, tokens/s, MFU, peak memory; its JSON after each shape (<= 420 s)
 #   gputests   pytest -m gpu on every GPU test that needs no vLLM (non-finite bf16, Triton JSD, fused
-#              paths, TE-less local spec, GPU checkpoint, PHF step, the flow kernels)          (<= 300 s)
+#              paths, varlen attention, TE-less local spec, GPU checkpoint, PHF step, the flow kernels) (<= 300 s)
 #   vllmtests  the GPU-only vLLM paths: engine start, IPC, sleep/wake, fingerprints, sync   (<= 240 s)
 #   launcher   benchmarks/gpu/user_launcher.sh: the user's examples/train_phf_qwen3_1p7b.sh on one GPU
 #              (torchrun, spawned engine, checkpoint, SIGKILL + resume, PEFT export)        (<= 420 s)
@@ -26,7 +26,8 @@
 #   packing    benchmarks/packing_step.py: the PHF step padded / packed / packed + token budget on the
 #              real length mix at the 1.7B shape, bf16, time and peak memory per variant (issue 23) (<= 240 s)
 #   sdpa       benchmarks/sdpa_plans.py: what a new sequence length costs PyTorch's attention, with every
-#              backend and with our attention's (no cuDNN) (issue 23)                       (<= 120 s)
+#              backend and with our attention's (no cuDNN); then the packed attention per layer, per-sequence
+#              SDPA vs varlen flash (model.packed_attention), forward + backward (issue 23)  (<= 120 s)
 #   grpo, sft  the paper's GRPO / SFT baselines on the same trainer at the 1.7B shape (issue 22): the
 #              step breakdown (rollout, old log-probs, student, optimizer, sync) and peak memory (<= 420 / 300 s)
 #   STEPS17 / STEPS8 (environment): the 1p7b / 8b step counts (20 / 5); STEPS_PACKING: packing's (6);
@@ -94,6 +95,7 @@ else
   TESTS=(tests/rollout tests/training tests/parallel)
   # every `gpu` test that needs no vLLM (the flow kernels last: they JIT-build csrc/ on first use)
   GPU_TESTS=(tests/training/test_nonfinite.py tests/parallel/test_jsd_triton.py tests/models/test_fused_kernels.py
+             tests/models/test_varlen.py
              tests/objectives/test_reference_is_pure.py tests/training/test_checkpoint_gpu.py
              tests/parallel/test_phf_step_gpu.py tests/kernels)
   # the GPU-only vLLM paths first (engine start, IPC, sleep/wake, fingerprints, Megatron -> vLLM sync)

@@ -3,7 +3,8 @@
     python benchmarks/gpu/summarize_main_job.py OUT
 
 Reads ``stages.tsv`` (stage, exit code, seconds), ``pytest.xml``, ``breakdown_*.json``
-(``train_step_breakdown.py``), ``opsd_reference_step.json`` and ``packing_step.json``; what is missing is left out.
+(``train_step_breakdown.py``), ``opsd_reference_step.json``, ``packing_step.json`` and ``sdpa_plans.json``; what is
+missing is left out.
 """
 
 from __future__ import annotations
@@ -52,7 +53,27 @@ def summarize(out: str) -> dict:
         summary["packing_step"] = {k: packing.get(k) for k in ("device", "attention_kernel", "shape", "layout", "summary")}
         peaks = {v: [s["variants"][v]["peak_gib"] for s in packing.get("steps", [])] for v in packing["summary"]}
         summary["packing_step"]["peak_gib"] = {v: max(p) if p and None not in p else None for v, p in peaks.items()}
+    sdpa = _load(os.path.join(out, "sdpa_plans.json"))
+    if sdpa:
+        summary["sdpa_plans"] = {k: sdpa.get(k) for k in ("torch", "device", "heads", "runs", "varlen")}
     return summary
+
+
+def sdpa_lines(p: dict) -> list[str]:
+    """``benchmarks/sdpa_plans.py``'s result: new lengths vs the same again per backend set, then per-sequence SDPA
+    vs varlen flash attention per layer (or why that was skipped)."""
+    lines = ["", f"## Attention at new sequence lengths ({p.get('device')}, torch {p.get('torch')}, heads {p.get('heads')})",
+             ""]
+    lines += [f"- backends {r['backends']}: new lengths {r['new_s']:.3f} s, the same again {r['again_s']:.3f} s"
+              for r in p.get("runs") or []]
+    v = p.get("varlen") or {}
+    if "skipped" in v:
+        return lines + [f"- packed attention, varlen: skipped ({v['skipped']})"]
+    if v:
+        lines.append(f"- packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
+                     f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
+                     f"ratio {v['sdpa_over_varlen']:.2f}")
+    return lines
 
 
 def to_markdown(s: dict) -> str:
@@ -105,6 +126,8 @@ def to_markdown(s: dict) -> str:
                      if "again_slowest_rank_s" in r else "| ")
             lines.append(f"| {v} | {r['slowest_rank_s']:.3f} | {r['speedup_slowest']:.2f}x | {again} | {r['tokens']:,.0f} | "
                          f"{peak if peak is None else f'{peak:.1f}'} | {r['max_loss_rel_diff']:.1e} |")
+    if "sdpa_plans" in s:
+        lines += sdpa_lines(s["sdpa_plans"])
     return "\n".join(lines) + "\n"
 
 
