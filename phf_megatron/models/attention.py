@@ -179,7 +179,6 @@ def packed_segments(params, sq: int, b: int) -> list[tuple[int, int]]:
     return segments
 
 
-
 def packed_cu_seqlens(params, sq: int, b: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """``packed_segments`` as ``varlen_attn`` takes them: int32 ``cu_seqlens`` on ``device`` (empty sequences left
     out) and the longest sequence, built once per params object."""

@@ -57,6 +57,18 @@ def test_where_varlen_cannot_run_the_reason_is_the_line(monkeypatch):
     check_packed_attention(_with("varlen", transformer_impl="local"))
 
 
+def test_varlen_in_float32_is_refused_before_the_device_is_looked_at(monkeypatch):
+    from phf_megatron.models import varlen
+
+    monkeypatch.setattr(varlen, "varlen_unavailable", lambda: None)
+    with pytest.raises(ConfigError) as err:
+        check_packed_attention(_with("varlen", transformer_impl="local", dtype="float32"))
+    assert err.value.line == ("--model.packed_attention: 'varlen' runs PyTorch's flash attention, which takes "
+                              "bfloat16 or float16, and model.dtype is float32: set model.dtype=bfloat16, or leave "
+                              "this at 'sdpa'")
+    check_packed_attention(_with("varlen", transformer_impl="local", dtype="float16"))
+
+
 def test_the_choice_reaches_the_models_config_and_a_resume_may_change_it():
     assert _config_overrides(_with("varlen"))["packed_attention"] == "varlen"
     assert _config_overrides(_with("sdpa"))["packed_attention"] == "sdpa"
