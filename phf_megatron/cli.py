@@ -113,9 +113,7 @@ def _parse_scalar(text: str, tp: type, key: str):
             return False
         raise ConfigError(key, f"expected true/false, got {text!r}")
     if tp is dict:
-        import yaml
-
-        value = yaml.safe_load(text) if text.strip() else {}
+        value = _yaml_value(text, key) if text.strip() else {}
         if not isinstance(value, dict):
             raise ConfigError(key, f"expected a mapping like {{name: value}}, got {text!r}")
         return value
@@ -124,6 +122,18 @@ def _parse_scalar(text: str, tp: type, key: str):
     except ValueError:
         raise ConfigError(key, f"expected {tp.__name__}, got {text!r}") from None
     return coerce(value, tp, key) if tp is float else value   # float: refuses nan and inf
+
+
+def _yaml_value(text: str, key: str) -> Any:
+    """A flag's YAML value (``{name: value}``, ``[1, 2]``); broken YAML is one line naming the flag."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:   # was a traceback of the YAML parser
+        where = f" (line {err.problem_mark.line + 1}, column {err.problem_mark.column + 1}: {err.problem})" \
+            if getattr(err, "problem_mark", None) is not None else ""
+        raise ConfigError(key, f"not valid YAML: {text!r}{where}") from None
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
@@ -144,9 +154,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is tuple:
         if isinstance(value, str):
             if value.strip().startswith("["):
-                import yaml
-
-                value = yaml.safe_load(value)
+                value = _yaml_value(value, key)
             else:
                 value = value.split(",")
         if not isinstance(value, (list, tuple)):

@@ -75,6 +75,11 @@ def test_flags_in_every_spelling():
     (["--inner.rate=-inf"], ConfigError, "--inner.rate: expected a finite number, got -inf"),
     (["--name=bad"], ConfigError, "--name: must not be 'bad'"),
     (["--extra=[1]"], ConfigError, "--extra: expected a mapping like {name: value}, got '[1]'"),
+    # broken YAML in a mapping or list flag (phf-eval's --engine_kwargs, --rollout.vllm_kwargs): was a YAML traceback
+    (["--extra={a: 1"], ConfigError,
+     "--extra: not valid YAML: '{a: 1' (line 1, column 6: expected ',' or '}', but got '<stream end>')"),
+    (["--layers=[1, 2"], ConfigError,
+     "--layers: not valid YAML: '[1, 2' (line 1, column 6: expected ',' or ']', but got '<stream end>')"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(argv, error, line):
     s = Settings(Outer)
