@@ -159,12 +159,15 @@ def test_converters_take_the_dtype_as_the_trainer_and_the_eval_spell_it(tool):
     ("hf_to_mcore.py", ["--hf_dir", "/nonexistent/hf"], "error: --hf_dir: /nonexistent/hf does not exist"),
     ("hf_to_mcore.py", ["--hf_dir", "{tmp}"], "error: --hf_dir: no config.json in {tmp}"),
     ("mcore_to_hf.py", ["--mcore_dir", "/nonexistent/mcore"], "error: --mcore_dir: /nonexistent/mcore does not exist"),
-    ("mcore_to_hf.py", ["--mcore_dir", "{tmp}"], "error: --mcore_dir: no phf_megatron.json in {tmp} (not written by "
-                                                "hf_to_mcore; pass --hf_config to export it)"),
+    ("mcore_to_hf.py", ["--mcore_dir", "{tmp}"], "error: {tmp}: not a Megatron-Core dist checkpoint (no metadata.json)"),
+    ("mcore_to_hf.py", ["--mcore_dir", "{tmp}/dist"], "error: --mcore_dir: no phf_megatron.json in {tmp}/dist (not "
+                                                     "written by hf_to_mcore; pass --hf_config to export it)"),
 ])
 def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     """The converters' library says which argument is wrong (``hf_dir: ...``); the command names its flag."""
     argv = [a.format(tmp=tmp_path) for a in argv]
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "metadata.json").write_text("{}")   # a dist checkpoint that hf_to_mcore did not write
     proc = run_python([os.path.join(TOOLS, "convert", tool), *argv, "--out_dir", str(tmp_path / "o")],
                       CUDA_VISIBLE_DEVICES="")
     assert (proc.returncode, proc.stderr.splitlines()) == (2, [line.format(tmp=tmp_path)]), proc.stderr[-3000:]

@@ -18,9 +18,9 @@ from phf_megatron.commands import launch_world_size
 from phf_megatron.convert.hf_checkpoint import TOKENIZER_FILES, HFCheckpoint
 from phf_megatron.convert.hf_writer import DTYPE_NAMES, write_hf_checkpoint
 from phf_megatron.convert.live_model import iter_hf_weights, load_hf_weights
-from phf_megatron.convert.mcore_checkpoint import (METADATA_FILE, TOKENIZER_DIR, checkpoint_dtype,
-                                                   load_checkpoint, read_metadata, save_checkpoint,
-                                                   write_metadata)
+from phf_megatron.convert.mcore_checkpoint import (METADATA_FILE, TOKENIZER_DIR, check_dist_checkpoint,
+                                                   checkpoint_dtype, load_checkpoint, read_metadata,
+                                                   save_checkpoint, write_metadata)
 from phf_megatron.runtime.megatron_session import megatron_session
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
@@ -129,6 +129,8 @@ def convert_mcore_to_hf(mcore_dir: str, out_dir: str, *, tokenizer_dir: Optional
     from phf_megatron.models import build_qwen3_model
 
     mcore_dir = os.path.abspath(mcore_dir)
+    if hf_config is not None:   # before the tokenizer's search: a directory of another kind is named as such
+        check_dist_checkpoint(mcore_dir)
     meta = read_metadata(mcore_dir) if hf_config is None else {"hf_config": hf_config}
     try:
         arch = Qwen3Arch.from_hf(meta["hf_config"])

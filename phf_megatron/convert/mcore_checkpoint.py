@@ -64,6 +64,7 @@ def read_metadata(ckpt_dir: str) -> dict:
         raise FileNotFoundError(f"mcore_dir: {why}")
     if (error := training_checkpoint_error(ckpt_dir)) is not None:
         raise error
+    check_dist_checkpoint(ckpt_dir)   # a HF model directory: not "pass --hf_config", which would not load it either
     if not os.path.isfile(path):
         raise FileNotFoundError(f"mcore_dir: no {METADATA_FILE} in {ckpt_dir} (not written by hf_to_mcore;"
                                 " pass --hf_config to export it)")

@@ -95,7 +95,10 @@ def test_existing_output_directory(tmp_path, hf_dir):
 
 def test_mcore_dir_without_metadata(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    with pytest.raises(FileNotFoundError, match="phf_megatron.json"):
+    with pytest.raises(ValueError, match=r"not a Megatron-Core dist checkpoint \(no metadata.json\)"):
+        convert_mcore_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
+    (tmp_path / "ckpt" / "metadata.json").write_text("{}")   # a dist checkpoint hf_to_mcore did not write
+    with pytest.raises(FileNotFoundError, match="phf_megatron.json .* pass --hf_config"):
         convert_mcore_to_hf(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
     assert not os.path.exists(tmp_path / "out")
     training = tmp_path / "run" / "checkpoints" / "iter_0000004"   # phf_megatron.train's checkpoint

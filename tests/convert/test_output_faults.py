@@ -76,10 +76,16 @@ def test_converters_into_a_read_only_directory(tmp_path, dirs, tool):
         _nothing_left(out)
 
 
-def test_mcore_to_hf_on_a_directory_that_is_not_a_dist_checkpoint(tmp_path, dirs):
+@pytest.mark.parametrize("extra", [
+    [],   # was "--mcore_dir: no phf_megatron.json in ... (not written by hf_to_mcore; pass --hf_config to export it)"
+    ["--hf_config", "{hf}/config.json"],   # was "--mcore_dir: no tokenizer found (looked in [...]); pass --tokenizer_dir"
+    ["--hf_config", "{hf}/config.json", "--tokenizer_dir", "{hf}"],
+])
+def test_mcore_to_hf_on_a_directory_that_is_not_a_dist_checkpoint(tmp_path, dirs, extra):
+    """A HF model given as --mcore_dir is named as no dist checkpoint, whatever else is given: the lines it got
+    before sent the user on to --hf_config, then to --tokenizer_dir, neither of which could load it."""
     out = str(tmp_path / "out")
-    line = _one_line("mcore_to_hf", ["--mcore_dir", dirs["hf"], "--hf_config", os.path.join(dirs["hf"], "config.json"),
-                                     "--tokenizer_dir", dirs["hf"],
+    line = _one_line("mcore_to_hf", ["--mcore_dir", dirs["hf"], *[a.format(hf=dirs["hf"]) for a in extra],
                                      "--out_dir", out])
     assert line == f"error: {dirs['hf']}: not a Megatron-Core dist checkpoint (no metadata.json)"
     _nothing_left(out)
