@@ -114,6 +114,10 @@ def test_eval_cli_flags_come_from_eval_config():
     assert proc.returncode == 0, proc.stderr
     for f in dataclasses.fields(EvalConfig):   # whatever fields EvalConfig has
         assert f"  --{f.name}=<" in proc.stdout, f.name
+    from phf_megatron.rollout.choices import BACKENDS
+
+    backend_doc = proc.stdout.split("  --backend=<str>")[1].split("\n  --")[0]
+    assert all(name in backend_doc.split() for name in BACKENDS), backend_doc   # vllm_server was left out
     for argv, line in [(["--model", "m"], "error: --out_dir: is required"),
                        (["--model", "m", "--out-dir", "o", "--n", "0"], "error: --n: must be >= 1, got 0"),
                        # pass@16 of 12 samples: was left out of the scores in silence, after the whole run

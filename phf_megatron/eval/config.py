@@ -74,7 +74,8 @@ class EvalConfig:
     seed: int = 0
     """sample i of problem p uses seed hash(seed, benchmark, p, i): reruns and resumes reproduce it."""
     backend: str = "auto"
-    """auto (vLLM if installed) | vllm | hf."""
+    """auto (vLLM if installed) | vllm | hf | vllm_server (a running vLLM server that serves the model:
+    --engine_kwargs '{server_url: http://host:port}')."""
     dtype: str = "bfloat16"
     """the engine's weight dtype: bfloat16 | float16 | float32."""
     max_model_len: int | None = None
