@@ -98,6 +98,16 @@ def test_print_config_prints_the_resolved_yaml(tmp_path):
     assert yaml.safe_load(proc.stdout) == to_dict(expected)
 
 
+def test_print_config_in_either_spelling():
+    """``-`` and ``_`` are one in every flag: ``--print_config`` was "unknown setting; did you mean
+    checkpoint.strict_config, strict_config?"."""
+    from phf_megatron.training.config_io import split_argv
+
+    for flag in ("--print-config", "--print_config"):
+        assert split_argv(["--config", "c.yaml", flag, "--lr=1"]) == ("c.yaml", True, ["--lr=1"])
+    assert split_argv(["--lr=1"]) == (None, False, ["--lr=1"])
+
+
 def test_setting_error_under_torchrun_is_printed_once_by_rank0():
     proc = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "phf_megatron.train",
                  "--rollout.n=3"], timeout=300, OMP_NUM_THREADS="1")

@@ -204,12 +204,14 @@ def unhonoured_format(path: str, values: dict[str, Any], overrides: dict[str, An
 
 
 def split_argv(argv: Sequence[str]) -> tuple[str | None, bool, list[str]]:
-    """``[--config FILE] [--print-config] overrides...`` -> (config file, print-config?, overrides)."""
+    """``[--config FILE] [--print-config] overrides...`` -> (config file, print-config?, overrides);
+    ``--print_config`` too, as ``_`` and ``-`` are one in every flag."""
     args = list(argv)
     path, print_config = None, False
-    if "--print-config" in args:
-        args.remove("--print-config")
-        print_config = True
+    for spelling in ("--print-config", "--print_config"):   # the second was "unknown setting; did you mean
+        if spelling in args:                                 # checkpoint.strict_config"
+            args.remove(spelling)
+            print_config = True
     for i, arg in enumerate(args):
         if arg == "--config" or arg.startswith("--config="):
             if arg == "--config":
