@@ -15,6 +15,7 @@
 #     --rollout.temperature=1.2 --rollout.max_tokens=16000
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
+case $SCALE in 1p7b | 4b | 8b) ;; *) echo "error: SCALE=$SCALE: expected 1p7b, 4b or 8b (configs/phf_qwen3_<SCALE>.yaml)" >&2; exit 2 ;; esac
 export PHF_RUN_NAME=grpo_qwen3_$SCALE   # RUN_DIR's default: runs/grpo_qwen3_$SCALE in the repository
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)   # the preset: the repository's, wherever run from
 CONFIG=$REPO/configs/phf_qwen3_$SCALE.yaml exec bash "$REPO/examples/launch_phf.sh" --method=grpo \

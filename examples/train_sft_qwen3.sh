@@ -10,6 +10,7 @@
 #   the official baseline (scripts/run_sft.sh, TRL SFTTrainer): add --training.global_batch_size=64 --sft.loss_on_prompt=true
 set -euo pipefail
 SCALE=${SCALE:-1p7b}
+case $SCALE in 1p7b | 4b | 8b) ;; *) echo "error: SCALE=$SCALE: expected 1p7b, 4b or 8b (configs/phf_qwen3_<SCALE>.yaml)" >&2; exit 2 ;; esac
 export PHF_RUN_NAME=sft_qwen3_$SCALE   # RUN_DIR's default: runs/sft_qwen3_$SCALE in the repository
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)   # the preset: the repository's, wherever run from
 CONFIG=$REPO/configs/phf_qwen3_$SCALE.yaml exec bash "$REPO/examples/launch_phf.sh" --method=sft \

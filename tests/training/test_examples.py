@@ -80,8 +80,11 @@ def test_setup_check_of_an_installed_venv_is_quiet():
 
 
 @pytest.mark.parametrize("script, extra_env, argv, line", [
-    ("train_sft_qwen3.sh", {"SCALE": "2b"}, [],   # the preset named by its path in the repository
-     f"error: config file '{os.path.realpath(REPO)}/configs/phf_qwen3_2b.yaml' does not exist"),
+    # was "error: config file '<repository>/configs/phf_qwen3_2b.yaml' does not exist": SCALE went unnamed
+    ("train_sft_qwen3.sh", {"SCALE": "2b"}, [],
+     "error: SCALE=2b: expected 1p7b, 4b or 8b (configs/phf_qwen3_<SCALE>.yaml)"),
+    ("train_grpo_qwen3.sh", {"SCALE": "1.7b"}, [],
+     "error: SCALE=1.7b: expected 1p7b, 4b or 8b (configs/phf_qwen3_<SCALE>.yaml)"),
     ("train_phf_qwen3_1p7b.sh", {}, ["--lora.rr=8"], "error: --lora.rr: unknown setting; did you mean lora.r, "
                                                      "lora.dropout, r?"),
 ])
