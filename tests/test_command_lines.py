@@ -193,7 +193,10 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     ("--temperature=-1", "error: --temperature: must be >= 0 (0 = greedy), got -1.0"),
     ("--engine_kwargs={gpu_memory_utilization: 2}",
      "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),
-    ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: EngineConfig.__init__() got an unexpected keyword argument 'foo'"),
+    # an unknown field was "EngineConfig.__init__() got an unexpected keyword argument 'foo'": which fields are there?
+    ("--engine_kwargs={tensor_parallel: 2}",
+     "error: --engine_kwargs: 'tensor_parallel' is not an EngineConfig field; did you mean tensor_parallel_size?"),
+    ("--engine_kwargs={foo: 1}", "error: --engine_kwargs: 'foo' is not an EngineConfig field (its fields: {fields})"),
     ("--engine_kwargs={vllm_kwargs: {dtype: float32}}",
      "error: --engine_kwargs: vllm_kwargs: dtype is set by the eval from --dtype: use that setting instead"),
     ("--engine_kwargs={vllm_kwargs: {gpu_memory_utilization: 0.5}}", "error: --engine_kwargs: vllm_kwargs: "
@@ -208,8 +211,12 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
     while the command line is parsed, naming the flag, and nothing is written."""
     from phf_megatron.tools.eval_avg_at_k import main
 
+    from phf_megatron.eval.config import ENGINE_FIELDS_SET
+    from phf_megatron.rollout.factory import EngineConfig
+
     assert main(["--model", "m", "--out_dir", str(tmp_path / "o"), flag]) == 2
-    assert capsys.readouterr().err.splitlines() == [line]
+    fields = ", ".join(f.name for f in dataclasses.fields(EngineConfig) if f.name not in ENGINE_FIELDS_SET)
+    assert capsys.readouterr().err.splitlines() == [line.format(fields=fields)]
     assert not (tmp_path / "o").exists()
 
 

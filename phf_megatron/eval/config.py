@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from phf_megatron.rollout.choices import ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
 
@@ -151,6 +151,7 @@ class EvalConfig:
     def _check_engine_settings(self) -> None:
         """The sampler's and the engine's own checks, run before any work (not when the engine
         starts): a bad --temperature, --top_k, --dtype or --engine_kwargs is one line naming its flag."""
+        from phf_megatron.cli import did_you_mean
         from phf_megatron.rollout.factory import EngineConfig
         from phf_megatron.rollout.types import SamplingParams
 
@@ -159,6 +160,11 @@ class EvalConfig:
         for key, flag in ENGINE_FIELDS_SET.items():   # runner.generate_samples passes them: a duplicate keyword there
             if key in self.engine_kwargs:
                 raise ValueError(f"engine_kwargs: {key} is set by the eval from {flag}: give it there")
+        known = [f.name for f in fields(EngineConfig) if f.name not in ENGINE_FIELDS_SET]
+        for key in self.engine_kwargs:   # was "EngineConfig.__init__() got an unexpected keyword argument"
+            if key not in known:
+                hint = did_you_mean(str(key), known) or f" (its fields: {', '.join(known)})"
+                raise ValueError(f"engine_kwargs: {key!r} is not an EngineConfig field{hint}")
         problem = vllm_kwargs_problem(self.engine_kwargs.get("vllm_kwargs", {}), self.backend, VLLM_KWARG_FLAGS,
                                       by="the eval", backend_flag="--backend")
         if problem is not None:
