@@ -60,13 +60,17 @@ def check_tokenizer_files(src: str) -> None:
     own error names no file; the converters check before copying them on)."""
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "special_tokens_map.json",
                  "added_tokens.json"):
-        path = os.path.join(src, name)
-        if os.path.isfile(path):
-            try:
-                with open(path, "rb") as f:
-                    json.loads(f.read())
-            except ValueError as err:   # JSONDecodeError, UnicodeDecodeError
-                raise InputFileError(path, f"not a valid tokenizer file ({err})") from None
+        _check_json(os.path.join(src, name), "tokenizer file")
+
+
+def _check_json(path: str, what: str) -> None:
+    """``InputFileError`` naming ``path`` when it is there and does not parse as JSON."""
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                json.loads(f.read())
+        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError
+            raise InputFileError(path, f"not a valid {what} ({err})") from None
 
 
 def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
@@ -88,7 +92,8 @@ def load_qwen3_tokenizer(path: str | None = None) -> PreTrainedTokenizerBase:
         tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except Exception:
         check_tokenizer_files(src)   # a damaged file is named; anything else keeps its traceback
-        raise
+        _check_json(os.path.join(src, "config.json"), "JSON file")   # AutoTokenizer reads it too: a cut one was
+        raise                                                         # transformers' OSError traceback
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{src}: expected a fast tokenizer, got {type(tok).__name__}")
     if not tok.chat_template:

@@ -134,6 +134,20 @@ def test_damaged_tokenizer_file_is_named(tmp_path, name):
     assert err.value.path == os.path.join(tok, name) and err.value.detail.startswith("not a valid tokenizer file")
 
 
+def test_damaged_config_json_beside_the_tokenizer_is_named(tmp_path):
+    """The trainer loads --model.hf_dir's tokenizer first, and AutoTokenizer reads config.json too: a cut one was
+    transformers' OSError traceback (exit code 1), not the README's one line naming the file."""
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+    from tests.helpers.tiny_qwen3 import copy_tokenizer
+
+    (tmp_path / "hf").mkdir()
+    hf = copy_tokenizer(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "qwen3",')
+    with pytest.raises(InputFileError) as err:
+        load_qwen3_tokenizer(hf)
+    assert err.value.path == os.path.join(hf, "config.json") and err.value.detail.startswith("not a valid JSON file")
+
+
 def test_training_checkpoint_files_are_named(tmp_path):
     from phf_megatron.training import checkpoint as ckpt
     from phf_megatron.training.checkpoint_parts import RankLayout, tensors_part
