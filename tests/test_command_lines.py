@@ -241,6 +241,11 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
     (["--model", "{tmp}/hf", "--adapter", "{tmp}/run/checkpoints"],    # which --megatron_checkpoint takes too
      "error: --adapter: {tmp}/run/checkpoints has no adapter_config.json (not a PEFT adapter directory; "
      "a training checkpoint: give it as --megatron_checkpoint)"),
+    # and as the model: was only "has no config.json (not a HF model directory)"
+    (["--model", "{tmp}/run"], "error: --model: {tmp}/run has no config.json (not a HF model directory; a training "
+                               "run: give it as --megatron_checkpoint)"),
+    (["--model", "{tmp}/run/checkpoints/iter_0000002"], "error: --model: {tmp}/run/checkpoints/iter_0000002 has no "
+     "config.json (not a HF model directory; a training run: give it as --megatron_checkpoint)"),
 ])
 def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys, argv, line):
     """A mistyped --model, --adapter or --megatron_checkpoint was "model directory '...' does not exist" (also

@@ -39,8 +39,9 @@ def check_hf_config(path: str, what: str = "model") -> None:
     fingerprint reads it (the eval's, paper_table's), as before a merge."""
     if why := missing_dir(path):
         raise ConfigError("model", why)
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError("model", f"{path} has no config.json (not a HF {what} directory)")
+    if not os.path.isfile(os.path.join(path, "config.json")):   # a run's output given as the model: say which flag
+        hint = "; a training run: give it as --megatron_checkpoint" if is_training_checkpoint(path) else ""
+        raise ConfigError("model", f"{path} has no config.json (not a HF {what} directory{hint})")
     if not isinstance(read_json(os.path.join(path, "config.json")), dict):
         raise InputFileError(os.path.join(path, "config.json"), "expected a JSON object")
 
@@ -143,10 +144,9 @@ def merge_adapter(base_dir: str, adapter_dir: str, run_dir: str, *, dtype: str =
         raise ConfigError("adapter", why)
     if not os.path.isfile(os.path.join(adapter_dir, "adapter_config.json")):
         export = os.path.join(adapter_dir, "export", "peft_adapter")
-        checkpoint = (os.path.isfile(os.path.join(adapter_dir, "meta.json"))
-                      or latest_checkpoint(adapter_dir) != adapter_dir)   # iter_N, or its checkpoints directory
         hint = (f"; a training run: did you mean {export}?" if os.path.isdir(export) else
-                "; a training checkpoint: give it as --megatron_checkpoint" if checkpoint else "")
+                "; a training checkpoint: give it as --megatron_checkpoint" if is_training_checkpoint(adapter_dir)
+                else "")
         raise ConfigError("adapter", f"{adapter_dir} has no adapter_config.json (not a PEFT adapter directory{hint})")
     check_peft_adapter_dir(adapter_dir)   # a damaged or missing file is named before peft loads it
     import torch
@@ -211,6 +211,12 @@ def _convert_training_checkpoint(ckpt_dir: str, out_dir: str, *, base_model: str
     if proc.returncode:
         raise RuntimeError(f"converting the training checkpoint {ckpt_dir!r} to HF failed (exit code "
                            f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def is_training_checkpoint(path: str) -> bool:
+    """``path`` is what --megatron_checkpoint takes of a training run: one ``iter_N``, its checkpoints directory
+    or the run directory (a latest iteration found)."""
+    return os.path.isfile(os.path.join(path, "meta.json")) or latest_checkpoint(path) != path
 
 
 def latest_checkpoint(path: str) -> str:
