@@ -270,6 +270,26 @@ def test_eval_model_path_errors_name_the_flag_and_write_nothing(tmp_path, capsys
     assert not (tmp_path / "o").exists()
 
 
+def test_toy_command_help_describes_every_flag_and_its_default():
+    """python -m phf_megatron.toy prepare --help listed --out, --seed and --warmup-steps bare: no word on what
+    they are, nor their defaults (0, 300)."""
+    import argparse
+
+    from phf_megatron.toy.__main__ import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) == {"prepare", "evaluate"}
+    for name, sub in commands.items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, (name, action.option_strings)
+            if action.default is not None:
+                assert "%(default)s" in action.help, (name, action.option_strings)
+    proc = run_python(["-m", "phf_megatron.toy", "prepare", "--help"])
+    assert proc.returncode == 0 and "(default: 300)" in " ".join(proc.stdout.split()), proc.stderr
+
+
 # ----------------------------------------------------------------------------- the installed commands
 
 

@@ -15,20 +15,26 @@ import sys
 from ..commands import command
 
 
-def _body(argv: list[str], quiet: bool) -> int:
-    """The command (``quiet`` is unused: its start prints nothing of a third party's but the bars it turns off)."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line: ``prepare`` and ``evaluate``, each flag with its help and default."""
     p = argparse.ArgumentParser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build the warmed-up tiny model and the toy data")
-    prep.add_argument("--out", required=True)
-    prep.add_argument("--seed", type=int, default=0)
-    prep.add_argument("--warmup-steps", type=int, default=300)
+    prep.add_argument("--out", required=True, help="a new directory: train.jsonl, heldout.jsonl, hf/ (the model)")
+    prep.add_argument("--seed", type=int, default=0, help="the split, init and warm-up seed (default: %(default)s)")
+    prep.add_argument("--warmup-steps", type=int, default=300,
+                      help="supervised warm-up steps of the tiny model (default: %(default)s)")
     ev = sub.add_parser("evaluate", help="greedy held-out accuracy, with and without the reference")
-    ev.add_argument("--hf-dir", required=True)
+    ev.add_argument("--hf-dir", required=True, help="the toy's model (prepare's <out>/hf)")
     ev.add_argument("--adapter", default=None, help="a PEFT adapter directory to apply first")
-    ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare")
+    ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare (default: %(default)s)")
     ev.add_argument("--json", default=None, help="also write the table here")
-    args = p.parse_args(argv)
+    return p
+
+
+def _body(argv: list[str], quiet: bool) -> int:
+    """The command (``quiet`` is unused: its start prints nothing of a third party's but the bars it turns off)."""
+    args = _parser().parse_args(argv)
     from ..errors import ConfigError
     from ..input_files import check_hf_model_dir, check_peft_adapter_dir, missing_dir
 
