@@ -3,6 +3,8 @@
     RolloutEngineError                  base; the trainer saves a checkpoint and exits on it
     ├── EngineStartError                the engine could not start (bad model dir, no memory, ...)
     │   └── VLLMStartError              ``vllm.LLM(...)`` failed (its error: the cause)
+    ├── EngineProcessError              a spawned engine process's own error, of a type not built in, as it logged
+    │                                   it (the cause of vLLM's "Engine core initialization failed")
     ├── GenerationTimeoutError          a generate() call ran past its timeout (engine now unusable)
     ├── EngineUnusableError             a call after a timeout, a failed sync or close()
     ├── EngineDiedError                 the engine's process exited (killed, crashed): unusable
@@ -34,6 +36,10 @@ class VLLMStartError(EngineStartError):
         super().__init__(message)
         self.free_bytes = free_bytes
         self.process = process
+
+
+class EngineProcessError(RolloutEngineError):
+    """A spawned engine process's own error as it logged it (``vllm_start_log.engine_error``): ``Type: message``."""
 
 
 class GenerationTimeoutError(RolloutEngineError):

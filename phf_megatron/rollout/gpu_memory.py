@@ -18,6 +18,8 @@ import gc
 
 import torch
 
+from .vllm_start_log import described
+
 #: what vLLM 0.24.0-0.33.0 says when the free memory is below its share at start-up
 VLLM_FREE_MEMORY_MESSAGE = "is less than desired GPU memory utilization"
 #: what vLLM 0.24.0-0.33.0 says when its share leaves no room, or too little, for the KV cache of one request of
@@ -45,28 +47,32 @@ def release_cached_memory() -> int | None:
 
 
 def explain_start_failure(exc: BaseException, model_dir: str, gpu_memory_utilization: float,
-                          free_bytes: int | None) -> str:
+                          free_bytes: int | None, engine_error: BaseException | None = None) -> str:
     """The message of the ``EngineStartError`` raised when ``vllm.LLM(...)`` fails.
 
     For vLLM's free-memory refusal it names ``rollout.gpu_memory_utilization`` and what else
     holds memory on the GPU at that point, and so for a KV cache too small for one request (on a GPU:
-    on CPU the cache is ``kv_cache_bytes``, no setting); otherwise it is vLLM's own error, prefixed. The trainer's
-    words: the eval says it in its own flags (``eval.engine_start``).
+    on CPU the cache is ``kv_cache_bytes``, no setting); otherwise it is vLLM's own error, prefixed. A spawned
+    engine process's failure is said by its own error, ``engine_error`` (``vllm_start_log.engine_error``), when its
+    log gave it; else the line says it is in the log above. The trainer's words: the eval says it in its own flags
+    (``eval.engine_start``).
     """
-    text = f"{type(exc).__name__}: {exc}"
+    text = described(engine_error or exc)
     free = f"{free_bytes / 2**30:.1f} GiB free after releasing the trainer's cache" if free_bytes is not None else ""
     fit = ("Lower rollout.gpu_memory_utilization (it sizes vLLM's weights + KV cache), or free training memory "
            "(model.recompute_granularity=full, a smaller training.micro_batch_size, more model parallelism).")
-    if VLLM_FREE_MEMORY_MESSAGE in str(exc):
+    if VLLM_FREE_MEMORY_MESSAGE in text:
         return (f"rollout.gpu_memory_utilization: vLLM needs {gpu_memory_utilization:g} x the GPU's memory free "
                 f"when it starts, but the trainer's model, optimizer state and EMA teacher already hold part of it"
                 f"{' (' + free + ')' if free else ''}. {fit} vLLM said: {text}")
-    if free_bytes is not None and any(m in str(exc) for m in VLLM_KV_CACHE_MESSAGES):   # (CPU: kv_cache_bytes)
+    if free_bytes is not None and any(m in text for m in VLLM_KV_CACHE_MESSAGES):   # (CPU: kv_cache_bytes)
         return (f"rollout.gpu_memory_utilization: vLLM's share, {gpu_memory_utilization:g} x the GPU's memory, "
                 f"leaves too little KV cache beside its weights for one request of data.max_prompt_length + "
                 f"rollout.max_tokens tokens: raise it if the training leaves room ({free}), or lower those. "
                 f"vLLM said: {text}")
-    if VLLM_SPAWNED_START_FAILURE in str(exc):
+    if engine_error is not None:
+        return f"vLLM's engine process could not start on {model_dir!r}: {text}"
+    if VLLM_SPAWNED_START_FAILURE in text:
         why = (f" (on a GPU shared with training most often less free memory than rollout.gpu_memory_utilization="
                f"{gpu_memory_utilization:g} x the GPU's memory, {free}; if so, {fit[0].lower()}{fit[1:-1]})"
                if free else "")

@@ -34,7 +34,9 @@ the free memory, and PyTorch's allocator keeps a step's peak reserved. A bucket 
 engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLLM server see
 ``server_engine.py``.
 
-Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only). Shutdown:
+Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only); a spawned engine's
+processes also log their errors to a file (``vllm_start_log``), whose first error a failed start's line says
+(vLLM's parent only raises "Engine core initialization failed"). Shutdown:
 ``vllm_shutdown.shut_down`` (an in-process engine's memory given back at once, the trainer's group kept).
 
 A spawned engine process that exits (killed, crashed) fails the call waiting on it with
@@ -70,6 +72,7 @@ from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .vllm_environ import engine_start_environ, scoped_environ
 from .vllm_progress import finished_requests
 from .vllm_shutdown import default_group_exists, forget_failed_start, shut_down
+from .vllm_start_log import LOG_NAME, drop_log_dir, engine_error, new_log_dir, start_log_environ
 from .weights import WeightSpec
 
 
@@ -150,21 +153,21 @@ class VLLMEngine(RolloutEngine):
         # an in-process engine joins this process's default group if it has one (the trainer's)
         self._joined_default_group = self.in_process and default_group_exists()
         precision = torch.get_float32_matmul_precision()
+        log_dir = None if self.in_process else new_log_dir()   # a spawned engine's errors: its parent's line says them
         try:
             from vllm import LLM
-            with scoped_environ(env):
+            with scoped_environ({**env, **(start_log_environ(log_dir) if log_dir else {})}):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             if self.in_process:
                 forget_failed_start(self._joined_default_group)
-            died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
-            raise VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_before)
-                                 + (f" (engine process: {died})" if died else ""), free_bytes=free_before,
-                                 process=died) from exc
+            raise self._start_failure(exc, model_dir, gpu_memory_utilization, free_before, log_dir) from exc
         finally:
             # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
             # TF32 off for the trainer too); the trainer keeps its own
             torch.set_float32_matmul_precision(precision)
+        if log_dir:
+            drop_log_dir(log_dir)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
@@ -172,6 +175,22 @@ class VLLMEngine(RolloutEngine):
         self._watch_engine_process()
         # a spawned engine outlives a SIGKILLed trainer (holding the GPU) unless someone stops it
         self._reaper = Reaper([proc.pid for proc in self._processes() if proc.pid])
+
+    @staticmethod
+    def _start_failure(exc: Exception, model_dir: str, gpu_memory_utilization: float, free_bytes: int | None,
+                       log_dir: str | None) -> VLLMStartError:
+        """``vllm.LLM(...)``'s failure ``exc`` as a one-line ``VLLMStartError``; a spawned engine process's own error
+        (read from ``log_dir``, kept then: the line names it) becomes ``exc``'s cause, which the trainer's checks
+        of a refused setting read (``start_errors.refused_keyword``)."""
+        said = engine_error(log_dir) if log_dir else None
+        if said is None and log_dir:
+            drop_log_dir(log_dir)
+        if said is not None and exc.__cause__ is None:
+            exc.__cause__ = said   # what vLLM's parent raised for, in the engine's process
+        died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
+        where = "; ".join(part for part in (died, said is not None and f"its errors: {log_dir}/{LOG_NAME}") if part)
+        return VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_bytes, said)
+                              + (f" (engine process: {where})" if where else ""), free_bytes=free_bytes, process=died)
 
     # ------------------------------------------------------------------ a dead engine process
     def _engine_processes(self):

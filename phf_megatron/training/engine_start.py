@@ -6,7 +6,8 @@
   (``ConfigError``, said by rank 0);
 * the engine's own failure (its process died, no memory, a server that does not answer, a timeout): one line,
   ``error: rollout engine E (host rank R): failed to start: ...; <what is kept>; ...``, exit code 1
-  (``RunStopped``); a spawned vLLM process's own error is in the log above it, and the line says so;
+  (``RunStopped``); a spawned vLLM process's own error, which its parent does not see, is read from its log
+  (``rollout.vllm_start_log``): the line says it, and a setting it names is told as above;
 * any other error (a bug of ours or of vLLM's: a ``TypeError``, an ``AttributeError`` ...) keeps its traceback.
 """
 

@@ -39,3 +39,39 @@ def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_d
     assert "\n" not in str(err.value) and "cleanup broke" not in str(err.value), str(err.value)
     assert called == ["destroy_model_parallel", "environment"]   # the rest of the cleanup still ran
     assert dist.is_initialized() == had_group   # ... and dropped the default group vLLM had made
+
+
+@pytest.mark.vllm
+def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir):
+    """vLLM's parent of a spawned engine process only raises "Engine core initialization failed"; the cause (here
+    no room for one KV cache block) was in the process's log alone. The line now says it and names the file that
+    keeps the process's errors with their tracebacks."""
+    pytest.importorskip("vllm")
+    import os
+    import re
+
+    from phf_megatron.rollout.vllm_engine import VLLMEngine
+    from phf_megatron.rollout.vllm_start_log import drop_log_dir
+
+    with pytest.raises(VLLMStartError) as err:
+        VLLMEngine(tiny_dir, dtype="float32", kv_cache_bytes=1, separate_process=True)
+    line = str(err.value)
+    assert line.startswith(f"vLLM's engine process could not start on {tiny_dir!r}: ValueError: No available memory "
+                           "for the cache blocks."), line
+    assert "\n" not in line and "Engine core initialization failed" not in line, line
+    log = re.search(r"its errors: (\S+/engine_errors\.log)\)$", line)
+    assert log, line
+    try:
+        with open(log.group(1)) as f:
+            assert "Traceback" in f.read()
+    finally:
+        drop_log_dir(os.path.dirname(log.group(1)))
+
+
+def test_a_user_s_own_vllm_logging_is_kept(tmp_path):
+    """The engine's error log is vLLM's default logging plus a file: a user's own configuration (or none) stays, and
+    the line then says, as before, that the error is in the log above."""
+    from phf_megatron.rollout.vllm_start_log import start_log_environ
+
+    assert start_log_environ(str(tmp_path), environ={"VLLM_LOGGING_CONFIG_PATH": "mine.json"}) == {}
+    assert start_log_environ(str(tmp_path), environ={"VLLM_CONFIGURE_LOGGING": "0"}) == {}

@@ -91,6 +91,21 @@ def test_a_vllm_keyword_vllm_refuses_is_one_line_naming_the_flag(tiny_inputs, tm
 
 
 @pytest.mark.vllm
+def test_a_spawned_engine_s_own_refusal_is_the_same_one_line(tiny_inputs, tmp_path):
+    """``rollout.async_steps=1`` starts vLLM's engine core in a process of its own: its error (a KV cache too small
+    for one request) was only in its log, which a quiet run may not show, and the line said "its own error is in the
+    log above", exit code 1 ("rerun the same command"). Now it is the in-process engine's line: the flag and
+    vLLM's own words, exit code 2."""
+    pytest.importorskip("vllm")
+    proc = train(*tiny_inputs, str(tmp_path / "run"), "--rollout.backend=vllm", "--rollout.async_steps=1",
+                 "--rollout.vllm_kwargs={kv_cache_memory_bytes: 4096}", timeout=300)
+    last = proc.stderr.splitlines()[-1] if proc.stderr.strip() else ""
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert last.startswith("error: --rollout.vllm_kwargs: kv_cache_memory_bytes: 4096: vLLM refused it: No available "
+                           "memory for the cache blocks."), proc.stderr[-4000:]
+
+
+@pytest.mark.vllm
 def test_a_vllm_keyword_vllm_refuses_under_torchrun_is_said_once(tiny_inputs, tmp_path):
     """Two ranks, the engine (spawned in its own process under torchrun) on rank 0: rank 0's one line, no
     traceback of any rank's (torchrun's own report of the exit codes follows it)."""

@@ -1,0 +1,100 @@
+"""A spawned vLLM engine process's own start-up error, caught in a file so the parent's one line can say it.
+
+When the engine core runs in a process of its own and fails to start, vLLM's parent only raises
+``RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): ...``
+(0.24-0.33): the cause is what the child logged (``run_engine_core``: ``logger.exception("EngineCore failed to
+start.")``; a worker process's "WorkerProc failed to start." likewise) to a console the trainer keeps quiet by
+default. :func:`start_log_environ` starts the engine with vLLM's own logging configuration
+(``VLLM_LOGGING_CONFIG_PATH``: its default, read in this process, plus a file handler for its errors), so every
+error the engine's processes log lands in ``engine_errors.log`` of a fresh directory, each exception followed by
+one line of our own (``EngineErrorFormatter``); :func:`engine_error` reads the first of them back. A user's own
+``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING=0`` is kept: the cause is then not caught (the line
+says "in the log above", as before).
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+#: the log file's name in the directory ``start_log_environ`` was given
+LOG_NAME = "engine_errors.log"
+#: what starts our one-line summary of a logged exception in that file
+_MARK = "phf-engine-error: "
+
+
+class EngineErrorFormatter(logging.Formatter):
+    """vLLM's record as ``logging`` formats it, and after a logged exception one line: ``<mark><Type>: <message>``
+    (imported by vLLM's ``dictConfig`` in the engine's processes)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.exc_info and record.exc_info[1] is not None:
+            from .start_errors import one_line
+            err = record.exc_info[1]
+            text += f"\n{_MARK}{type(err).__name__}: {one_line(err)}"
+        return text
+
+
+def start_log_environ(log_dir: str, environ=os.environ) -> dict[str, str]:
+    """The environment that makes a spawned engine's processes log their errors to ``log_dir/engine_errors.log``
+    too (the logging configuration is written there); nothing when the user configures vLLM's logging, or when
+    this vLLM has no default configuration to extend."""
+    if environ.get("VLLM_LOGGING_CONFIG_PATH") or environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        return {}
+    try:
+        from vllm.logger import DEFAULT_LOGGING_CONFIG
+        config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+        config["formatters"]["phf_engine_errors"] = {"()": f"{__name__}.EngineErrorFormatter",
+                                                     "format": "%(levelname)s %(name)s: %(message)s"}
+        config["handlers"]["phf_engine_errors"] = {"class": "logging.FileHandler", "level": "ERROR", "delay": True,
+                                                   "filename": os.path.join(log_dir, LOG_NAME),
+                                                   "formatter": "phf_engine_errors"}
+        config["loggers"]["vllm"]["handlers"].append("phf_engine_errors")
+        path = os.path.join(log_dir, "vllm_logging.json")
+        with open(path, "w") as f:
+            json.dump(config, f)
+    except Exception:   # noqa: BLE001 - another vLLM's layout: the engine starts with its own logging
+        return {}
+    return {"VLLM_LOGGING_CONFIG_PATH": path}
+
+
+def new_log_dir() -> str:
+    """A fresh directory for one engine start's error log (``drop_log_dir`` once the engine started)."""
+    return tempfile.mkdtemp(prefix="phf_vllm_start_")
+
+
+def drop_log_dir(log_dir: str) -> None:
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def engine_error(log_dir: str) -> Exception | None:
+    """The first exception the engine's processes logged under ``log_dir``, rebuilt: a built-in exception type as
+    itself (``ValueError``), another as ``EngineProcessError`` naming it; None when none was logged."""
+    from .errors import EngineProcessError
+    try:
+        with open(os.path.join(log_dir, LOG_NAME)) as f:
+            said = next((line[len(_MARK):].rstrip("\n") for line in f if line.startswith(_MARK)), None)
+    except OSError:
+        return None
+    if said is None:
+        return None
+    name, _, message = said.partition(": ")
+    cls = getattr(builtins, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:   # noqa: BLE001 - a type of more arguments (UnicodeDecodeError)
+            pass
+    return EngineProcessError(said)
+
+
+def described(err: BaseException) -> str:
+    """``Type: message`` of ``err`` (an ``EngineProcessError`` names the engine process's own type already)."""
+    from .errors import EngineProcessError
+    return str(err) if isinstance(err, EngineProcessError) else f"{type(err).__name__}: {err}"
