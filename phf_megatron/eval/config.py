@@ -74,8 +74,10 @@ class EvalConfig:
     seed: int = 0
     """sample i of problem p uses seed hash(seed, benchmark, p, i): reruns and resumes reproduce it."""
     backend: str = "auto"
-    """auto (vLLM if installed) | vllm | hf | vllm_server (a running vLLM server that serves the model:
-    --engine_kwargs '{server_url: http://host:port}')."""
+    """auto (vLLM if installed) | vllm | hf | vllm_server (a running vLLM server, --engine_kwargs '{server_url:
+    http://host:port}', evaluates the model named here: --model, the merged --adapter, the converted checkpoint;
+    its weights are pushed into the server before sampling, as the trainer pushes; the server must serve a model of
+    the same architecture in --dtype, started in dev mode with our worker extension: rollout/server_process.py)."""
     dtype: str = "bfloat16"
     """the engine's weight dtype: bfloat16 | float16 | float32."""
     max_model_len: int | None = None
@@ -195,6 +197,8 @@ class EvalConfig:
         fp.update(top_p=self.sampling_top_p, max_model_len=self.engine_max_model_len(model_limit),
                   model_dir=model_dir, backend=backend, adapter=self.adapter,
                   megatron_checkpoint=self.megatron_checkpoint)
+        if backend == "vllm_server":   # samples of a server before its weights were pushed are not mixed in
+            fp["server_weights"] = "pushed from model_dir"
         return fp
 
     def to_json(self) -> dict:

@@ -45,6 +45,36 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
         raise
 
 
+def push_model_weights(engine: RolloutEngine, model_dir: str, dtype: str) -> None:
+    """``--backend vllm_server``: the server generates with whatever it loaded (a base model, another run's); the
+    weights of ``model_dir`` (the ``--model``, merged or converted model the eval names) go in before any sample, by
+    the trainer's weight push, into a server that runs the same architecture in ``dtype`` (``check_served_model``). A
+    server that cannot take them (no dev mode, no worker extension, another model) stops the eval in one line."""
+    from phf_megatron.convert.hf_checkpoint import HFCheckpoint
+
+    checkpoint = HFCheckpoint(model_dir)
+    device = "cuda" if getattr(engine, "weight_transport", None) == "nccl" else "cpu"   # NCCL sends CUDA tensors
+    try:
+        check_served_model(engine.served_config(), checkpoint.config, model_dir, dtype)
+        engine.update_weights((name, checkpoint.get(name).to(device)) for name in checkpoint.names())
+    except RolloutEngineError as err:
+        raise UserError(f"--backend vllm_server: the server did not take the weights of {model_dir} (its samples "
+                        f"would be of the model it serves): {one_line(err)}") from err
+
+
+def check_served_model(served: dict, config: dict, model_dir: str, dtype: str) -> None:
+    """The server's model (``VLLMServerEngine.served_config``) has ``config``'s architecture (each field both name)
+    and computes in ``dtype``: pushed weights make it that model; else one line naming both."""
+    differ = {k: (v, config[k]) for k, v in served["config"].items() if k in config and v != config[k]}
+    if differ:
+        said = ", ".join(f"{k} {old} (the model's: {new})" for k, (old, new) in differ.items())
+        raise UserError(f"--backend vllm_server: the server serves another architecture than {model_dir}: {said}; "
+                        f"serve {model_dir} (vllm serve {model_dir}), or use --backend vllm")
+    if served["dtype"] != dtype:
+        raise UserError(f"--dtype: {dtype}, and the vLLM server computes in {served['dtype']}: give --dtype "
+                        f"{served['dtype']}, or restart the server with --dtype {dtype}")
+
+
 def vllm_start_failure(err: VLLMStartError, engine_config: EngineConfig) -> str:
     """``vllm.LLM(...)``'s failure (``err.__cause__``) in the eval's flags, with no trainer beside it on the GPU."""
     text = f"{type(err.__cause__).__name__}: {err.__cause__}"

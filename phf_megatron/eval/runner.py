@@ -29,7 +29,7 @@ from ..output_files import remove
 from ..runtime.children import Reaper
 from .benchmarks import Problem, load_problems
 from .config import EvalConfig, sample_seed
-from .engine_start import start_engine, worker_failure, worker_name, workers_failed
+from .engine_start import push_model_weights, start_engine, worker_failure, worker_name, workers_failed
 from .models import converted_checkpoint, merged_inputs, model_context_limit, model_digest, resolve_model_dir
 from .progress import SampleProgress, ShardProgress, SharedTally
 from .prompts import eval_prompt_ids
@@ -92,9 +92,17 @@ def generate_samples(config: EvalConfig, model_dir: str, backend: str, items: li
         return
     tok = load_qwen3_tokenizer(model_dir)
     engine_kwargs = {"gpu_memory_utilization": 0.9, **config.engine_kwargs}     # eval owns the GPU
+    if backend == "vllm_server":   # one push of model_dir (push_model_weights): no NCCL rendezvous to set up
+        engine_kwargs.setdefault("server_weight_transport", "rpc")
     max_model_len = config.engine_max_model_len(model_context_limit(model_dir))
     engine = start_engine(config.out_dir, EngineConfig(model_dir=model_dir, backend=backend, dtype=config.dtype,
                                                        seed=config.seed, max_model_len=max_model_len, **engine_kwargs))
+    if backend == "vllm_server":   # its samples are of model_dir's weights, not of what the server loaded
+        try:
+            push_model_weights(engine, model_dir, config.dtype)
+        except BaseException:
+            engine.close()
+            raise
     prompt_cache: dict[tuple[str, str], list[int]] = {}
     bar = SampleProgress(done + len(items), done=done, enabled=show_progress) if tally is None else \
         SharedTally(tally, rank)

@@ -238,6 +238,12 @@ class VLLMServerEngine(RolloutEngine):
                                   f"worker extension ({answers!r}, want {EXTENSION_VERSION!r}); restart the server")
         self._rpc_ready = True
 
+    def served_config(self) -> dict:
+        """What the server's workers run (``vllm_worker.served_config``: architecture fields of its config, dtype),
+        whatever weights were pushed into it since; needs our worker extension."""
+        self._open_rpc()
+        return self._collective_rpc("phf_served_config")[0]
+
     def nccl_rendezvous(self) -> NCCLRendezvous:
         """The NCCL group of a push: this process (rank 0) + the server's workers."""
         if not self.nccl_address:

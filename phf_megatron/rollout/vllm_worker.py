@@ -95,7 +95,7 @@ def bucket_from_text(text: str) -> list[tuple[str, torch.Tensor]]:
 
 
 #: What ``phf_extension_version`` answers: a server whose workers answer it can take our refits.
-EXTENSION_VERSION = "phf-weight-sync-1"
+EXTENSION_VERSION = "phf-weight-sync-2"
 
 
 def visible_devices(environ=os.environ) -> list[str] | None:
@@ -204,6 +204,21 @@ def loaded_weight_fingerprints(worker, names: list[str], projections: int, seed:
     return out
 
 
+#: The config.json fields that fix a Qwen3's architecture (``served_config``): weights pushed into a model that differs
+#: in one are not that model (another layer count: the server's extra layers keep their weights).
+ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings", "rope_theta", "rms_norm_eps",
+             "max_position_embeddings")
+
+
+def served_config(worker) -> dict:
+    """The worker's model: its config's ``ARCH_KEYS`` (those it has) and the dtype it computes in."""
+    model_config = worker.model_config
+    config = model_config.hf_config.to_dict()
+    return {"config": {k: config[k] for k in ARCH_KEYS if k in config},
+            "dtype": str(model_config.dtype).removeprefix("torch.")}
+
+
 def _tp_shard_dim(param, module) -> int | None:
     """The dimension vLLM shards ``param`` along (None: replicated, or TP = 1)."""
     if module is None or getattr(module, "tp_size", 1) == 1:
@@ -256,6 +271,9 @@ class WeightSyncWorkerExtension:
         with quiet_partial_reload_warnings():
             self.reload_weights(weights_iterator=tensors)
         del tensors
+
+    def phf_served_config(self) -> dict:
+        return served_config(self)
 
     def phf_fingerprints(self, names, projections, seed):
         return loaded_weight_fingerprints(self, names, projections, seed)

@@ -216,6 +216,53 @@ def test_a_server_that_does_not_come_up_is_killed(tmp_path, monkeypatch):
     assert proc.returncode is not None and not _group_alive(proc.pid)
 
 
+def test_eval_through_the_server_samples_the_model_it_names(server, tmp_path):
+    """``--backend vllm_server --model M`` against a server serving another model (the base): the samples are M's
+    greedy outputs, not the served model's (M's weights pushed first), and run_config.json says so."""
+    import json
+
+    from phf_megatron.errors import UserError
+    from phf_megatron.eval import EvalConfig, load_benchmark, run_eval
+    from phf_megatron.eval.engine_start import check_served_model
+    from phf_megatron.eval.prompts import eval_prompt_ids
+    from phf_megatron.eval.records import load_records
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+    named = server.base_model()
+    perturb_(named, seed=5, scale=0.3)
+    model = str(tmp_path / "named")
+    named.save_pretrained(model)
+    tok = load_qwen3_tokenizer()
+    tok.save_pretrained(model)
+    run = str(tmp_path / "eval")
+    run_eval(EvalConfig(out_dir=run, model=model, benchmarks=("aime24",), limit=2, n=1, temperature=0.0,
+                        max_new_tokens=6, thinking=False, backend="vllm_server", dtype="float32", pass_ks=(1,),
+                        engine_kwargs={"server_url": server.url, "server_weight_transport": "rpc", "timeout_s": 120.0}))
+    records, _ = load_records(run)
+    assert len(records) == 2
+    base = server.base_model()
+    for (bench, pid, _), record in records.items():
+        problem = next(p for p in load_benchmark(bench)[1] if p.id == pid)
+        prompt = torch.tensor([eval_prompt_ids(tok, problem.problem, thinking=False)])
+        want, served = (m.generate(prompt, do_sample=False, max_new_tokens=6)[0, prompt.shape[1]:]
+                        for m in (named, base))
+        assert record["output"] == tok.decode(want, skip_special_tokens=True)
+        assert record["output"] != tok.decode(served, skip_special_tokens=True)   # the served model says otherwise
+    with open(os.path.join(run, "run_config.json")) as f:
+        assert json.load(f)["server_weights"] == "pushed from model_dir"
+
+    # One layer where the server has two: pushed, layer 1 would keep the served model's weights.
+    other = str(tmp_path / "one_layer")
+    save_tiny_qwen3(other, tied=True, num_hidden_layers=1)
+    with pytest.raises(UserError, match=r"serves another architecture than .*one_layer: num_hidden_layers 2 \(the "
+                                        r"model's: 1\); serve"):
+        run_eval(EvalConfig(out_dir=str(tmp_path / "other"), model=other, benchmarks=("aime24",), limit=1, n=1,
+                            max_new_tokens=2, backend="vllm_server", dtype="float32",
+                            engine_kwargs={"server_url": server.url, "timeout_s": 120.0}))
+    with pytest.raises(UserError, match=r"^--dtype: bfloat16, and the vLLM server computes in float32: give"):
+        check_served_model({"config": {}, "dtype": "float32"}, {}, model, "bfloat16")
+
+
 @pytest.mark.slow
 def test_trainer_steps_through_the_server_and_verifies_every_sync(server, tmp_path):
     """Two PHF steps with rollout.backend=vllm_server: every sync's probe passes (fp32, 1e-4), and
