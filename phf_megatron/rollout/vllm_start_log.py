@@ -41,6 +41,18 @@ class EngineErrorFormatter(logging.Formatter):
         return text
 
 
+class EngineErrorFileHandler(logging.FileHandler):
+    """``logging.FileHandler`` whose log going away is no error: once the engine started its directory is dropped,
+    but its processes (and, on vLLM 0.32, this one: ``LLM`` applies the configuration here too) keep the handler, and
+    a plain one (``delay``: opened at the first error) then raised ``FileNotFoundError`` from the logging call."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            super().emit(record)
+        except OSError:   # the directory was dropped: the error goes to vLLM's console handler alone
+            pass
+
+
 def start_log_environ(log_dir: str, environ=os.environ) -> dict[str, str]:
     """The environment that makes a spawned engine's processes log their errors to ``log_dir/engine_errors.log``
     too (the logging configuration is written there); nothing when the user configures vLLM's logging, or when
@@ -52,7 +64,8 @@ def start_log_environ(log_dir: str, environ=os.environ) -> dict[str, str]:
         config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
         config["formatters"]["phf_engine_errors"] = {"()": f"{__name__}.EngineErrorFormatter",
                                                      "format": "%(levelname)s %(name)s: %(message)s"}
-        config["handlers"]["phf_engine_errors"] = {"class": "logging.FileHandler", "level": "ERROR", "delay": True,
+        config["handlers"]["phf_engine_errors"] = {"class": f"{__name__}.EngineErrorFileHandler", "level": "ERROR",
+                                                   "delay": True,
                                                    "filename": os.path.join(log_dir, LOG_NAME),
                                                    "formatter": "phf_engine_errors"}
         config["loggers"]["vllm"]["handlers"].append("phf_engine_errors")

@@ -75,3 +75,34 @@ def test_a_user_s_own_vllm_logging_is_kept(tmp_path):
 
     assert start_log_environ(str(tmp_path), environ={"VLLM_LOGGING_CONFIG_PATH": "mine.json"}) == {}
     assert start_log_environ(str(tmp_path), environ={"VLLM_CONFIGURE_LOGGING": "0"}) == {}
+
+
+
+def test_an_engine_s_later_error_after_its_log_directory_was_dropped_is_no_error(tmp_path):
+    """A started engine's log directory is dropped, but its processes (and on vLLM 0.32 the trainer: ``LLM`` applies
+    the configuration in the parent too) keep the file handler: a vLLM error logged later raised FileNotFoundError
+    from the logging call itself (the handler opens its file at the first error)."""
+    pytest.importorskip("vllm")
+    import json
+    import logging
+    import logging.config
+
+    from phf_megatron.rollout.vllm_start_log import drop_log_dir, start_log_environ
+
+    log_dir = tmp_path / "start"
+    log_dir.mkdir()
+    with open(start_log_environ(str(log_dir), environ={})["VLLM_LOGGING_CONFIG_PATH"]) as f:
+        configurator = logging.config.DictConfigurator(json.load(f))   # the handler as dictConfig builds it
+    formatters = configurator.config["formatters"]
+    formatters["phf_engine_errors"] = configurator.configure_formatter(formatters["phf_engine_errors"])
+    handler = configurator.configure_handler(configurator.config["handlers"]["phf_engine_errors"])
+    logger = logging.getLogger("phf_test.engine_after_start")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        drop_log_dir(str(log_dir))
+        logger.error("a request failed")   # raised FileNotFoundError before
+        assert not log_dir.exists()
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
