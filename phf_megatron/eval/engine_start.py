@@ -15,6 +15,7 @@ from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
 from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
+from phf_megatron.rollout.vllm_start_log import described
 
 from ..errors import ConfigError, RunStopped, UserError, as_config_error
 from .config import ENGINE_FIELDS_SET
@@ -77,7 +78,7 @@ def check_served_model(served: dict, config: dict, model_dir: str, dtype: str) -
 
 def vllm_start_failure(err: VLLMStartError, engine_config: EngineConfig) -> str:
     """``vllm.LLM(...)``'s failure (``err.__cause__``) in the eval's flags, with no trainer beside it on the GPU."""
-    text = f"{type(err.__cause__).__name__}: {err.__cause__}"
+    text = described(err.engine_error or err.__cause__)   # a spawned engine's own error: vLLM's parent says none
     model_dir, free_bytes = engine_config.model_dir, err.free_bytes
     flag = f"--engine_kwargs gpu_memory_utilization ({engine_config.gpu_memory_utilization:g} x the GPU's memory"
     free = f"; {free_bytes / 2**30:.1f} GiB free)" if free_bytes is not None else ")"
@@ -87,6 +88,8 @@ def vllm_start_failure(err: VLLMStartError, engine_config: EngineConfig) -> str:
     elif free_bytes is not None and any(m in text for m in VLLM_KV_CACHE_MESSAGES):
         said = (f"{flag}{free} leaves too little KV cache beside the weights for one request of the engine's "
                 f"context: raise it, or lower --max_model_len. vLLM said: {text}")
+    elif err.engine_error is not None:
+        said = f"vLLM's engine process could not start on {model_dir!r}: {text}"
     elif VLLM_SPAWNED_START_FAILURE in text:
         said = (f"vLLM's engine process could not start on {model_dir!r}: its own error is in the log above. "
                 f"vLLM said: {text}")

@@ -30,12 +30,15 @@ class VLLMStartError(EngineStartError):
     """``vllm.LLM(...)`` raised (its error is the cause); the message is the trainer's (``gpu_memory.
     explain_start_failure``). ``free_bytes`` (the device memory free when it started, None off a GPU) and ``process``
     (its spawned engine process that died, described; "" when none) let a caller say it in its own flags (the
-    eval: ``eval.engine_start``)."""
+    eval: ``eval.engine_start``), and so does ``engine_error``: a spawned engine process's own error, as its log
+    said it (``vllm_start_log.engine_error``; None: none logged), ``process`` then naming that log too."""
 
-    def __init__(self, message: str, *, free_bytes: int | None = None, process: str = ""):
+    def __init__(self, message: str, *, free_bytes: int | None = None, process: str = "",
+                 engine_error: BaseException | None = None):
         super().__init__(message)
         self.free_bytes = free_bytes
         self.process = process
+        self.engine_error = engine_error
 
 
 class EngineProcessError(RolloutEngineError):

@@ -190,7 +190,8 @@ class VLLMEngine(RolloutEngine):
         died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
         where = "; ".join(part for part in (died, said is not None and f"its errors: {log_dir}/{LOG_NAME}") if part)
         return VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_bytes, said)
-                              + (f" (engine process: {where})" if where else ""), free_bytes=free_bytes, process=died)
+                              + (f" (engine process: {where})" if where else ""), free_bytes=free_bytes, process=where,
+                              engine_error=said)
 
     # ------------------------------------------------------------------ a dead engine process
     def _engine_processes(self):

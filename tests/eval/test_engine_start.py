@@ -195,3 +195,39 @@ def test_a_transformers_engine_on_a_device_this_process_does_not_see_is_one_line
     with pytest.raises(ConfigError) as err:
         start_engine(str(tmp_path), EngineConfig(model_dir=tiny_dir, backend="hf", dtype="float32", device=device))
     assert err.value.line == line
+
+
+def test_a_spawned_engines_own_error_is_the_evals_line_in_its_flags(tmp_path):
+    """An engine of --engine_kwargs tensor_parallel_size > 1 (or separate_process) starts in processes of its own:
+    vLLM's parent raises only "Engine core initialization failed", and the engine's own error is read from its log
+    (``vllm_start_log``). The eval's line said "its own error is in the log above" from the parent's text, and missed
+    that the cause was a KV cache too small for its flag; now it is the engine's error, in the eval's flags, with the
+    file that keeps it."""
+    pytest.importorskip("vllm")
+    import logging
+
+    from phf_megatron.eval.engine_start import vllm_start_failure
+    from phf_megatron.rollout import EngineConfig
+    from phf_megatron.rollout.vllm_engine import VLLMEngine
+    from phf_megatron.rollout.vllm_start_log import LOG_NAME, EngineErrorFormatter
+
+    handler = logging.FileHandler(tmp_path / LOG_NAME)
+    handler.setFormatter(EngineErrorFormatter("%(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("phf_test.engine_core")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:   # what the engine's process logs as its start fails
+        raise ValueError("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.")
+    except ValueError:
+        logger.exception("EngineCore failed to start.")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    parent = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    err = VLLMEngine._start_failure(parent, "/m", 0.4, 20 << 30, str(tmp_path))
+    err.__cause__ = parent   # raised from it, as VLLMEngine raises it
+    msg = vllm_start_failure(err, EngineConfig(model_dir="/m", backend="vllm", gpu_memory_utilization=0.4))
+    assert msg == ("--engine_kwargs gpu_memory_utilization (0.4 x the GPU's memory; 20.0 GiB free) leaves too little "
+                   "KV cache beside the weights for one request of the engine's context: raise it, or lower "
+                   "--max_model_len. vLLM said: ValueError: No available memory for the cache blocks. Try increasing "
+                   f"`gpu_memory_utilization`. (engine process: its errors: {tmp_path}/{LOG_NAME})")
