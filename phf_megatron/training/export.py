@@ -244,6 +244,15 @@ def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:
     return dataclasses.replace(cfg, model=model)
 
 
+def export_model_config(cfg: TrainConfig, tp: int, pp: int) -> TrainConfig:
+    """The run's config as the export builds its model: the checkpoint's TP x PP layout, and the default packed
+    attention (``model.packed_attention``: a kernel of packed training micro-batches, which an export never runs;
+    'varlen' would need a CUDA torch with ``varlen_attn`` where the export runs)."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tensor_model_parallel_size=tp,
+                                                              pipeline_model_parallel_size=pp,
+                                                              packed_attention="sdpa"))
+
+
 def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, base_model: str | None = None,
                           dtype=None, max_shard_bytes: int = 2 << 30) -> str:
     """Write ``ckpt``'s student as a merged HF model or (``adapter``) a PEFT adapter to ``out_dir``.
@@ -276,8 +285,7 @@ def export_run_checkpoint(ckpt: RunCheckpoint, out_dir: str, *, adapter: bool, b
     if not adapter and not has_tokenizer_files(cfg.model.hf_dir):  # vLLM needs it
         raise ConfigError("base_model", f"{cfg.model.hf_dir} holds no tokenizer files ({TOKENIZER_RULE}): "
                                         "give the base model directory with its tokenizer")
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tensor_model_parallel_size=tp,
-                                                             pipeline_model_parallel_size=pp))
+    cfg = export_model_config(cfg, tp, pp)
     _check_new_dir(out_dir)
     init_distributed(cfg)
     try:

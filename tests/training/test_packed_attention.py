@@ -73,3 +73,14 @@ def test_the_choice_reaches_the_models_config_and_a_resume_may_change_it():
     assert _config_overrides(_with("varlen"))["packed_attention"] == "varlen"
     assert _config_overrides(_with("sdpa"))["packed_attention"] == "sdpa"
     assert resume_fingerprint(_with("varlen")) == resume_fingerprint(_with("sdpa"))
+
+
+def test_an_export_builds_its_model_without_the_training_kernel_choice():
+    """A run trained with 'varlen' (a GPU) exports where there is no CUDA or no varlen_attn: the export's model
+    never runs packed micro-batches, and 'varlen' is refused where it cannot run."""
+    from phf_megatron.training.export import export_model_config
+
+    cfg = export_model_config(_with("varlen", tensor_model_parallel_size=1), tp=2, pp=2)
+    assert cfg.model.packed_attention == "sdpa"
+    assert (cfg.model.tensor_model_parallel_size, cfg.model.pipeline_model_parallel_size) == (2, 2)
+    assert _config_overrides(cfg)["packed_attention"] == "sdpa"
