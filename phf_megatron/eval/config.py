@@ -130,6 +130,9 @@ class EvalConfig:
             raise ValueError(f"backend: {self.backend!r} is not one of {BACKENDS}")
         if self.data_parallel < 0:
             raise ValueError(f"data_parallel: must be >= 0 (0 = all GPUs), got {self.data_parallel}")
+        if self.data_parallel > 1 and self.backend == "vllm_server":   # one client pushes the model, once
+            raise ValueError(f"data_parallel: {self.data_parallel} replicas, and --backend vllm_server has the server "
+                             "generate every sample on its own GPUs: leave it out")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         self.pass_ks = tuple(self.pass_ks)

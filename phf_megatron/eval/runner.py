@@ -153,10 +153,13 @@ def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkIt
 
 def _replica_gpus(config: EvalConfig, environ=os.environ) -> list[list[str]] | None:
     """GPUs of each engine replica (tensor_parallel_size each) as ``CUDA_VISIBLE_DEVICES`` names them: slices
-    of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set (else indices), or None on a CPU machine."""
+    of this process's own ``CUDA_VISIBLE_DEVICES`` when it is set (else indices), or None on a CPU machine and for
+    ``--backend vllm_server`` (one client, whatever GPUs it has, pushes the model once: ``push_model_weights``)."""
     import torch
 
     from phf_megatron.rollout.vllm_worker import visible_devices
+    if resolve_backend(config.backend) == "vllm_server":   # the server's GPUs serve every sample: one client, one push
+        return None   # (--data_parallel > 1 refused: EvalConfig)
     gpus = torch.cuda.device_count()
     per = int(config.engine_kwargs.get("tensor_parallel_size", 1))
     size = config.data_parallel or max(gpus // per, 1)

@@ -42,3 +42,15 @@ def _replicas_see(monkeypatch, tmp_path, parent: dict, gpus: int, **config) -> l
 ], ids=["indices", "uuids-tp2", "unset"])
 def test_each_replica_gets_the_parents_visible_gpus(monkeypatch, tmp_path, parent, gpus, config, want):
     assert _replicas_see(monkeypatch, tmp_path, parent, gpus, **config) == want
+
+
+def test_a_vllm_server_eval_is_one_client_whatever_gpus_it_has(monkeypatch, tmp_path):
+    """--backend vllm_server: the server generates every sample; one replica per local GPU would push the model
+    into it once each (8 pushes of the whole model on an 8-GPU node) and split nothing."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    server = {"engine_kwargs": {"server_url": "http://127.0.0.1:1"}, "backend": "vllm_server"}
+    assert runner._replica_gpus(EvalConfig(out_dir=str(tmp_path), model="m", **server)) is None
+    assert len(runner._replica_gpus(EvalConfig(out_dir=str(tmp_path), model="m", backend="vllm"))) == 8
+    with pytest.raises(ValueError, match=r"^data_parallel: 2 replicas, and --backend vllm_server has the server "
+                                         r"generate every sample on its own GPUs: leave it out$"):
+        EvalConfig(out_dir=str(tmp_path), model="m", data_parallel=2, **server)   # before any merge or convert
