@@ -84,7 +84,8 @@ class EvalConfig:
     """engine context length (prompt + completion); None: the official choice, 40,960 with thinking,
     32,768 without, never above the model's max_position_embeddings (``engine_max_model_len``)."""
     data_parallel: int = 0
-    """engine replicas, each on tensor_parallel_size GPUs; 0 = as many as the visible GPUs allow (1 on CPU).
+    """engine replicas, each on tensor_parallel_size GPUs; 0 = as many as the visible GPUs allow (1 on CPU;
+    1 with --backend vllm_server, whose server generates every sample).
     Replica r takes the r-th slice of the GPUs this process sees (of its ``CUDA_VISIBLE_DEVICES`` when set)."""
     batch_size: int = 512
     """samples per engine call; each finished call is written to disk before the next (the bar moves as each
