@@ -212,9 +212,14 @@ ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layer
 
 
 def served_config(worker) -> dict:
-    """The worker's model: its config's ``ARCH_KEYS`` (those it has) and the dtype it computes in."""
+    """The worker's model: its config's ``ARCH_KEYS`` (those it has) and the dtype it computes in. A config that ties
+    the embeddings over a checkpoint that also holds ``lm_head.weight``: vLLM sets its config's tie to False, loads the
+    head and re-ties it when equal to the embedding; tied is then what the loaded model is."""
     model_config = worker.model_config
     config = model_config.hf_config.to_dict()
+    if getattr(model_config, "word_embeddings_untied_by_checkpoint", False):
+        model = worker.model_runner.get_model()
+        config["tie_word_embeddings"] = model.lm_head.weight is getattr(model.model.embed_tokens, "weight", None)
     return {"config": {k: config[k] for k in ARCH_KEYS if k in config},
             "dtype": str(model_config.dtype).removeprefix("torch.")}
 

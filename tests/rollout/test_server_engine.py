@@ -263,6 +263,31 @@ def test_eval_through_the_server_samples_the_model_it_names(server, tmp_path):
         check_served_model({"config": {}, "dtype": "float32"}, {}, model, "bfloat16")
 
 
+def test_a_server_of_a_tied_checkpoint_that_also_holds_its_head_serves_the_same_architecture(tmp_path):
+    """A tied model whose safetensors also hold lm_head.weight (equal to the embedding; HFCheckpoint takes it): vLLM
+    sets its config's tie to False and re-ties the loaded head. The eval of that very model through the server is
+    not refused as 'another architecture: tie_word_embeddings False (the model's: True)'."""
+    from safetensors.torch import load_file, save_file
+
+    from phf_megatron.convert.hf_checkpoint import HFCheckpoint
+    from phf_megatron.eval.engine_start import check_served_model
+
+    model_dir = str(tmp_path / "tied_with_head")
+    save_tiny_qwen3(model_dir, tied=True)
+    weights = load_file(os.path.join(model_dir, "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})
+    proc = VLLMServerProcess(model_dir, port=free_port(), dtype="float32", max_model_len=512, kv_cache_bytes=32 << 20,
+                             weight_transport="rpc", log_path=str(tmp_path / "server.log"),
+                             start_timeout_s=SERVER_START_TIMEOUT_S)
+    try:
+        served = VLLMServerEngine(proc.url, model_dir=model_dir, weight_transport="rpc").served_config()
+    finally:
+        proc.stop()
+    assert served["config"]["tie_word_embeddings"] is True
+    check_served_model(served, HFCheckpoint(model_dir).config, model_dir, "float32")
+
+
 @pytest.mark.slow
 def test_trainer_steps_through_the_server_and_verifies_every_sync(server, tmp_path):
     """Two PHF steps with rollout.backend=vllm_server: every sync's probe passes (fp32, 1e-4), and
