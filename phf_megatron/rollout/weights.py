@@ -73,8 +73,9 @@ class WeightSpec:
             for name, (shape, dtype) in _safetensors_header(os.path.join(model_dir, f)).items():
                 shapes[name] = shape
                 dtypes.add(dtype)
-        tied = _config_ties_embeddings(model_dir)
-        aliases = {a: t for a, t in TIED_ALIASES.items() if tied and t in shapes and a not in shapes}
+        tied = _config_ties_embeddings(model_dir)   # a head stored beside a tied embedding is an alias too: vLLM
+        aliases = {a: t for a, t in TIED_ALIASES.items() if tied and t in shapes}   # ties it (its copy re-derived)
+        shapes = {n: s for n, s in shapes.items() if n not in aliases}
         return cls(shapes=shapes, dtype=dtypes.pop() if len(dtypes) == 1 else None, tied_aliases=aliases)
 
     @classmethod

@@ -263,29 +263,60 @@ def test_eval_through_the_server_samples_the_model_it_names(server, tmp_path):
         check_served_model({"config": {}, "dtype": "float32"}, {}, model, "bfloat16")
 
 
-def test_a_server_of_a_tied_checkpoint_that_also_holds_its_head_serves_the_same_architecture(tmp_path):
-    """A tied model whose safetensors also hold lm_head.weight (equal to the embedding; HFCheckpoint takes it): vLLM
-    sets its config's tie to False and re-ties the loaded head. The eval of that very model through the server is
-    not refused as 'another architecture: tie_word_embeddings False (the model's: True)'."""
+def _save_tied_with_head(model_dir: str, model=None) -> None:
+    """A tied tiny Qwen3 (``model``'s weights, else a fresh one) whose safetensors also hold lm_head.weight, equal to
+    the embedding (HFCheckpoint takes it; fine-tuning tools often write it)."""
     from safetensors.torch import load_file, save_file
 
-    from phf_megatron.convert.hf_checkpoint import HFCheckpoint
-    from phf_megatron.eval.engine_start import check_served_model
-
-    model_dir = str(tmp_path / "tied_with_head")
-    save_tiny_qwen3(model_dir, tied=True)
+    if model is None:
+        save_tiny_qwen3(model_dir, tied=True)
+    else:
+        model.save_pretrained(model_dir)
     weights = load_file(os.path.join(model_dir, "model.safetensors"))
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file(weights, os.path.join(model_dir, "model.safetensors"), metadata={"format": "pt"})
-    proc = VLLMServerProcess(model_dir, port=free_port(), dtype="float32", max_model_len=512, kv_cache_bytes=32 << 20,
+
+
+def test_an_eval_through_a_server_of_tied_checkpoints_that_also_hold_their_head(tmp_path):
+    """Tied models whose safetensors also hold lm_head.weight: vLLM sets its config's tie to False and re-ties the
+    loaded head. The server of such a checkpoint is not refused as 'another architecture: tie_word_embeddings False
+    (the model's: True)', and the eval of another such model samples that model's greedy outputs (its embedding
+    reaches the head: on CPU the tied head's copy is re-derived after the push)."""
+    from phf_megatron.convert.hf_checkpoint import HFCheckpoint
+    from phf_megatron.eval import EvalConfig, load_benchmark, run_eval
+    from phf_megatron.eval.engine_start import check_served_model
+    from phf_megatron.eval.prompts import eval_prompt_ids
+    from phf_megatron.eval.records import load_records
+    from phf_megatron.tokenizer import load_qwen3_tokenizer
+
+    base = str(tmp_path / "base")
+    _save_tied_with_head(base)
+    named = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    perturb_(named, seed=5, scale=0.3)
+    model = str(tmp_path / "named")
+    _save_tied_with_head(model, named)
+    tok = load_qwen3_tokenizer()
+    tok.save_pretrained(model)
+    proc = VLLMServerProcess(base, port=free_port(), dtype="float32", max_model_len=512, kv_cache_bytes=32 << 20,
                              weight_transport="rpc", log_path=str(tmp_path / "server.log"),
                              start_timeout_s=SERVER_START_TIMEOUT_S)
     try:
-        served = VLLMServerEngine(proc.url, model_dir=model_dir, weight_transport="rpc").served_config()
+        served = VLLMServerEngine(proc.url, model_dir=base, weight_transport="rpc").served_config()
+        run = str(tmp_path / "eval")
+        run_eval(EvalConfig(out_dir=run, model=model, benchmarks=("aime24",), limit=2, n=1, temperature=0.0,
+                            max_new_tokens=6, thinking=False, backend="vllm_server", dtype="float32", pass_ks=(1,),
+                            engine_kwargs={"server_url": proc.url, "timeout_s": 120.0}))
     finally:
         proc.stop()
     assert served["config"]["tie_word_embeddings"] is True
-    check_served_model(served, HFCheckpoint(model_dir).config, model_dir, "float32")
+    check_served_model(served, HFCheckpoint(base).config, base, "float32")
+    records, _ = load_records(run)
+    assert len(records) == 2
+    for (bench, pid, _), record in records.items():
+        problem = next(p for p in load_benchmark(bench)[1] if p.id == pid)
+        prompt = torch.tensor([eval_prompt_ids(tok, problem.problem, thinking=False)])
+        want = named.generate(prompt, do_sample=False, max_new_tokens=6)[0, prompt.shape[1]:]
+        assert record["output"] == tok.decode(want, skip_special_tokens=True)
 
 
 @pytest.mark.slow
