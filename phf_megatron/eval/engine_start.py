@@ -16,6 +16,7 @@ from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
 from phf_megatron.rollout.vllm_start_log import described
+from phf_megatron.rollout.vllm_worker import arch_fields
 
 from ..errors import ConfigError, RunStopped, UserError, as_config_error
 from .config import ENGINE_FIELDS_SET
@@ -66,7 +67,8 @@ def push_model_weights(engine: RolloutEngine, model_dir: str, dtype: str) -> Non
 def check_served_model(served: dict, config: dict, model_dir: str, dtype: str) -> None:
     """The server's model (``VLLMServerEngine.served_config``) has ``config``'s architecture (each field both name)
     and computes in ``dtype``: pushed weights make it that model; else one line naming both."""
-    differ = {k: (v, config[k]) for k, v in served["config"].items() if k in config and v != config[k]}
+    ours = arch_fields(config)   # (RoPE theta in either layout, on either side)
+    differ = {k: (v, ours[k]) for k, v in served["config"].items() if k in ours and v != ours[k]}
     if differ:
         said = ", ".join(f"{k} {old} (the model's: {new})" for k, (old, new) in differ.items())
         raise UserError(f"--backend vllm_server: the server serves another architecture than {model_dir}: {said}; "

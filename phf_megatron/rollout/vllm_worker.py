@@ -211,6 +211,16 @@ ARCH_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layer
              "max_position_embeddings")
 
 
+def arch_fields(config: dict) -> dict:
+    """``config``'s ``ARCH_KEYS`` (those it has), its RoPE theta read from either layout: top-level ``rope_theta``
+    (older transformers) or ``rope_parameters`` (transformers 5, which drops the top-level key)."""
+    fields = {k: config[k] for k in ARCH_KEYS if k in config}
+    rope = config.get("rope_parameters")
+    if "rope_theta" not in fields and isinstance(rope, dict) and "rope_theta" in rope:
+        fields["rope_theta"] = rope["rope_theta"]
+    return fields
+
+
 def served_config(worker) -> dict:
     """The worker's model: its config's ``ARCH_KEYS`` (those it has) and the dtype it computes in. A config that ties
     the embeddings over a checkpoint that also holds ``lm_head.weight``: vLLM sets its config's tie to False, loads the
@@ -220,7 +230,7 @@ def served_config(worker) -> dict:
     if getattr(model_config, "word_embeddings_untied_by_checkpoint", False):
         model = worker.model_runner.get_model()
         config["tie_word_embeddings"] = model.lm_head.weight is getattr(model.model.embed_tokens, "weight", None)
-    return {"config": {k: config[k] for k in ARCH_KEYS if k in config},
+    return {"config": arch_fields(config),
             "dtype": str(model_config.dtype).removeprefix("torch.")}
 
 

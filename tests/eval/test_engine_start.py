@@ -231,3 +231,21 @@ def test_a_spawned_engines_own_error_is_the_evals_line_in_its_flags(tmp_path):
                    "KV cache beside the weights for one request of the engine's context: raise it, or lower "
                    "--max_model_len. vLLM said: ValueError: No available memory for the cache blocks. Try increasing "
                    f"`gpu_memory_utilization`. (engine process: its errors: {tmp_path}/{LOG_NAME})")
+
+
+def test_a_server_of_another_rope_theta_is_refused_whichever_config_layout_either_side_has():
+    """transformers 5 keeps RoPE's theta in ``rope_parameters`` only (the server's config), an older save at the top:
+    compared only where both named ``rope_theta``, another theta passed."""
+    from phf_megatron.errors import UserError
+    from phf_megatron.eval.engine_start import check_served_model
+    from phf_megatron.rollout.vllm_worker import arch_fields
+
+    base = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2}
+    served = {"config": arch_fields({**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+              "dtype": "bfloat16"}
+    check_served_model(served, {**base, "rope_theta": 1e6}, "/m", "bfloat16")   # the same model, two layouts
+    check_served_model(served, {**base, "rope_parameters": {"rope_theta": 1e6}}, "/m", "bfloat16")
+    for other in ({**base, "rope_theta": 5e5}, {**base, "rope_parameters": {"rope_theta": 5e5}}):
+        with pytest.raises(UserError, match=r"serves another architecture than /m: rope_theta 1000000.0 "
+                                            r"\(the model's: 500000.0\)"):
+            check_served_model(served, other, "/m", "bfloat16")
