@@ -35,9 +35,9 @@ class EngineErrorFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         if record.exc_info and record.exc_info[1] is not None:
-            from .start_errors import one_line
             err = record.exc_info[1]
-            text += f"\n{_MARK}{type(err).__name__}: {one_line(err)}"
+            said = " ".join(line.strip() for line in str(err).splitlines() if line.strip())   # start_errors.one_line's
+            text += f"\n{_MARK}{type(err).__name__}: {said}"   # words (importing it: start_errors -> gpu_memory -> here)
         return text
 
 
