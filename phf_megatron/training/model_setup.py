@@ -131,12 +131,12 @@ def check_packed_attention(cfg: TrainConfig) -> None:
         raise fail("model.packed_attention", "'varlen' is the local spec's attention; model.transformer_impl="
                    f"{cfg.model.transformer_impl!r} runs Transformer Engine here, whose THD attention takes packed "
                    "sequences: set model.transformer_impl=local, or leave this at 'sdpa'")
+    reason = varlen_unavailable()   # (first: on a CPU that is what to change)
+    if reason:
+        raise fail("model.packed_attention", reason.removeprefix("packed_attention: "))
     if cfg.model.dtype == "float32":   # flash kernels take half precision only
         raise fail("model.packed_attention", "'varlen' runs PyTorch's flash attention, which takes bfloat16 or "
                    "float16, and model.dtype is float32: set model.dtype=bfloat16, or leave this at 'sdpa'")
-    reason = varlen_unavailable()
-    if reason:
-        raise fail("model.packed_attention", reason.removeprefix("packed_attention: "))
 
 
 def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:

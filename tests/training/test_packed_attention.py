@@ -57,7 +57,7 @@ def test_where_varlen_cannot_run_the_reason_is_the_line(monkeypatch):
     check_packed_attention(_with("varlen", transformer_impl="local"))
 
 
-def test_varlen_in_float32_is_refused_before_the_device_is_looked_at(monkeypatch):
+def test_varlen_in_float32_is_refused_where_varlen_could_run(monkeypatch):
     from phf_megatron.models import varlen
 
     monkeypatch.setattr(varlen, "varlen_unavailable", lambda: None)
