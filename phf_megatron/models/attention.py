@@ -23,7 +23,8 @@ Masks:
   The sequence bounds are read to the host once per micro-batch (cached on the params object),
   not once per layer. Opt-in, ``packed_attention='varlen'`` (``Qwen3TransformerConfig``; the trainer's
   ``--model.packed_attention``): one call per layer of PyTorch's varlen flash attention from ``cu_seqlens``
-  instead (``models/varlen.py``: CUDA only, no attention dropout; the start line says "varlen flash"). It stays
+  instead (``models/varlen.py``: CUDA only, no attention dropout; the start line says "varlen flash"), on the
+  params' own ``cu_seqlens_q`` and ``max_seqlen_q``, with no read to the host (``packed_cu_seqlens``). It stays
   opt-in until a GPU has measured it against the per-sequence calls (``benchmarks/sdpa_plans.py``).
 
 Every call leaves cuDNN's attention out (``SDPA_BACKENDS``): PyTorch on Hopper may try cuDNN first (with a
@@ -106,7 +107,7 @@ class SDPACoreAttention(MegatronModule):
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         sq, b, heads, d = query.shape
         if packed_seq_params is not None and self.varlen is not None:
-            cu_seqlens, longest = packed_cu_seqlens(packed_seq_params, sq, b, query.device)
+            cu_seqlens, longest = packed_cu_seqlens(packed_seq_params, b, query.device)
             with sdpa_kernel(SDPA_BACKENDS):
                 out = varlen_attend(self.varlen, query[:, 0], key[:, 0], value[:, 0], cu_seqlens, longest)
             return out.reshape(sq, b, heads * d)
@@ -161,16 +162,7 @@ def packed_segments(params, sq: int, b: int) -> list[tuple[int, int]]:
     cached = getattr(params, "_sdpa_segments", None)
     if cached is not None and cached[0] == sq:
         return cached[1]
-    if getattr(params, "qkv_format", "thd") != "thd":
-        raise ValueError(f"packed_seq_params.qkv_format: expected 'thd', got {params.qkv_format!r}")
-    if b != 1:
-        raise ValueError(f"packed_seq_params: packed sequences need batch size 1 (got {b})")
-    cu_q, cu_kv = params.cu_seqlens_q, params.cu_seqlens_kv
-    if cu_kv is not None and not torch.equal(cu_q, cu_kv):
-        raise ValueError("packed_seq_params: cu_seqlens_q and cu_seqlens_kv differ (self-attention only)")
-    padded = getattr(params, "cu_seqlens_q_padded", None)
-    if padded is not None and not torch.equal(padded, cu_q):
-        raise ValueError("packed_seq_params.cu_seqlens_q_padded: padded packing is not supported")
+    cu_q = _checked_cu_seqlens(params, b)
     bounds = [int(x) for x in cu_q.tolist()]
     if bounds[-1] != sq:
         raise ValueError(f"packed_seq_params.cu_seqlens_q: ends at {bounds[-1]}, sequence length is {sq}")
@@ -179,14 +171,33 @@ def packed_segments(params, sq: int, b: int) -> list[tuple[int, int]]:
     return segments
 
 
-def packed_cu_seqlens(params, sq: int, b: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """``packed_segments`` as ``varlen_attn`` takes them: int32 ``cu_seqlens`` on ``device`` (empty sequences left
-    out) and the longest sequence, built once per params object."""
-    cached = getattr(params, "_varlen_bounds", None)
-    if cached is not None and cached[0] == sq and cached[1].device == device:
-        return cached[1], cached[2]
-    segments = packed_segments(params, sq, b)
-    cu_seqlens = torch.tensor([segments[0][0]] + [hi for _, hi in segments], dtype=torch.int32, device=device)
-    longest = max(hi - lo for lo, hi in segments)
-    params._varlen_bounds = (sq, cu_seqlens, longest)
-    return cu_seqlens, longest
+def packed_cu_seqlens(params, b: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The packed sequences as ``varlen_attn`` takes them, the params' own: ``cu_seqlens_q`` as int32 on ``device``
+    (already so from ``SequenceLayout``: no copy) and ``max_seqlen_q``. Nothing is read to the host (no sync in any
+    layer); what needs a read is taken on trust, as Megatron's THD attention takes it: ``cu_seqlens_q`` ends at the
+    packed length (``SequenceLayout.pack`` makes it so; the SDPA path checks it) and an empty sequence is an empty
+    block to the kernel."""
+    cu_q = _checked_cu_seqlens(params, b)
+    if params.max_seqlen_q is None:
+        raise ValueError("packed_seq_params.max_seqlen_q: 'varlen' needs the longest packed sequence, got None")
+    return cu_q.to(device=device, dtype=torch.int32), int(params.max_seqlen_q)
+
+
+def _checked_cu_seqlens(params, b: int) -> torch.Tensor:
+    """``params.cu_seqlens_q``, after the checks of packed self-attention (THD, batch 1, the same bounds for keys
+    and unpadded); the bounds are compared on the device only when the params hold two tensors of them."""
+    if getattr(params, "qkv_format", "thd") != "thd":
+        raise ValueError(f"packed_seq_params.qkv_format: expected 'thd', got {params.qkv_format!r}")
+    if b != 1:
+        raise ValueError(f"packed_seq_params: packed sequences need batch size 1 (got {b})")
+    cu_q, cu_kv = params.cu_seqlens_q, params.cu_seqlens_kv
+    if not _same_bounds(cu_q, cu_kv):
+        raise ValueError("packed_seq_params: cu_seqlens_q and cu_seqlens_kv differ (self-attention only)")
+    if not _same_bounds(cu_q, getattr(params, "cu_seqlens_q_padded", None)):
+        raise ValueError("packed_seq_params.cu_seqlens_q_padded: padded packing is not supported")
+    return cu_q
+
+
+def _same_bounds(cu_q: torch.Tensor, other: Optional[torch.Tensor]) -> bool:
+    """``other`` is absent, the same tensor as ``cu_q`` (no device read) or equal to it."""
+    return other is None or other is cu_q or torch.equal(cu_q, other)

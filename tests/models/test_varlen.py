@@ -117,6 +117,25 @@ def test_on_cpu_varlen_is_refused_in_one_line_not_run():
         attend(q, kv, kv, None, packed_seq_params=params)
 
 
+@needs_varlen
+def test_varlen_takes_the_params_own_bounds_without_reading_them_to_the_host(monkeypatch):
+    from phf_megatron.models import attention
+
+    calls = []
+    monkeypatch.setattr(attention, "varlen_attend", lambda call, q, k, v, cu, longest: calls.append((cu, longest)) or q)
+    for read in ("tolist", "item", "__bool__", "__int__"):   # what a host read of the bounds goes through
+        monkeypatch.setattr(torch.Tensor, read, lambda *a, **k: pytest.fail("a host read of the packed bounds"))
+    attend = SDPACoreAttention(_config(packed_attention="varlen"), layer_number=1, attn_mask_type=AttnMaskType.causal)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=7, max_seqlen_kv=7)
+    q, kv = torch.randn(12, 4, 32), torch.randn(12, 2, 32)
+    for _ in range(2):   # two layers
+        assert attend(q, kv, kv, None, packed_seq_params=params).shape == (12, 1, 4 * 32)
+    assert [(c is cu, longest) for c, longest in calls] == [(True, 7), (True, 7)]   # no copy, no rebuilt bounds
+    with pytest.raises(ValueError, match=r"^packed_seq_params.max_seqlen_q: 'varlen' needs the longest packed "):
+        attend(q, kv, kv, None, packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu))
+
+
 # ----------------------------------------------------------------------------- on a GPU
 
 LENGTHS = [1, 300, 7, 1, 513, 64, 2]
