@@ -23,7 +23,7 @@ Masks:
   The sequence bounds are read to the host once per micro-batch (cached on the params object),
   not once per layer. Opt-in, ``packed_attention='varlen'`` (``Qwen3TransformerConfig``; the trainer's
   ``--model.packed_attention``): one call per layer of PyTorch's varlen flash attention from ``cu_seqlens``
-  instead (``models/varlen.py``: CUDA only, no attention dropout; the start line says "varlen flash"), on the
+  instead (``models/varlen.py``: CUDA only, bf16/fp16, no attention dropout; the start line says "varlen flash"), on the
   params' own ``cu_seqlens_q`` and ``max_seqlen_q``, with no read to the host (``packed_cu_seqlens``). It stays
   opt-in until a GPU has measured it against the per-sequence calls (``benchmarks/sdpa_plans.py``).
 
@@ -96,7 +96,7 @@ class SDPACoreAttention(MegatronModule):
             tp = config.tensor_model_parallel_size
             self.varlen = varlen_call(varlen_parameters(), config.num_attention_heads // tp,
                                       (config.num_query_groups or config.num_attention_heads) // tp,
-                                      config.kv_channels, self.softmax_scale, self.dropout_p)
+                                      config.kv_channels, self.softmax_scale, self.dropout_p, config.params_dtype)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], attn_mask_type: Optional[AttnMaskType] = None,

@@ -3,7 +3,8 @@
 ``torch.nn.attention.varlen.varlen_attn`` takes the packed ``[t, n, d]`` tensors and the ``cu_seqlens`` of the
 sequences and runs block-diagonal causal attention in one flash kernel (forward and backward), where the default
 packed path (``models/attention.py``) makes one SDPA call per sequence. CUDA only (its CPU dispatch has no
-``_flash_attention_forward``) and no dropout. Its signature changed between PyTorch releases:
+``_flash_attention_forward``), bfloat16 or float16 only (flash) and no dropout. Its signature changed between PyTorch
+releases:
 
 * torch 2.11: ``varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None)``: no
   softmax scale (always ``1/sqrt(d)``) and no GQA keyword;
@@ -26,6 +27,9 @@ import torch
 
 #: The setting that chooses this path (``Qwen3TransformerConfig.packed_attention``, ``--model.packed_attention``).
 SETTING = "packed_attention"
+
+#: The dtypes PyTorch's flash attention takes (another fails in ``varlen_attn``'s first call, inside a step).
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,24 @@ def varlen_unavailable() -> Optional[str]:
     return None
 
 
+def varlen_dtype_refused(dtype: torch.dtype) -> Optional[str]:
+    """Why ``'varlen'`` cannot run a model of ``dtype`` (flash takes half precision only), one line naming the
+    setting; None when it can. Checked as the model is built (``varlen_call``) and at the trainer's start-up."""
+    if dtype in FLASH_DTYPES:
+        return None
+    return (f"{SETTING}: 'varlen' runs PyTorch's flash attention, which takes bfloat16 or float16, and the model's "
+            f"dtype is {str(dtype).removeprefix('torch.')}: use bfloat16, or 'sdpa'")
+
+
 def varlen_call(parameters: Collection[str], heads: int, kv_heads: int, head_dim: int, scale: float,
-                dropout_p: float = 0.0) -> VarlenCall:
+                dropout_p: float = 0.0, dtype: torch.dtype = torch.bfloat16) -> VarlenCall:
     """Causal attention with ``heads`` query heads in ``kv_heads`` groups, softmax ``scale`` and attention
-    ``dropout_p``, as keywords of a ``varlen_attn`` whose parameters are ``parameters``; a ValueError (one line
-    naming the setting) for what it cannot do: dropout, a scale other than ``1/sqrt(head_dim)`` without ``scale``."""
+    ``dropout_p`` in ``dtype``, as keywords of a ``varlen_attn`` whose parameters are ``parameters``; a ValueError
+    (one line naming the setting) for what it cannot do: a dtype other than half precision, dropout, a scale other
+    than ``1/sqrt(head_dim)`` without ``scale``."""
+    reason = varlen_dtype_refused(dtype)
+    if reason:
+        raise ValueError(reason)
     if dropout_p > 0:
         raise ValueError(f"{SETTING}: 'varlen' has no attention dropout (attention_dropout={dropout_p}): use 'sdpa' "
                          "or turn the dropout off")

@@ -120,23 +120,22 @@ def _config_overrides(cfg: TrainConfig) -> dict:
 
 def check_packed_attention(cfg: TrainConfig) -> None:
     """``model.packed_attention='varlen'`` where it cannot run, refused in one line before anything is built: with
-    Transformer Engine's spec (its own THD attention runs packed sequences), ``model.dtype=float32`` (flash takes
-    half precision), a torch without ``varlen_attn``, no CUDA device. What the model refuses (attention dropout, a softmax scale) is named as it is built."""
+    Transformer Engine's spec (its own THD attention runs packed sequences), a torch without ``varlen_attn``, no CUDA
+    device, ``model.dtype=float32`` (``models/varlen.py`` owns these limits of the kernel). What the model refuses
+    (attention dropout, a softmax scale) is named as it is built."""
     if cfg.model.packed_attention != "varlen":
         return
     from ..models.spec import resolve_backend
-    from ..models.varlen import varlen_unavailable
+    from ..models.varlen import varlen_dtype_refused, varlen_unavailable
 
     if resolve_backend(cfg.model.transformer_impl) == "te":
         raise fail("model.packed_attention", "'varlen' is the local spec's attention; model.transformer_impl="
                    f"{cfg.model.transformer_impl!r} runs Transformer Engine here, whose THD attention takes packed "
                    "sequences: set model.transformer_impl=local, or leave this at 'sdpa'")
-    reason = varlen_unavailable()   # (first: on a CPU that is what to change)
+    # CUDA before the dtype: on a CPU that is what to change
+    reason = varlen_unavailable() or varlen_dtype_refused(DTYPES[cfg.model.dtype])
     if reason:
         raise fail("model.packed_attention", reason.removeprefix("packed_attention: "))
-    if cfg.model.dtype == "float32":   # flash kernels take half precision only
-        raise fail("model.packed_attention", "'varlen' runs PyTorch's flash attention, which takes bfloat16 or "
-                   "float16, and model.dtype is float32: set model.dtype=bfloat16, or leave this at 'sdpa'")
 
 
 def _load_base_weights(chunk, cfg: TrainConfig, arch: Qwen3Arch) -> None:

@@ -2,10 +2,10 @@
 
 On CPU: the call built for the installed ``varlen_attn`` and for torch 2.11's signature (a plain function of that
 signature, inspected as the installed one is) binds to that signature and asks causal attention, GQA and the
-scale the way each takes them; what neither can do (dropout, a scale torch 2.11 cannot take, a CPU tensor, a
-torch without it) is one line naming the setting. On a GPU (``pytest -m gpu``): varlen's output and gradients equal
-the per-sequence SDPA calls' (bf16, Qwen3-1.7B's 16 / 8 heads of 128, lengths 1 to a few hundred), and a packed
-model forward with it gives the padded forward's logits.
+scale the way each takes them; what neither can do (dropout, float32, a scale torch 2.11 cannot take, a CPU
+tensor, a torch without it) is one line naming the setting. On a GPU (``pytest -m gpu``): varlen's output and
+gradients equal the per-sequence SDPA calls' (bf16, Qwen3-1.7B's 16 / 8 heads of 128, lengths 1 to a few hundred),
+and a packed model forward with it gives the padded forward's logits.
 """
 
 import inspect
@@ -77,15 +77,31 @@ def test_attention_dropout_is_refused_in_one_line(signature):
         varlen_call(signature.parameters, 16, 8, D, SCALE, dropout_p=0.1)
 
 
-def _config(**kw):
-    return qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=torch.float32, **kw)
+@pytest.mark.parametrize("signature", [INSTALLED, OLD], ids=["installed", "2.11"])
+def test_a_dtype_flash_does_not_take_is_refused_in_one_line(signature):
+    if signature is None:
+        pytest.skip(f"torch {torch.__version__} has no varlen_attn")
+    with pytest.raises(ValueError) as err:
+        varlen_call(signature.parameters, 16, 8, D, SCALE, dtype=torch.float32)
+    assert str(err.value) == ("packed_attention: 'varlen' runs PyTorch's flash attention, which takes bfloat16 or "
+                              "float16, and the model's dtype is float32: use bfloat16, or 'sdpa'")
+    for dtype in (torch.bfloat16, torch.float16):
+        varlen_call(signature.parameters, 16, 8, D, SCALE, dtype=dtype)
+
+
+def _config(dtype=torch.bfloat16, **kw):
+    return qwen3_transformer_config(tiny_config("gqa", num_layers=2), dtype=dtype, **kw)
 
 
 @needs_varlen
-def test_the_model_refuses_varlen_with_attention_dropout_as_it_is_built():
+def test_the_model_refuses_varlen_with_attention_dropout_or_in_float32_as_it_is_built():
     config = _config(packed_attention="varlen", attention_dropout=0.1)
     with pytest.raises(ValueError, match="^packed_attention: 'varlen' has no attention dropout"):
         SDPACoreAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal)
+    with pytest.raises(ValueError, match=r"^packed_attention: 'varlen' runs PyTorch's flash attention, which takes "
+                                         r"bfloat16 or float16, and the model's dtype is float32: use bfloat16"):
+        SDPACoreAttention(_config(torch.float32, packed_attention="varlen"), layer_number=1,
+                          attn_mask_type=AttnMaskType.causal)
     with pytest.raises(ValueError, match=r"^packed_attention: 'Varlen' is not one of \('sdpa', 'varlen'\)$"):
         SDPACoreAttention(_config(packed_attention="Varlen"), layer_number=1, attn_mask_type=AttnMaskType.causal)
 

@@ -64,8 +64,7 @@ def test_varlen_in_float32_is_refused_where_varlen_could_run(monkeypatch):
     with pytest.raises(ConfigError) as err:
         check_packed_attention(_with("varlen", transformer_impl="local", dtype="float32"))
     assert err.value.line == ("--model.packed_attention: 'varlen' runs PyTorch's flash attention, which takes "
-                              "bfloat16 or float16, and model.dtype is float32: set model.dtype=bfloat16, or leave "
-                              "this at 'sdpa'")
+                              "bfloat16 or float16, and the model's dtype is float32: use bfloat16, or 'sdpa'")
     check_packed_attention(_with("varlen", transformer_impl="local", dtype="float16"))
 
 
