@@ -74,7 +74,8 @@ class ModelConfig:
     packed_attention: str = "sdpa"
     """Attention of packed sequences (training.packing) in the local spec: sdpa (one causal SDPA call per sequence) |
     varlen (one call per layer of PyTorch's varlen flash attention from cu_seqlens, models/varlen.py: CUDA only, no
-    attention dropout, not with Transformer Engine). Opt-in: not yet measured on a GPU (benchmarks/sdpa_plans.py)."""
+    attention dropout, not with Transformer Engine). Opt-in: not yet measured on a GPU (benchmarks/sdpa_plans.py). No
+    effect (and not checked) with --training.packing=false."""
 
     def __post_init__(self) -> None:
         check_choice("model.dtype", self.dtype, DTYPES)

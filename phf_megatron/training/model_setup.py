@@ -114,16 +114,22 @@ def _config_overrides(cfg: TrainConfig) -> dict:
         out.update(hidden_dropout=0.0, attention_dropout=0.0)
     if m.compile_layers:
         out["compile_layers"] = True
-    out["packed_attention"] = m.packed_attention
+    out["packed_attention"] = packed_attention_in_use(cfg)
     return out
+
+
+def packed_attention_in_use(cfg: TrainConfig) -> str:
+    """``model.packed_attention``, or ``'sdpa'`` without ``training.packing``: no micro-batch is packed then, and
+    the choice has no effect (``'varlen'`` is neither checked, nor built into the model, nor said)."""
+    return cfg.model.packed_attention if cfg.training.packing else "sdpa"
 
 
 def check_packed_attention(cfg: TrainConfig) -> None:
     """``model.packed_attention='varlen'`` where it cannot run, refused in one line before anything is built: with
     Transformer Engine's spec (its own THD attention runs packed sequences), a torch without ``varlen_attn``, no CUDA
     device, ``model.dtype=float32`` (``models/varlen.py`` owns these limits of the kernel). What the model refuses
-    (attention dropout, a softmax scale) is named as it is built."""
-    if cfg.model.packed_attention != "varlen":
+    (attention dropout, a softmax scale) is named as it is built. Without ``training.packing``: nothing to check."""
+    if packed_attention_in_use(cfg) != "varlen":
         return
     from ..models.spec import resolve_backend
     from ..models.varlen import varlen_dtype_refused, varlen_unavailable

@@ -14,9 +14,10 @@ from phf_megatron.training.config_io import resume_fingerprint
 from phf_megatron.training.model_setup import _config_overrides, check_packed_attention
 
 
-def _with(packed: str, **model) -> TrainConfig:
+def _with(packed: str, packing: bool = True, **model) -> TrainConfig:
     cfg = TrainConfig()
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, packed_attention=packed, **model))
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, packed_attention=packed, **model),
+                               training=dataclasses.replace(cfg.training, packing=packing))
 
 
 def test_help_lists_the_setting_with_its_default(capsys):
@@ -66,6 +67,20 @@ def test_varlen_in_float32_is_refused_where_varlen_could_run(monkeypatch):
     assert err.value.line == ("--model.packed_attention: 'varlen' runs PyTorch's flash attention, which takes "
                               "bfloat16 or float16, and the model's dtype is float32: use bfloat16, or 'sdpa'")
     check_packed_attention(_with("varlen", transformer_impl="local", dtype="float16"))
+
+
+def test_without_packing_varlen_has_no_effect_so_it_is_neither_refused_nor_built(monkeypatch):
+    """A run of padded micro-batches never reaches the packed attention: 'varlen' (a GPU config, or a future
+    default) must not stop it where varlen cannot run, and its model is built without it (no varlen_call)."""
+    from phf_megatron.models import spec, varlen
+
+    monkeypatch.setattr(varlen, "varlen_unavailable", lambda: "packed_attention: 'varlen' runs on CUDA only (why)")
+    monkeypatch.setattr(spec, "resolve_backend", lambda backend: "te")
+    cfg = _with("varlen", packing=False, transformer_impl="auto", dtype="float32")
+    check_packed_attention(cfg)
+    assert _config_overrides(cfg)["packed_attention"] == "sdpa"
+    with pytest.raises(ConfigError):   # the same settings with packing: refused
+        check_packed_attention(_with("varlen", transformer_impl="auto", dtype="float32"))
 
 
 def test_the_choice_reaches_the_models_config_and_a_resume_may_change_it():

@@ -259,6 +259,18 @@ def test_varlen_attention_without_cuda_stops_the_start_in_one_line(tiny_inputs, 
     assert not os.path.exists(os.path.join(tmp_path, "varlen", "metrics.jsonl"))
 
 
+def test_varlen_without_packing_trains_on_a_cpu_and_the_start_line_does_not_claim_it(tiny_inputs, tmp_path):
+    """Padded micro-batches never reach the packed attention: 'varlen' is ignored there, even where it cannot run."""
+    hf, data = tiny_inputs
+    proc = train(hf, data, str(tmp_path / "padded"), *SFT, "--training.train_iters=1", "--checkpoint.save_interval=0",
+                 "--training.packing=false", "--model.packed_attention=varlen")
+    assert_ok(proc)
+    assert len(read_metrics(str(tmp_path / "padded"))) == 1
+    start = [line for line in (proc.stdout + proc.stderr).splitlines() if "phf_megatron.train: attention " in line]
+    assert len(start) == 1 and "SDPA (Megatron local spec, " in start[0], start
+    assert "varlen" not in start[0] and "packed sequences" not in start[0], start[0]
+
+
 def test_a_token_budget_with_a_per_micro_batch_loss_is_one_line():
     proc = run_python(["-m", "phf_megatron.train", "--method=grpo", "--rollout.n=2", "--training.packing",
                        "--grpo.loss_type=bnpo", "--training.max_tokens_per_microbatch=512"], timeout=120)
