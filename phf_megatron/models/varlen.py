@@ -6,10 +6,11 @@ packed path (``models/attention.py``) makes one SDPA call per sequence. CUDA onl
 ``_flash_attention_forward``), bfloat16 or float16 only (flash) and no dropout. Its signature changed between PyTorch
 releases:
 
-* torch 2.11: ``varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None)``: no
-  softmax scale (always ``1/sqrt(d)``) and no GQA keyword;
-* later: ``varlen_attn(..., max_k, *, return_aux=None, scale=None, window_size=(-1, -1), enable_gqa=False, ...)``,
-  causal as ``window_size=(-1, 0)``.
+* torch 2.10 (its first): ``varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False,
+  return_aux=None)``: no softmax scale (always ``1/sqrt(d)``) and no GQA keyword;
+* torch 2.11 (the GPU image's): ``varlen_attn(..., max_k, *, return_aux=None, scale=None, window_size=(-1, -1))``,
+  causal as ``window_size=(-1, 0)`` (a tuple: it is compared with one), still no GQA keyword;
+* torch 2.13: the same plus ``enable_gqa=False`` (and paged-KV keywords).
 
 ``varlen_call`` maps our call (causal, GQA, scale) onto the parameters of the installed one, read once
 (``varlen_parameters``); ``varlen_attend`` runs it. Errors name the setting, ``packed_attention``.

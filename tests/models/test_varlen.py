@@ -1,8 +1,8 @@
 """``packed_attention='varlen'`` (``models/varlen.py``): PyTorch's varlen flash attention, one call per layer.
 
-On CPU: the call built for the installed ``varlen_attn`` and for torch 2.11's signature (a plain function of that
-signature, inspected as the installed one is) binds to that signature and asks causal attention, GQA and the
-scale the way each takes them; what neither can do (dropout, float32, a scale torch 2.11 cannot take, a CPU
+On CPU: the call built for the installed ``varlen_attn`` and for torch 2.11's and 2.10's signatures (plain functions
+of those signatures, inspected as the installed one is) binds to that signature and asks causal attention, GQA and
+the scale the way each takes them; what none can do (dropout, float32, a scale torch 2.10 cannot take, a CPU
 tensor, a torch without it) is one line naming the setting. On a GPU (``pytest -m gpu``): varlen's output and
 gradients equal the per-sequence SDPA calls' (bf16, Qwen3-1.7B's 16 / 8 heads of 128, lengths 1 to a few hundred),
 and a packed model forward with it gives the padded forward's logits.
@@ -24,13 +24,20 @@ from phf_megatron.models.varlen import VarlenCall, varlen_call, varlen_parameter
 from ..helpers.tiny_qwen3 import tiny_config
 
 
-def varlen_attn_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-    """torch 2.11's ``torch.nn.attention.varlen.varlen_attn`` signature (the GPU image's), body left out."""
+def varlen_attn_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10's ``torch.nn.attention.varlen.varlen_attn`` signature (its first), body left out."""
+
+
+def varlen_attn_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                     window_size=(-1, -1)):
+    """torch 2.11's (the GPU image's; read in its wheel): a scale and a window, no ``enable_gqa``; body left out."""
 
 
 INSTALLED = inspect.signature(varlen._varlen_attn()) if varlen._varlen_attn() else None
 needs_varlen = pytest.mark.skipif(INSTALLED is None, reason=f"torch {torch.__version__} has no varlen_attn")
-OLD = inspect.signature(varlen_attn_2_11)
+OLD = inspect.signature(varlen_attn_2_10)
+GPU_IMAGE = inspect.signature(varlen_attn_2_11)
+SIGNATURES = dict(argvalues=[INSTALLED, GPU_IMAGE, OLD], ids=["installed", "2.11", "2.10"])
 D = 128
 SCALE = 1 / math.sqrt(D)
 
@@ -53,7 +60,15 @@ def test_installed_signature_gets_causal_window_gqa_and_scale():
     assert mha["enable_gqa"] is False and mha["scale"] == 0.5 and mha["window_size"] == (-1, 0)
 
 
-def test_torch_2_11_signature_gets_is_causal_and_repeated_kv_heads():
+def test_torch_2_11_signature_gets_the_causal_window_the_scale_and_repeated_kv_heads():
+    call = varlen_call(GPU_IMAGE.parameters, 16, 8, D, 0.5)
+    args = _binds(GPU_IMAGE, call)
+    assert args["window_size"] == (-1, 0) and args["scale"] == 0.5 and "enable_gqa" not in call.kwargs
+    assert call.repeat_kv == 2   # no enable_gqa: each K/V head repeated for its 2 query heads
+    assert varlen_call(GPU_IMAGE.parameters, 16, 16, D, SCALE).repeat_kv == 1
+
+
+def test_torch_2_10_signature_gets_is_causal_and_repeated_kv_heads():
     call = varlen_call(OLD.parameters, 16, 8, D, SCALE)
     args = _binds(OLD, call)
     assert args["is_causal"] is True
@@ -61,14 +76,14 @@ def test_torch_2_11_signature_gets_is_causal_and_repeated_kv_heads():
     assert varlen_call(OLD.parameters, 16, 16, D, SCALE).repeat_kv == 1
 
 
-def test_torch_2_11_refuses_a_scale_it_cannot_take_in_one_line():
+def test_torch_2_10_refuses_a_scale_it_cannot_take_in_one_line():
     with pytest.raises(ValueError) as err:
         varlen_call(OLD.parameters, 16, 8, D, 0.5)
     assert str(err.value) == ("packed_attention: this torch's varlen_attn takes no softmax scale (always "
                               "1/sqrt(128)), the model's is 0.5: use 'sdpa'")
 
 
-@pytest.mark.parametrize("signature", [INSTALLED, OLD], ids=["installed", "2.11"])
+@pytest.mark.parametrize("signature", **SIGNATURES)
 def test_attention_dropout_is_refused_in_one_line(signature):
     if signature is None:
         pytest.skip(f"torch {torch.__version__} has no varlen_attn")
@@ -77,7 +92,7 @@ def test_attention_dropout_is_refused_in_one_line(signature):
         varlen_call(signature.parameters, 16, 8, D, SCALE, dropout_p=0.1)
 
 
-@pytest.mark.parametrize("signature", [INSTALLED, OLD], ids=["installed", "2.11"])
+@pytest.mark.parametrize("signature", **SIGNATURES)
 def test_a_dtype_flash_does_not_take_is_refused_in_one_line(signature):
     if signature is None:
         pytest.skip(f"torch {torch.__version__} has no varlen_attn")
