@@ -19,6 +19,11 @@ memory-efficient, 3 cuDNN).
 call of PyTorch's varlen flash attention, ``models/varlen.py``), forward + backward on the same lengths packed
 ``PER_MICROBATCH`` to a micro-batch, ``VARLEN_REPEATS`` times after a warm-up: ms per layer (one layer's attention of
 one micro-batch, the median over repeats) each, and their ratio (``sdpa_over_varlen`` > 1: varlen is faster).
+``varlen.gqa_without_repeat``: on a torch whose ``varlen_attn`` has no ``enable_gqa`` (2.11, the GPU image's) the
+model repeats each key/value head first; this calls it once without the repeat on the first micro-batch and
+records whether the kernel takes grouped heads as they are (the largest difference of output and gradients from
+the repeated call's, relative to its largest value, or the error it raised) and both times, so a lease can tell
+whether the repeat can go.
 """
 
 from __future__ import annotations
@@ -110,6 +115,42 @@ def packed_attention_ms(packed: str, microbatches: list[list[int]], heads, devic
     return statistics.median(run() for _ in range(VARLEN_REPEATS))
 
 
+def gqa_without_repeat(lengths: list[int], heads, device: str, dtype: torch.dtype) -> dict:
+    """The installed ``varlen_attn`` on grouped key/value heads as they are, against the model's call that repeats
+    them first (``VarlenCall.repeat_kv``), on one packed micro-batch of ``lengths`` (module docstring); ``skipped``
+    on a torch that takes ``enable_gqa`` (the model passes it), ``error`` when the kernel refused the grouped heads."""
+    from phf_megatron.models import varlen
+
+    hq, hkv, d = heads
+    parameters = varlen.varlen_parameters()
+    if "enable_gqa" in parameters:
+        return dict(skipped="this torch's varlen_attn takes enable_gqa: the model repeats no heads")
+    call = varlen.varlen_call(parameters, hq, hkv, d, d ** -0.5, dtype=dtype)
+    cu = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lengths), h, d, device=device, dtype=dtype, requires_grad=True) for h in (hq, hkv, hkv))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def run(repeat: int) -> tuple[float, list[torch.Tensor]]:
+        q.grad = k.grad = v.grad = None
+        sync()
+        start = time.perf_counter()
+        kv = [x.repeat_interleave(repeat, dim=1) if repeat > 1 else x for x in (k, v)]
+        out = varlen._varlen_attn()(q, *kv, cu, cu, max(lengths), max(lengths), **call.kwargs)
+        out.float().square().sum().backward()
+        sync()
+        return (time.perf_counter() - start) * 1e3, [out.detach(), q.grad, k.grad, v.grad]
+
+    run(call.repeat_kv)   # warm-up
+    repeat_ms, reference = run(call.repeat_kv)
+    try:
+        run(1)
+        native_ms, got = run(1)
+    except Exception as err:   # noqa: BLE001 - the kernel's own refusal is the finding
+        return dict(lengths=lengths, repeat_ms=repeat_ms, error=f"{type(err).__name__}: {err}"[:500])
+    diff = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(got, reference))
+    return dict(lengths=lengths, repeat_ms=repeat_ms, native_ms=native_ms, max_rel_diff=diff)
+
+
 def compare_varlen(lengths: list[int], heads, device: str, dtype: torch.dtype) -> dict:
     """Per-sequence SDPA vs varlen flash attention on ``lengths`` (module docstring); ``skipped`` says why not."""
     from phf_megatron.models.varlen import varlen_unavailable
@@ -120,7 +161,8 @@ def compare_varlen(lengths: list[int], heads, device: str, dtype: torch.dtype) -
     microbatches = [lengths[i: i + PER_MICROBATCH] for i in range(0, len(lengths), PER_MICROBATCH)]
     ms = {packed: packed_attention_ms(packed, microbatches, heads, device, dtype) for packed in ("sdpa", "varlen")}
     return dict(microbatches=microbatches, repeats=VARLEN_REPEATS, sdpa_per_sequence_ms_per_layer=ms["sdpa"],
-                varlen_ms_per_layer=ms["varlen"], sdpa_over_varlen=ms["sdpa"] / ms["varlen"])
+                varlen_ms_per_layer=ms["varlen"], sdpa_over_varlen=ms["sdpa"] / ms["varlen"],
+                gqa_without_repeat=gqa_without_repeat(microbatches[0], heads, device, dtype))
 
 
 def main(argv=None) -> dict:

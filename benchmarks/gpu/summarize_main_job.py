@@ -61,7 +61,7 @@ def summarize(out: str) -> dict:
 
 def sdpa_lines(p: dict) -> list[str]:
     """``benchmarks/sdpa_plans.py``'s result: new lengths vs the same again per backend set, then per-sequence SDPA
-    vs varlen flash attention per layer (or why that was skipped)."""
+    vs varlen flash attention per layer (or why that was skipped), and varlen on grouped heads as they are."""
     lines = ["", f"## Attention at new sequence lengths ({p.get('device')}, torch {p.get('torch')}, heads {p.get('heads')})",
              ""]
     lines += [f"- backends {r['backends']}: new lengths {r['new_s']:.3f} s, the same again {r['again_s']:.3f} s"
@@ -73,6 +73,12 @@ def sdpa_lines(p: dict) -> list[str]:
         lines.append(f"- packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
                      f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
                      f"ratio {v['sdpa_over_varlen']:.2f}")
+        g = v.get("gqa_without_repeat") or {}
+        if "skipped" in g or "error" in g:
+            lines.append(f"- varlen on grouped K/V heads without the repeat: {g.get('skipped') or g['error']}")
+        elif g:
+            lines.append(f"- varlen on grouped K/V heads without the repeat: {g['native_ms']:.3f} ms against "
+                         f"{g['repeat_ms']:.3f} ms repeated, largest relative difference {g['max_rel_diff']:.2e}")
     return lines
 
 

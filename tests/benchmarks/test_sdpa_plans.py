@@ -56,8 +56,67 @@ def test_on_cpu_the_varlen_comparison_is_skipped_with_its_reason_and_summarized(
     # a GPU's result (the numbers made up here): both per-layer times and their ratio
     gpu = json.loads((tmp_path / "sdpa_plans.json").read_text())
     gpu["varlen"] = dict(microbatches=[[701, 708]], repeats=5, sdpa_per_sequence_ms_per_layer=2.0,
-                         varlen_ms_per_layer=0.5, sdpa_over_varlen=4.0)
+                         varlen_ms_per_layer=0.5, sdpa_over_varlen=4.0,
+                         gqa_without_repeat=dict(lengths=[701], repeat_ms=0.3, native_ms=0.2, max_rel_diff=0.004))
     (tmp_path / "sdpa_plans.json").write_text(json.dumps(gpu))
     assert summarize([str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
     assert ("- packed attention per layer and micro-batch, forward + backward: per-sequence SDPA 2.000 ms, varlen "
-            "0.500 ms, ratio 4.00") in (tmp_path / "summary.md").read_text()
+            "0.500 ms, ratio 4.00\n- varlen on grouped K/V heads without the repeat: 0.200 ms against 0.300 ms "
+            "repeated, largest relative difference 4.00e-03") in md
+    gpu["varlen"]["gqa_without_repeat"] = dict(lengths=[701], repeat_ms=0.3, error="RuntimeError: heads differ")
+    (tmp_path / "sdpa_plans.json").write_text(json.dumps(gpu))
+    assert summarize([str(tmp_path)]) == 0
+    assert "- varlen on grouped K/V heads without the repeat: RuntimeError: heads differ" in \
+        (tmp_path / "summary.md").read_text()
+
+
+def _per_sequence_varlen(native_gqa: bool):
+    """A stand-in of torch 2.11's ``varlen_attn`` (its signature: no ``enable_gqa``) on CPU: causal SDPA per sequence,
+    taking grouped key/value heads as they are (``native_gqa``) or refusing them as a kernel might."""
+    import torch
+    import torch.nn.functional as F
+
+    def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1)):
+        assert window_size == (-1, 0)
+        if key.shape[1] != query.shape[1] and not native_gqa:
+            raise RuntimeError("number of heads in key/value must equal the query's")
+        bounds = cu_seq_q.tolist()
+        return torch.cat([F.scaled_dot_product_attention(*(x[lo:hi].transpose(0, 1) for x in (query, key, value)),
+                                                         is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+                          for lo, hi in zip(bounds, bounds[1:])])
+    return varlen_attn
+
+
+@pytest.mark.parametrize("native_gqa", [True, False])
+def test_gqa_without_repeat_on_a_torch_without_enable_gqa_finds_whether_the_kernel_takes_grouped_heads(
+        monkeypatch, native_gqa):
+    """torch 2.11 (the GPU image's) has no ``enable_gqa``: the model repeats each K/V head. The lease calls the
+    kernel once without the repeat: equal output and gradients when it takes grouped heads, its error otherwise."""
+    import inspect
+
+    import torch
+
+    from phf_megatron.models import varlen
+
+    stand_in = _per_sequence_varlen(native_gqa)
+    monkeypatch.setattr(varlen, "_varlen_attn", lambda: stand_in)
+    monkeypatch.setattr(varlen, "varlen_parameters", lambda: frozenset(inspect.signature(stand_in).parameters))
+    out = sdpa_plans.gqa_without_repeat([5, 1, 9], sdpa_plans.SHAPES["tiny"], "cpu", torch.bfloat16)
+    assert out["lengths"] == [5, 1, 9] and out["repeat_ms"] > 0
+    if native_gqa:
+        assert out["native_ms"] > 0 and out["max_rel_diff"] < 0.02 and "error" not in out
+    else:
+        assert out["error"] == "RuntimeError: number of heads in key/value must equal the query's"
+
+
+def test_gqa_without_repeat_is_skipped_where_torch_takes_enable_gqa():
+    import torch
+
+    from phf_megatron.models import varlen
+
+    if varlen._varlen_attn() is None or "enable_gqa" not in varlen.varlen_parameters():
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
+    assert sdpa_plans.gqa_without_repeat([5], sdpa_plans.SHAPES["tiny"], "cpu", torch.bfloat16) == {
+        "skipped": "this torch's varlen_attn takes enable_gqa: the model repeats no heads"}
