@@ -89,8 +89,9 @@ def did_you_mean(key: str, known: Sequence[str], bare: bool = True) -> str:
     return f"; did you mean {', '.join(matches)}?" if matches else ""
 
 
-def resolve_key(key: str, types_: dict[str, Any]) -> str:
-    """The full key for a dotted or unique bare key; ``UsageError`` naming the flag otherwise."""
+def resolve_key(key: str, types_: dict[str, Any], options: Sequence[str] = ()) -> str:
+    """The full key for a dotted or unique bare key; ``UsageError`` naming the flag otherwise (``options``: the
+    command's own flags besides the settings, ``config`` or ``verbose``, offered as close matches too)."""
     if key in types_:
         return key
     owners = [k for k in types_ if k.rsplit(".", 1)[-1] == key]
@@ -98,7 +99,7 @@ def resolve_key(key: str, types_: dict[str, Any]) -> str:
         return owners[0]
     if len(owners) > 1:
         raise UsageError(f"--{key}: ambiguous, it names {', '.join(owners)}; use the dotted form")
-    raise UsageError(f"--{key}: unknown setting{did_you_mean(key, list(types_))}")
+    raise UsageError(f"--{key}: unknown setting{did_you_mean(key, [*types_, *options])}")
 
 
 # ----------------------------------------------------------------------------- values
@@ -210,8 +211,11 @@ def _show(value: Any) -> str:
 class Settings:
     """The flags of one config dataclass: parse a command line, build the config, describe it."""
 
-    def __init__(self, cls: type):
+    def __init__(self, cls: type, options: Sequence[str] = ()):
         self.cls = cls
+        #: The command's own flags besides the settings (``--config``, ``--verbose``): parsed by the command, named
+        #: by "did you mean" here (``--confg`` was "unknown setting" alone).
+        self.options = tuple(o.removeprefix("--").replace("-", "_") for o in options)
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
         #: ``(section name or None, section docstring, settings)``; top-level settings first.
@@ -235,7 +239,7 @@ class Settings:
         return "--section.field=value" if self.nested else "--field=value"
 
     def resolve(self, key: str) -> str:
-        return resolve_key(key.replace("-", "_"), self.types)
+        return resolve_key(key.replace("-", "_"), self.types, self.options)
 
     def parse(self, argv: Sequence[str]) -> dict[str, str | bool | list[str]]:
         """Command-line flags -> ``{full key: raw value}`` (converted to the field types by ``build``)."""

@@ -221,8 +221,8 @@ def parse_command_line(cls: type, argv: Sequence[str], description: str,
                        switches: dict[str, str] | None = None):
     """A tool's command line: ``(config, switches given)``, or ``(None, set())`` after printing
     ``--help``. ``switches``: the tool's own on/off flags besides the config's (``--verbose``)."""
-    settings = Settings(cls)
     switches = switches or {}
+    settings = Settings(cls, options=list(switches))
     if wants_help(argv):
         print(settings.help(description, list(switches.items())))
         return None, set()

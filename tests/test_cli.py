@@ -157,6 +157,9 @@ def test_tool_switches_and_help(capsys):
     assert parse_command_line(Flat, ["--help"], "Flat tool.", {"--verbose": "louder"}) == (None, set())
     assert "--verbose             louder" in capsys.readouterr().out
     assert parse_command_line(Flat, ["--out_dir=o", "--verbose"], "", {"--verbose": ""}) == (Flat("o"), {"--verbose"})
+    with pytest.raises(UsageError) as err:   # a misspelt switch: was "unknown setting" alone
+        parse_command_line(Flat, ["--out_dir=o", "--verbos"], "", {"--verbose": ""})
+    assert err.value.line == "--verbos: unknown setting; did you mean verbose?"
 
 
 # ----------------------------------------------------------------------------- a closed output pipe

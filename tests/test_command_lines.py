@@ -61,6 +61,9 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
 @pytest.mark.parametrize("argv, line", [
     (["--optimizer.lr=abc"], "error: --optimizer.lr: expected float, got 'abc'"),
     (["--lrr", "1e-5"], "error: --lrr: unknown setting; did you mean lora.r, lr?"),
+    # the trainer's own options are close matches too: both were "unknown setting" alone (or "strict_config")
+    (["--confg", "configs/tiny_cpu.yaml"], "error: --confg: unknown setting; did you mean config?"),
+    (["--print-confg"], "error: --print_confg: unknown setting; did you mean print_config, strict_config?"),
     (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
     (["--checkpoint.exit_signal=SIGKILL"],
      "error: --checkpoint.exit_signal: 'SIGKILL' is not one of ('SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2')"),

@@ -75,12 +75,12 @@ RESUME_MUTABLE = (
     "logging.",
 )
 
-#: The trainer's flags, generated from ``TrainConfig``.
-SETTINGS = Settings(TrainConfig)
-
 #: The trainer's own options besides the settings (``--help`` lists them first).
 OPTIONS = (("--config FILE", "a YAML preset (configs/*.yaml); the flags override it; --help shows its values"),
            ("--print-config", "print the resolved config as YAML and exit"))
+
+#: The trainer's flags, generated from ``TrainConfig`` (a misspelt option named as the close match too).
+SETTINGS = Settings(TrainConfig, options=[flag.split()[0] for flag, _ in OPTIONS])
 
 
 def field_types() -> dict[str, Any]:
