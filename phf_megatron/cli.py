@@ -99,7 +99,16 @@ def resolve_key(key: str, types_: dict[str, Any], options: Sequence[str] = ()) -
         return owners[0]
     if len(owners) > 1:
         raise UsageError(f"--{key}: ambiguous, it names {', '.join(owners)}; use the dotted form")
-    raise UsageError(f"--{key}: unknown setting{did_you_mean(key, [*types_, *options])}")
+    known = [*types_, *options]
+    raise UsageError(f"--{key}: unknown setting{did_you_mean(key, known) or _valid_flags(known)}")
+
+
+def _valid_flags(known: Sequence[str]) -> str:
+    """What an unknown flag's line says when no known one is close: a tool's flags (a handful), or where the
+    trainer's (sections of them) are listed. Was "unknown setting" alone (``paper_table.py --verbose``)."""
+    if any("." in k for k in known):
+        return "; --help lists every setting"
+    return f"; the flags: {', '.join(f'--{k}' for k in known)}"
 
 
 # ----------------------------------------------------------------------------- values

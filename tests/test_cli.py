@@ -67,6 +67,7 @@ def test_flags_in_every_spelling():
 
 @pytest.mark.parametrize("argv, error, line", [
     (["--nmae=y"], UsageError, "--nmae: unknown setting; did you mean name?"),
+    (["--verbose"], UsageError, "--verbose: unknown setting; --help lists every setting"),   # none close: was alone
     (["--inner.rate"], UsageError, "--inner.rate: missing a value"),
     (["y"], UsageError, "unexpected argument 'y': flags look like --section.field=value"),
     (["--inner.rate=fast"], ConfigError, "--inner.rate: expected float, got 'fast'"),
@@ -95,6 +96,9 @@ def test_required_field_and_flat_form():
     assert err.value.line == "--out_dir: is required"
     with pytest.raises(UsageError, match="flags look like --field=value"):
         s.parse(["o"])
+    with pytest.raises(UsageError) as err:   # none close: a tool's flags are listed (was "unknown setting" alone)
+        s.parse(["--verbose"])
+    assert err.value.line == "--verbose: unknown setting; the flags: --out_dir, --n"
 
 
 def test_help_lists_every_field_with_type_default_and_docstring():

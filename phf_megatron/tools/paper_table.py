@@ -128,11 +128,12 @@ class PaperTable:
 
 def _check_eval_args(eval_args: str) -> None:
     from ..cli import Settings
+    from ..commands import VERBOSE
     from ..errors import UserError
     from ..eval.config import EvalConfig
 
     try:   # the eval's own switches (--verbose) are flags of its command, not EvalConfig fields
-        given = Settings(EvalConfig).parse(eval_settings(shlex.split(eval_args)))
+        given = Settings(EvalConfig, options=list(VERBOSE)).parse(eval_settings(shlex.split(eval_args)))
     except (ValueError, UserError) as err:   # "No closing quotation", "--bogus: unknown setting"
         raise fail("eval_args", f"{getattr(err, 'line', err)} (in {eval_args!r})") from None
     # the eval's last flag wins: these replaced the row's own (every row scored as --model / --adapter X, or its

@@ -177,7 +177,12 @@ def test_the_examples_train_the_recipes_rows(script, row):
     (["--scale", "4b", "--out", "o", "--hf_model", "x", "--seeds", "0,1"], "error: --seeds: distinct seeds, with --toy"),
     (["--toy", "--out", "o", "--seeds", "3,3"], "error: --seeds: distinct seeds, with --toy"),
     # each was found only when the first row's eval or training started (a traceback, or hours later)
-    (["--toy", "--out", "o", "--eval_args=--bogus 1"], "error: --eval_args: --bogus: unknown setting (in '--bogus 1')"),
+    (["--toy", "--out", "o", "--eval_args=--bogus 1"], "error: --eval_args: --bogus: unknown setting; the flags: "
+                                                       "--out_dir, --model, --adapter, "),
+    # no switch of the table's own (its rows' logs hold the output): was "unknown setting" alone, which flags are?
+    (["--toy", "--out", "o", "--verbose"], "error: --verbose: unknown setting; the flags: --out, --hf_model, --scale, "
+                                           "--toy, --rows, --step, --k, --ngpu, --data, --eval_args, --seed, --seeds, "
+                                           "--warmup_steps, --dry_run, --table_only"),
     (["--toy", "--out", "o", "--eval_args=--limit '5"], "error: --eval_args: No closing quotation"),
     (["--toy", "--out", "o", "--eval_args", "--limit 5"], "error: --eval_args: missing a value (one that starts "
                                                          "with -- goes as --eval_args=VALUE)"),
