@@ -134,6 +134,7 @@ if [ "$GPUS_HERE" -gt 0 ] && [ "$NGPU" -gt "$GPUS_HERE" ]; then   # the ranks pa
 fi
 MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 MCORE_DIR=${MCORE_DIR%"${MCORE_DIR##*[!/]}"}   # without a trailing /: $MCORE_DIR.failed beside it, not in it
+[ -e "$HF_MODEL" ] || { echo "error: HF_MODEL: $HF_MODEL does not exist" >&2; exit 2; }   # was "has no config.json"
 [ -f "$HF_MODEL/config.json" ] || { echo "error: HF_MODEL: $HF_MODEL has no config.json (not a HF model directory)" >&2; exit 2; }
 TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
             --data.path="$DATA" "$@")

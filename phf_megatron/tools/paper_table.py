@@ -120,6 +120,8 @@ class PaperTable:
         check_choice("scale", self.scale, SCALES)
         if not self.hf_model:
             raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
+        if why := missing_dir(self.hf_model):   # was "has no config.json" for a mistyped path too
+            raise fail("hf_model", why)
         if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
             raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
         if not self.table_only:   # the eval's checks of their values (--pass_ks past --k): now, not after training

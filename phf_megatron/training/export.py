@@ -229,8 +229,8 @@ def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:
         model.hf_dir) else ""   # a config.yaml written before the trainer recorded absolute paths
     named = base_model if base_model is not None else f"the run's base model (model.hf_dir = {model.hf_dir!r}{relative})"
     if not model.hf_dir or not os.path.isfile(os.path.join(model.hf_dir, "config.json")):
-        raise ConfigError("base_model", f"{named} is not a HF model directory here; give the base model the run "
-                                        "was trained from")
+        what = "does not exist" if model.hf_dir and not os.path.exists(model.hf_dir) else "is not a HF model directory"
+        raise ConfigError("base_model", f"{named} {what} here; give the base model the run was trained from")
     if model.pretrained_checkpoint and not os.path.isdir(model.pretrained_checkpoint):
         model = dataclasses.replace(model, pretrained_checkpoint=None)  # the same base weights, from hf_dir
     if not model.pretrained_checkpoint:   # its weights are read from hf_dir: named here, not as "hf_dir: ..."

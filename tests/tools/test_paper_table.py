@@ -171,7 +171,9 @@ def test_the_examples_train_the_recipes_rows(script, row):
 
 @pytest.mark.parametrize("argv,line", [
     (["--toy", "--out", "o", "--rows", "base,nope"], "error: --rows: unknown row 'nope'"),
-    (["--scale", "1p7b", "--out", "o", "--hf_model", "/no/such/model"], "error: --hf_model: /no/such/model has no config.json"),
+    # a mistyped path was "has no config.json" (not a HF model directory)
+    (["--scale", "1p7b", "--out", "o", "--hf_model", "/no/such/model"], "error: --hf_model: /no/such/model does not exist"),
+    (["--scale", "1p7b", "--out", "o", "--hf_model", "{tmp}"], "error: --hf_model: {tmp} has no config.json"),
     (["--out", "o", "--hf_model", "x"], "error: --scale: required"),
     (["--toy", "--scale", "4b", "--out", "o"], "error: --toy: the toy builds its own model"),
     (["--scale", "4b", "--out", "o", "--hf_model", "x", "--seeds", "0,1"], "error: --seeds: distinct seeds, with --toy"),

@@ -103,7 +103,8 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
        "(examples/slurm/train_phf_multinode.sbatch)")
       for tasks, nodes in (("2", {}), ("16", {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "gpu017"}))),
     (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
-    (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model has no config.json (not a HF model directory)"),
+    (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model does not exist"),   # was "has no config.json"
+    (8, {"HF_MODEL": "configs"}, "error: HF_MODEL: configs has no config.json (not a HF model directory)"),
 ])
 def test_ranks_that_do_not_fit_are_one_line_before_the_conversion(tmp_path, gpus, extra_env, line):
     """Each was found after the conversion: by the trainer as it started, by CUDA (a traceback per extra rank), or by

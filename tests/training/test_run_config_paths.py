@@ -96,7 +96,7 @@ def test_an_older_run_config_with_relative_paths_is_read_as_before_or_is_one_lin
     with pytest.raises(ConfigError) as err:
         _with_base_model(found.cfg, None)
     assert err.value.line == ("--base_model: the run's base model (model.hf_dir = 'models/qwen3', relative to the "
-                              "directory the run was launched from) is not a HF model directory here; give the base "
+                              "directory the run was launched from) does not exist here; give the base "
                               "model the run was trained from")
 
 

@@ -204,7 +204,8 @@ def test_mcore_to_hf_errors_on_a_run_are_one_line(trained, tmp_path):
     (no_steps / "config.yaml").write_text(open(os.path.join(run, "config.yaml")).read())
     for args, line in [
         ([run, "--base_model", str(tmp_path / "nowhere")],
-         f"error: --base_model: {tmp_path / 'nowhere'} is not a HF model directory here"),
+         f"error: --base_model: {tmp_path / 'nowhere'} does not exist here"),   # was "is not a HF model directory"
+        ([run, "--base_model", str(tmp_path)], f"error: --base_model: {tmp_path} is not a HF model directory here"),
         ([run, "--base_model", str(no_weights)],   # was "hf_dir: neither ...", a flag the tool does not have
          f"error: --base_model: neither model.safetensors.index.json nor model.safetensors in {no_weights}"),
         ([run, "--base_model", str(no_tokenizer)], f"error: --base_model: {no_tokenizer} holds no tokenizer files"),
