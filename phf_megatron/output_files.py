@@ -167,6 +167,16 @@ def remove(path: str) -> None:
         os.unlink(path)
 
 
+def new_dir_problem(path: str) -> str | None:
+    """What keeps ``path`` from being made as a new output directory (``"<path> already exists ..."``, ``"parent
+    directory <dir> does not exist"``), for the caller to prefix with its setting; None when it can be. Cheap: the
+    converters ask it as they parse their flags, before torch loads (``input_files.missing_dir``'s counterpart)."""
+    if os.path.exists(path):
+        return f"{path} already exists (remove it or choose another)"
+    parent = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(parent) else f"parent directory {parent} does not exist"
+
+
 def fresh_dir(path: str) -> str:
     """An empty directory at ``path`` (a leftover there is deleted; parents are created)."""
     remove(path)

@@ -191,6 +191,32 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("tool, argv, line", [
+    ("hf_to_mcore", ["--hf_dir", "{tmp}", "--out_dir", "{tmp}/taken"],
+     "error: --out_dir: {tmp}/taken already exists (remove it or choose another)"),
+    ("hf_to_mcore", ["--hf_dir", "{tmp}", "--out_dir", "{tmp}/file"],
+     "error: --out_dir: {tmp}/file already exists (remove it or choose another)"),
+    ("hf_to_mcore", ["--hf_dir", "{tmp}", "--out_dir", "{tmp}/no/out"], "error: --out_dir: parent directory {tmp}/no does "
+                                                                        "not exist"),
+    ("hf_to_mcore", ["--hf_dir", "{tmp}/none", "--out_dir", "{tmp}/out"], "error: --hf_dir: {tmp}/none does not exist"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/taken"],
+     "error: --out_dir: {tmp}/taken already exists (remove it or choose another)"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/file"],
+     "error: --out_dir: {tmp}/file already exists (remove it or choose another)"),
+])
+def test_converters_refuse_their_paths_before_loading_torch(tmp_path, tool, argv, line):
+    """A taken --out_dir (a non-empty directory, a file), one without its parent, or a --hf_dir that does not exist
+    was refused only after torch, Megatron and transformers had loaded (6-11 s on a CPU machine)."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("")
+    (tmp_path / "file").write_text("")
+    code = (f"import sys; from phf_megatron.tools.{tool} import main; rc = main(sys.argv[1:]); "
+            "print('HEAVY', [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]); sys.exit(rc)")
+    proc = run_python(["-c", code, *[a.format(tmp=tmp_path) for a in argv]])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line.format(tmp=tmp_path)]), proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+
+
 @pytest.mark.parametrize("flag, line", [
     ("--dtype=bf8", "error: --dtype: 'bf8' is not one of float32, bfloat16, float16"),
     ("--temperature=-1", "error: --temperature: must be >= 0 (0 = greedy), got -1.0"),

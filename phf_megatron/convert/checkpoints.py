@@ -25,6 +25,7 @@ from phf_megatron.runtime.megatron_session import megatron_session
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError, UserError, as_config_error
+from phf_megatron.output_files import new_dir_problem
 from phf_megatron.startup import progress_bar
 
 
@@ -40,11 +41,8 @@ def _launch_layout(tp: int, pp: int) -> tuple[int, int]:
 
 
 def _check_new_dir(path: str) -> None:
-    if os.path.exists(path):
-        raise FileExistsError(f"out_dir: {path} already exists (remove it or choose another)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"out_dir: parent directory {parent} does not exist")
+    if why := new_dir_problem(path):
+        raise (FileExistsError if os.path.exists(path) else FileNotFoundError)(f"out_dir: {why}")
 
 
 def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,

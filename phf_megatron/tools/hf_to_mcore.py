@@ -22,7 +22,9 @@ import sys
 from dataclasses import dataclass
 
 from ..commands import command, tool_config
-from ..config_errors import check_choice
+from ..config_errors import check_choice, fail
+from ..input_files import missing_dir
+from ..output_files import new_dir_problem
 
 DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")   # also as the trainer and the eval spell them
 
@@ -54,6 +56,9 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(HfToMcore, argv, __doc__, quiet)
     if args is None:
         return 0
+    for key, why in (("hf_dir", missing_dir(args.hf_dir)), ("out_dir", new_dir_problem(args.out_dir))):
+        if why:   # before torch and Megatron load (seconds), not after
+            raise fail(key, why)
     from ..convert.checkpoints import convert_hf_to_mcore
     from ..errors import as_config_error
     from ..models.config import as_dtype

@@ -32,7 +32,8 @@ import sys
 from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
-from ..config_errors import check_choice, check_positive
+from ..config_errors import check_choice, check_positive, fail
+from ..output_files import new_dir_problem
 from .hf_to_mcore import DTYPES
 
 
@@ -75,6 +76,8 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(McoreToHf, argv, __doc__, quiet)
     if args is None:
         return 0
+    if why := new_dir_problem(args.out_dir):   # before torch and Megatron load (seconds), not after
+        raise fail("out_dir", why)
     from ..errors import as_config_error
 
     try:
