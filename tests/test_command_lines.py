@@ -172,6 +172,20 @@ def test_converters_take_the_dtype_as_the_trainer_and_the_eval_spell_it(tool):
         assert as_dtype(built.dtype) == as_dtype(short)
 
 
+def test_the_trainer_and_the_eval_take_the_converters_dtype_spellings(tmp_path):
+    """--dtype bf16 (the converters', the README's) was refused by the eval ("'bf16' is not one of float32, bfloat16,
+    float16") and --model.dtype=bf16 by the trainer; each short spelling is read as its torch name, the one a run's
+    config.yaml, an eval's summary and their resume fingerprints hold."""
+    from phf_megatron.eval.config import EvalConfig
+    from phf_megatron.training.config_io import load_config
+
+    for short, long in (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")):
+        assert load_config(argv=[f"--model.dtype={short}"]).model.dtype == long
+        settings = Settings(EvalConfig)
+        built = settings.build(settings.parse(["--model=m", f"--out_dir={tmp_path / 'o'}", "--dtype", short]))
+        assert built.dtype == long
+
+
 @pytest.mark.parametrize("tool, argv, line", [
     ("hf_to_mcore.py", ["--hf_dir", "/nonexistent/hf"], "error: --hf_dir: /nonexistent/hf does not exist"),
     ("hf_to_mcore.py", ["--hf_dir", "{tmp}"], "error: --hf_dir: no config.json in {tmp}"),

@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from phf_megatron.models.choices import dtype_name
 from phf_megatron.rollout.choices import ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
 
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
@@ -79,7 +80,7 @@ class EvalConfig:
     its weights are pushed into the server before sampling, as the trainer pushes; the server must serve a model of
     the same architecture in --dtype, started in dev mode with our worker extension: rollout/server_process.py)."""
     dtype: str = "bfloat16"
-    """the engine's weight dtype: bfloat16 | float16 | float32."""
+    """the engine's weight dtype: bfloat16 | float16 | float32 (or bf16 | fp16 | fp32)."""
     max_model_len: int | None = None
     """engine context length (prompt + completion); None: the official choice, 40,960 with thinking,
     32,768 without, never above the model's max_position_embeddings (``engine_max_model_len``)."""
@@ -152,6 +153,7 @@ class EvalConfig:
             raise ValueError(f"max_model_len: must be >= 1 or None (official), got {self.max_model_len}")
         if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):   # not once the model is loaded
             raise ValueError(f"out_dir: {self.out_dir} is not a directory")
+        self.dtype = dtype_name(self.dtype)   # bf16 was refused here, taken by the converters
         self._check_engine_settings()
 
     def _check_engine_settings(self) -> None:

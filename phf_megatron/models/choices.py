@@ -9,3 +9,15 @@ TRANSFORMER_IMPLS = ("auto", "te", "local")
 #: Attention of packed sequences in the local spec (``model.packed_attention``, ``models.attention``): "sdpa" (one
 #: causal SDPA call per sequence), "varlen" (one call per layer of PyTorch's varlen flash attention, CUDA only).
 PACKED_ATTENTIONS = ("sdpa", "varlen")
+
+#: The parameter dtypes a setting names (``model.dtype``, the eval's and the converters' ``--dtype``), as torch
+#: names them; ``DTYPE_ALIASES``: the short spellings (the converters' ``--dtype bf16``) every such setting takes too,
+#: read as the torch name (one name per dtype in a run's config.yaml, an eval's summary, a resume fingerprint).
+DTYPES = ("bfloat16", "float16", "float32")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def dtype_name(value: str) -> str:
+    """``value`` as the torch name of its dtype (``bf16`` -> ``bfloat16``); another value as given, for the
+    setting's own check to refuse."""
+    return DTYPE_ALIASES.get(value, value)

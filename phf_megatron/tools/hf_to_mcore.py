@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from ..commands import command, tool_config
 from ..config_errors import check_choice, fail
 from ..input_files import missing_dir
+from ..models import choices
 from ..output_files import new_dir_problem
 
-DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")   # also as the trainer and the eval spell them
+DTYPES = (*choices.DTYPE_ALIASES, *choices.DTYPES)   # the trainer and the eval take both spellings too
 
 
 @dataclass

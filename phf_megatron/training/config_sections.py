@@ -14,12 +14,11 @@ from ..config_errors import check_choice, check_positive, fail
 from ..data.prompts import TEACHER_PROMPTS
 from ..data.reason_first import DEFAULT_ANALYSIS_TOKENS
 from ..lora.config import LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
-from ..models.choices import PACKED_ATTENTIONS, TRANSFORMER_IMPLS
+from ..models.choices import DTYPES, PACKED_ATTENTIONS, TRANSFORMER_IMPLS, dtype_name
 from ..rollout.config import RolloutConfig  # noqa: F401 - the rollout section lives with the engines
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
 EMA_STARTS = ("initial", "after_first_step")
-DTYPES = ("bfloat16", "float16", "float32")
 RECOMPUTE_GRANULARITIES = ("full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
@@ -41,7 +40,8 @@ class ModelConfig:
     --pretrained-checkpoint), from which the student loads its base weights under any TP/PP; None:
     the student reads them from hf_dir's safetensors (nothing is converted or written)."""
     dtype: str = "bfloat16"
-    """Parameter dtype of the frozen base (official: torch_dtype bfloat16)."""
+    """Parameter dtype of the frozen base: bfloat16 | float16 | float32 (or bf16 | fp16 | fp32; official: torch_dtype
+    bfloat16)."""
     tensor_model_parallel_size: int = 1
     """Megatron TP degree; must divide the attention heads and the KV heads (8 for Qwen3 1.7B-8B)."""
     pipeline_model_parallel_size: int = 1
@@ -78,6 +78,7 @@ class ModelConfig:
     effect (and not checked) with --training.packing=false."""
 
     def __post_init__(self) -> None:
+        self.dtype = dtype_name(self.dtype)   # bf16 was refused here, taken by the converters
         check_choice("model.dtype", self.dtype, DTYPES)
         check_positive("model.tensor_model_parallel_size", self.tensor_model_parallel_size)
         check_positive("model.pipeline_model_parallel_size", self.pipeline_model_parallel_size)
