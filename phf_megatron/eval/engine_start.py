@@ -12,9 +12,9 @@ import dataclasses
 import signal
 
 from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
-from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError
+from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError, one_line
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
-from phf_megatron.rollout.start_errors import BUGS, one_line, refused_keyword
+from phf_megatron.rollout.start_errors import BUGS, refused_keyword
 from phf_megatron.rollout.vllm_start_log import described
 from phf_megatron.rollout.vllm_worker import arch_fields
 

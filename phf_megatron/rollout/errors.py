@@ -13,9 +13,16 @@
         │                               (also a ValueError: it is bad input, named)
         └── SyncVerificationError       the probe's logprobs after the sync differ from the
                                         trainer's (``no_effect`` = the sync changed nothing)
+
+``one_line``: an error's text as the one line a user sees of it (the engine start's lines are built with it).
 """
 
 from __future__ import annotations
+
+
+def one_line(text) -> str:
+    """``text``'s lines joined by spaces (vLLM's and pydantic's messages run over several)."""
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 class RolloutEngineError(RuntimeError):

@@ -9,6 +9,7 @@ import sys
 import typing
 
 from ..errors import error_chain
+from .errors import one_line
 from .gpu_memory import VLLM_KV_CACHE_MESSAGES
 
 #: vLLM's own ``TypeError`` for a keyword ``vllm.LLM`` does not take (0.24-0.33: ``EngineArgs.__init__()``).
@@ -18,11 +19,6 @@ _UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
 _SCALARS = {int, float, bool, str, type(None)}
 #: an error the engine raised that says a bug, not the machine: its traceback stays.
 BUGS = (TypeError, AttributeError, NameError, LookupError, AssertionError, NotImplementedError, ImportError)
-
-
-def one_line(text: str) -> str:
-    """``text``'s lines joined by spaces (vLLM's and pydantic's messages run over several)."""
-    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
 def refused_keyword(err: BaseException, vllm_kwargs: dict) -> str | None:

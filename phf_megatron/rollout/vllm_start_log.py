@@ -22,6 +22,8 @@ import os
 import shutil
 import tempfile
 
+from .errors import EngineProcessError, one_line
+
 #: the log file's name in the directory ``start_log_environ`` was given
 LOG_NAME = "engine_errors.log"
 #: what starts our one-line summary of a logged exception in that file
@@ -36,8 +38,7 @@ class EngineErrorFormatter(logging.Formatter):
         text = super().format(record)
         if record.exc_info and record.exc_info[1] is not None:
             err = record.exc_info[1]
-            said = " ".join(line.strip() for line in str(err).splitlines() if line.strip())   # start_errors.one_line's
-            text += f"\n{_MARK}{type(err).__name__}: {said}"   # words (importing it: start_errors -> gpu_memory -> here)
+            text += f"\n{_MARK}{type(err).__name__}: {one_line(err)}"
         return text
 
 
@@ -89,7 +90,6 @@ def drop_log_dir(log_dir: str) -> None:
 def engine_error(log_dir: str) -> Exception | None:
     """The first exception the engine's processes logged under ``log_dir``, rebuilt: a built-in exception type as
     itself (``ValueError``), another as ``EngineProcessError`` naming it; None when none was logged."""
-    from .errors import EngineProcessError
     try:
         with open(os.path.join(log_dir, LOG_NAME)) as f:
             said = next((line[len(_MARK):].rstrip("\n") for line in f if line.startswith(_MARK)), None)
@@ -109,5 +109,4 @@ def engine_error(log_dir: str) -> Exception | None:
 
 def described(err: BaseException) -> str:
     """``Type: message`` of ``err`` (an ``EngineProcessError`` names the engine process's own type already)."""
-    from .errors import EngineProcessError
     return str(err) if isinstance(err, EngineProcessError) else f"{type(err).__name__}: {err}"

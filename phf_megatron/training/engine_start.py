@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, RunStopped, UserError, as_config_error, error_chain, missing_dependency
 from ..input_files import kept
-from ..rollout.errors import RolloutEngineError
-from ..rollout.start_errors import BUGS, one_line, refused_keyword
+from ..rollout.errors import RolloutEngineError, one_line
+from ..rollout.start_errors import BUGS, refused_keyword
 
 
 
