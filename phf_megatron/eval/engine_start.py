@@ -15,7 +15,7 @@ from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
 from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError, one_line
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, refused_keyword
-from phf_megatron.rollout.vllm_start_log import described
+from phf_megatron.rollout.vllm_start_log import described, drop_unsaid_log
 from phf_megatron.rollout.vllm_worker import arch_fields
 
 from ..errors import ConfigError, RunStopped, UserError, as_config_error
@@ -38,13 +38,16 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
     except Exception as err:
         said = refused_keyword(err, engine_config.vllm_kwargs)
         if said is not None:
-            raise ConfigError("engine_kwargs", f"vllm_kwargs: {said}") from err
-        if type(err) is ValueError and (setting := as_config_error(err, ENGINE_KWARGS_FIELDS)) is not None:
-            raise ConfigError("engine_kwargs", f"{setting.key}: {setting.detail}") from err
-        if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
+            told = ConfigError("engine_kwargs", f"vllm_kwargs: {said}")
+        elif type(err) is ValueError and (setting := as_config_error(err, ENGINE_KWARGS_FIELDS)) is not None:
+            told = ConfigError("engine_kwargs", f"{setting.key}: {setting.detail}")
+        elif isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
             why = vllm_start_failure(err, engine_config) if isinstance(err, VLLMStartError) else one_line(err)
-            raise RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}") from err
-        raise
+            told = RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}")
+        else:
+            raise
+        drop_unsaid_log(err, str(told))
+        raise told from err
 
 
 def push_model_weights(engine: RolloutEngine, model_dir: str, dtype: str) -> None:

@@ -38,14 +38,17 @@ class VLLMStartError(EngineStartError):
     explain_start_failure``). ``free_bytes`` (the device memory free when it started, None off a GPU) and ``process``
     (its spawned engine process that died, described; "" when none) let a caller say it in its own flags (the
     eval: ``eval.engine_start``), and so does ``engine_error``: a spawned engine process's own error, as its log
-    said it (``vllm_start_log.engine_error``; None: none logged), ``process`` then naming that log too."""
+    said it (``vllm_start_log.engine_error``; None: none logged), ``process`` then naming that log too, which
+    ``log_dir`` keeps (None: none kept; a caller whose line does not name it drops it: ``vllm_start_log.
+    drop_unsaid_log``)."""
 
     def __init__(self, message: str, *, free_bytes: int | None = None, process: str = "",
-                 engine_error: BaseException | None = None):
+                 engine_error: BaseException | None = None, log_dir: str | None = None):
         super().__init__(message)
         self.free_bytes = free_bytes
         self.process = process
         self.engine_error = engine_error
+        self.log_dir = log_dir
 
 
 class EngineProcessError(RolloutEngineError):

@@ -154,6 +154,7 @@ class VLLMEngine(RolloutEngine):
         self._joined_default_group = self.in_process and default_group_exists()
         precision = torch.get_float32_matmul_precision()
         log_dir = None if self.in_process else new_log_dir()   # a spawned engine's errors: its parent's line says them
+        kept = None
         try:
             from vllm import LLM
             with scoped_environ({**env, **(start_log_environ(log_dir) if log_dir else {})}):
@@ -161,13 +162,15 @@ class VLLMEngine(RolloutEngine):
         except Exception as exc:
             if self.in_process:
                 forget_failed_start(self._joined_default_group)
-            raise self._start_failure(exc, model_dir, gpu_memory_utilization, free_before, log_dir) from exc
+            failure = self._start_failure(exc, model_dir, gpu_memory_utilization, free_before, log_dir)
+            kept = failure.log_dir
+            raise failure from exc
         finally:
             # an in-process worker sets it process-wide (vLLM's VLLM_FLOAT32_MATMUL_PRECISION, "highest":
             # TF32 off for the trainer too); the trainer keeps its own
             torch.set_float32_matmul_precision(precision)
-        if log_dir:
-            drop_log_dir(log_dir)
+            if log_dir and log_dir != kept:   # started, interrupted (Ctrl-C), or no error logged: nothing to say
+                drop_log_dir(log_dir)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
@@ -180,18 +183,16 @@ class VLLMEngine(RolloutEngine):
     def _start_failure(exc: Exception, model_dir: str, gpu_memory_utilization: float, free_bytes: int | None,
                        log_dir: str | None) -> VLLMStartError:
         """``vllm.LLM(...)``'s failure ``exc`` as a one-line ``VLLMStartError``; a spawned engine process's own error
-        (read from ``log_dir``, kept then: the line names it) becomes ``exc``'s cause, which the trainer's checks
-        of a refused setting read (``start_errors.refused_keyword``)."""
+        (read from ``log_dir``, kept then: the line names it, the error's ``log_dir``) becomes ``exc``'s cause, which
+        the trainer's checks of a refused setting read (``start_errors.refused_keyword``)."""
         said = engine_error(log_dir) if log_dir else None
-        if said is None and log_dir:
-            drop_log_dir(log_dir)
         if said is not None and exc.__cause__ is None:
             exc.__cause__ = said   # what vLLM's parent raised for, in the engine's process
         died = _failed_start_processes(exc)   # vLLM's own text names none: "Failed core proc(s): {}"
         where = "; ".join(part for part in (died, said is not None and f"its errors: {log_dir}/{LOG_NAME}") if part)
         return VLLMStartError(explain_start_failure(exc, model_dir, gpu_memory_utilization, free_bytes, said)
                               + (f" (engine process: {where})" if where else ""), free_bytes=free_bytes, process=where,
-                              engine_error=said)
+                              engine_error=said, log_dir=log_dir if said is not None else None)
 
     # ------------------------------------------------------------------ a dead engine process
     def _engine_processes(self):

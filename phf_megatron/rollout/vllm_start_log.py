@@ -22,7 +22,8 @@ import os
 import shutil
 import tempfile
 
-from .errors import EngineProcessError, one_line
+from ..errors import error_chain
+from .errors import EngineProcessError, VLLMStartError, one_line
 
 #: the log file's name in the directory ``start_log_environ`` was given
 LOG_NAME = "engine_errors.log"
@@ -85,6 +86,14 @@ def new_log_dir() -> str:
 
 def drop_log_dir(log_dir: str) -> None:
     shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def drop_unsaid_log(err: BaseException, line: str) -> None:
+    """Drop the log a failed start kept (``VLLMStartError.log_dir``, in ``err``'s chain) unless ``line``, what the
+    user is told of ``err``, names it (a setting's line says vLLM's words alone: nobody would find that log)."""
+    for cause in error_chain(err):
+        if isinstance(cause, VLLMStartError) and cause.log_dir and cause.log_dir not in line:
+            drop_log_dir(cause.log_dir)
 
 
 def engine_error(log_dir: str) -> Exception | None:

@@ -44,6 +44,7 @@ from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_n
 from ..rollout.config import RolloutConfig
 from ..runtime.process_group import local_rank
 from ..rollout.seeds import sample_seed
+from ..rollout.vllm_start_log import drop_unsaid_log
 from .config import TrainConfig
 from .engine_start import classify, start_failed
 from .model_setup import StudentModel
@@ -142,8 +143,11 @@ class RolloutDriver:
                 failure, cause = classify(err, cfg.rollout.vllm_kwargs, _ROLLOUT_FIELDS), err
         failures = [r for r in self.gather((self.name, failure) if failure else None) if r is not None]
         if failures:   # a setting or the engine's own failure: one line; a bug: the host's traceback
-            raise start_failed(failures, cfg.save_dir) or RolloutFailure(
-                "; ".join(f"{name}: failed to start {f.text}" for name, f in failures)) from cause
+            told = start_failed(failures, cfg.save_dir) or RolloutFailure(
+                "; ".join(f"{name}: failed to start {f.text}" for name, f in failures))
+            if cause is not None:
+                drop_unsaid_log(cause, str(told))
+            raise told from cause
 
     def _engine_config(self, model_dir: str) -> EngineConfig:
         cfg, r = self.cfg, self.cfg.rollout

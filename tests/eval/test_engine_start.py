@@ -197,21 +197,14 @@ def test_a_transformers_engine_on_a_device_this_process_does_not_see_is_one_line
     assert err.value.line == line
 
 
-def test_a_spawned_engines_own_error_is_the_evals_line_in_its_flags(tmp_path):
-    """An engine of --engine_kwargs tensor_parallel_size > 1 (or separate_process) starts in processes of its own:
-    vLLM's parent raises only "Engine core initialization failed", and the engine's own error is read from its log
-    (``vllm_start_log``). The eval's line said "its own error is in the log above" from the parent's text, and missed
-    that the cause was a KV cache too small for its flag; now it is the engine's error, in the eval's flags, with the
-    file that keeps it."""
-    pytest.importorskip("vllm")
+def _spawned_start_failure(log_dir):
+    """The ``VLLMStartError`` of a spawned engine whose process logged (to ``log_dir``) a KV cache too small."""
     import logging
 
-    from phf_megatron.eval.engine_start import vllm_start_failure
-    from phf_megatron.rollout import EngineConfig
     from phf_megatron.rollout.vllm_engine import VLLMEngine
     from phf_megatron.rollout.vllm_start_log import LOG_NAME, EngineErrorFormatter
 
-    handler = logging.FileHandler(tmp_path / LOG_NAME)
+    handler = logging.FileHandler(log_dir / LOG_NAME)
     handler.setFormatter(EngineErrorFormatter("%(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("phf_test.engine_core")
     logger.propagate = False
@@ -224,13 +217,52 @@ def test_a_spawned_engines_own_error_is_the_evals_line_in_its_flags(tmp_path):
         logger.removeHandler(handler)
         handler.close()
     parent = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
-    err = VLLMEngine._start_failure(parent, "/m", 0.4, 20 << 30, str(tmp_path))
+    err = VLLMEngine._start_failure(parent, "/m", 0.4, 20 << 30, str(log_dir))
     err.__cause__ = parent   # raised from it, as VLLMEngine raises it
+    return err
+
+
+def test_a_spawned_engines_own_error_is_the_evals_line_in_its_flags(tmp_path):
+    """An engine of --engine_kwargs tensor_parallel_size > 1 (or separate_process) starts in processes of its own:
+    vLLM's parent raises only "Engine core initialization failed", and the engine's own error is read from its log
+    (``vllm_start_log``). The eval's line said "its own error is in the log above" from the parent's text, and missed
+    that the cause was a KV cache too small for its flag; now it is the engine's error, in the eval's flags, with the
+    file that keeps it."""
+    pytest.importorskip("vllm")
+    from phf_megatron.eval.engine_start import vllm_start_failure
+    from phf_megatron.rollout import EngineConfig
+    from phf_megatron.rollout.vllm_start_log import LOG_NAME
+
+    err = _spawned_start_failure(tmp_path)
     msg = vllm_start_failure(err, EngineConfig(model_dir="/m", backend="vllm", gpu_memory_utilization=0.4))
     assert msg == ("--engine_kwargs gpu_memory_utilization (0.4 x the GPU's memory; 20.0 GiB free) leaves too little "
                    "KV cache beside the weights for one request of the engine's context: raise it, or lower "
                    "--max_model_len. vLLM said: ValueError: No available memory for the cache blocks. Try increasing "
                    f"`gpu_memory_utilization`. (engine process: its errors: {tmp_path}/{LOG_NAME})")
+
+
+@pytest.mark.parametrize("vllm_kwargs, told, kept", [
+    ({}, RunStopped, True),                                   # the engine's own failure: the line names the log
+    ({"kv_cache_memory_bytes": 4096}, ConfigError, False),   # the flag's: vLLM's words alone, no log named
+])
+def test_a_spawned_engines_log_is_kept_only_when_the_line_names_it(tmp_path, monkeypatch, vllm_kwargs, told, kept):
+    """A spawned engine's failed start keeps the directory of its log for the line to name; a setting's line (exit
+    code 2) names none, and the directory was left behind in the temporary directory."""
+    pytest.importorskip("vllm")
+    from phf_megatron.eval import engine_start
+    from phf_megatron.rollout import EngineConfig
+
+    log_dir = tmp_path / "phf_vllm_start_x"
+    log_dir.mkdir()
+    err = _spawned_start_failure(log_dir)
+
+    def failed(config):
+        raise err from err.__cause__
+
+    monkeypatch.setattr(engine_start, "build_engine", failed)
+    with pytest.raises(told) as raised:
+        engine_start.start_engine(str(tmp_path), EngineConfig(model_dir="/m", backend="vllm", vllm_kwargs=vllm_kwargs))
+    assert (str(log_dir) in str(raised.value), log_dir.exists()) == (kept, kept), str(raised.value)
 
 
 def test_a_server_of_another_rope_theta_is_refused_whichever_config_layout_either_side_has():

@@ -45,10 +45,12 @@ def train_command(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: 
     return [sys.executable, *launcher, *args], python_env()
 
 
-def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset."""
+def train(hf_dir: str, data: str, run_dir: str, *overrides: str, nproc: int = 1, timeout: int = 600,
+          **env: str) -> subprocess.CompletedProcess:
+    """``python -m phf_megatron.train`` (under torchrun for nproc > 1) on the tiny CPU preset (``env``: variables
+    set for it)."""
     argv, _env = train_command(hf_dir, data, run_dir, *overrides, nproc=nproc)
-    return run_python(argv[1:], timeout=timeout)
+    return run_python(argv[1:], timeout=timeout, **env)
 
 
 #: ``python -c``: the trainer's command line (``sys.argv[3:]``), and before the trainer closes, its

@@ -42,30 +42,47 @@ def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_d
 
 
 @pytest.mark.vllm
-def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir):
+def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, tmp_path, monkeypatch):
     """vLLM's parent of a spawned engine process only raises "Engine core initialization failed"; the cause (here
     no room for one KV cache block) was in the process's log alone. The line now says it and names the file that
-    keeps the process's errors with their tracebacks."""
+    keeps the process's errors with their tracebacks, the one start directory kept."""
     pytest.importorskip("vllm")
-    import os
     import re
+    import tempfile
 
     from phf_megatron.rollout.vllm_engine import VLLMEngine
-    from phf_megatron.rollout.vllm_start_log import drop_log_dir
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(VLLMStartError) as err:
         VLLMEngine(tiny_dir, dtype="float32", kv_cache_bytes=1, separate_process=True)
     line = str(err.value)
     assert line.startswith(f"vLLM's engine process could not start on {tiny_dir!r}: ValueError: No available memory "
                            "for the cache blocks."), line
     assert "\n" not in line and "Engine core initialization failed" not in line, line
-    log = re.search(r"its errors: (\S+/engine_errors\.log)\)$", line)
-    assert log, line
-    try:
-        with open(log.group(1)) as f:
-            assert "Traceback" in f.read()
-    finally:
-        drop_log_dir(os.path.dirname(log.group(1)))
+    log = re.search(r"its errors: (\S+)/engine_errors\.log\)$", line)
+    assert log and err.value.log_dir == log.group(1), line
+    assert [str(p) for p in tmp_path.glob("phf_vllm_start_*")] == [log.group(1)]
+    with open(f"{log.group(1)}/engine_errors.log") as f:
+        assert "Traceback" in f.read()
+
+
+def test_a_spawned_engine_s_start_interrupted_leaves_no_log_directory(tiny_dir, tmp_path, monkeypatch):
+    """Ctrl-C while a spawned engine starts: the directory made for its log was left in the temporary directory
+    (only an ``Exception`` dropped it)."""
+    vllm = pytest.importorskip("vllm")
+    import tempfile
+
+    from phf_megatron.rollout.vllm_engine import VLLMEngine
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(vllm, "LLM", interrupted)
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")   # (a spawned engine sets it for good)
+    with pytest.raises(KeyboardInterrupt):
+        VLLMEngine(tiny_dir, dtype="float32", separate_process=True)
+    assert not list(tmp_path.glob("phf_vllm_start_*"))
 
 
 def test_a_user_s_own_vllm_logging_is_kept(tmp_path):
