@@ -230,7 +230,8 @@ def parse_command_line(cls: type, argv: Sequence[str], description: str,
     return settings.build(settings.parse([a for a in argv if a not in switches])), given
 
 
-VERBOSE = {"--verbose": "show third-party warnings and vLLM's INFO/WARNING log (quiet by default)"}
+VERBOSE = {"--verbose": "show third-party warnings, vLLM's INFO/WARNING log and a failed engine start's tracebacks "
+                        "(quiet by default)"}
 
 
 def tool_config(cls: type, argv: Sequence[str], description: str, quiet: bool):

@@ -5,7 +5,8 @@ At the default verbosity these are hidden: Python warnings raised by other packa
 and vLLM), vLLM's INFO and WARNING log (thread binding, LD_PRELOAD, Triton), and torch's own
 warning log (Python and C++). The trainer prints one line saying which implementations run
 instead (``training.model_setup.implementations``); progress bars stay, and so do errors and the
-warnings of phf_megatron itself. ``verbose`` (``--logging.verbose``) leaves everything as the
+warnings of phf_megatron itself; a spawned vLLM engine that fails to start prints no traceback (its error is
+the command's one line, ``rollout.vllm_start_log``). ``verbose`` (``--logging.verbose``) leaves everything as the
 libraries set it. A variable the user exported (``VLLM_LOGGING_LEVEL`` ...) is never overridden.
 
 Call it before torch, Megatron or vLLM is imported: the variables are read at import time, by

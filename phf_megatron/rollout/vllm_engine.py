@@ -36,7 +36,7 @@ engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLL
 
 Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only); a spawned engine's
 processes also log their errors to a file (``vllm_start_log``), whose first error a failed start's line says
-(vLLM's parent only raises "Engine core initialization failed"). Shutdown:
+(vLLM's parent only raises "Engine core initialization failed"; a quiet run prints no traceback of theirs). Shutdown:
 ``vllm_shutdown.shut_down`` (an in-process engine's memory given back at once, the trainer's group kept).
 
 A spawned engine process that exits (killed, crashed) fails the call waiting on it with
@@ -157,7 +157,7 @@ class VLLMEngine(RolloutEngine):
         kept = None
         try:
             from vllm import LLM
-            with scoped_environ({**env, **(start_log_environ(log_dir) if log_dir else {})}):
+            with scoped_environ({**env, **(start_log_environ(log_dir, quiet=started_quiet()) if log_dir else {})}):
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             if self.in_process:

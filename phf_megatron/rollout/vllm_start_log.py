@@ -10,6 +10,10 @@ error the engine's processes log lands in ``engine_errors.log`` of a fresh direc
 one line of our own (``EngineErrorFormatter``); :func:`engine_error` reads the first of them back. A user's own
 ``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING=0`` is kept: the cause is then not caught (the line
 says "in the log above", as before).
+
+A quiet run (``startup.started_quiet``: no ``--logging.verbose`` / ``--verbose``) prints that line alone: an engine
+process that logs its failed start (``FailedStartFilter``) prints nothing more on the console (vLLM's ERROR records
+go to stdout), and its stderr (multiprocessing's copy of the traceback as the process ends) goes to the log file.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 
 from ..errors import error_chain
@@ -29,6 +34,9 @@ from .errors import EngineProcessError, VLLMStartError, one_line
 LOG_NAME = "engine_errors.log"
 #: what starts our one-line summary of a logged exception in that file
 _MARK = "phf-engine-error: "
+#: how an engine process's log of its own failed start ends (0.24-0.33: ``run_engine_core``'s "EngineCore failed to
+#: start.", ``WorkerProc.worker_main``'s "WorkerProc failed to start."); the process then ends
+_FAILED_START = "failed to start."
 
 
 class EngineErrorFormatter(logging.Formatter):
@@ -55,10 +63,42 @@ class EngineErrorFileHandler(logging.FileHandler):
             pass
 
 
-def start_log_environ(log_dir: str, environ=os.environ) -> dict[str, str]:
+class FailedStartFilter(logging.Filter):
+    """A quiet run's filter on vLLM's console handler: an engine process that logs its failed start (not
+    ``starter_pid``, the process that started the engine, which vLLM 0.32 configures too) sends nothing more to the
+    console, and its stderr to the log file (``log_dir``), to its end: the starter's line says the error."""
+
+    def __init__(self, log_dir: str, starter_pid: int):
+        super().__init__()
+        self.log_dir, self.starter_pid = log_dir, starter_pid
+        self.failed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (not self.failed and record.exc_info and os.getpid() != self.starter_pid
+                and record.getMessage().endswith(_FAILED_START)):
+            self.failed = True
+            _stderr_to(os.path.join(self.log_dir, LOG_NAME))
+        return not self.failed
+
+
+def _stderr_to(path: str) -> None:
+    """This process's stderr (its file descriptor: Python's writes and C's) appended to ``path``; dropped when
+    ``path`` cannot be opened (its directory was dropped)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def start_log_environ(log_dir: str, environ=os.environ, quiet: bool = False) -> dict[str, str]:
     """The environment that makes a spawned engine's processes log their errors to ``log_dir/engine_errors.log``
-    too (the logging configuration is written there); nothing when the user configures vLLM's logging, or when
-    this vLLM has no default configuration to extend."""
+    too (the logging configuration is written there), and, ``quiet``, print nothing more once they logged a failed
+    start (``FailedStartFilter``); nothing when the user configures vLLM's logging, or when this vLLM has no
+    default configuration to extend."""
     if environ.get("VLLM_LOGGING_CONFIG_PATH") or environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
         return {}
     try:
@@ -71,6 +111,10 @@ def start_log_environ(log_dir: str, environ=os.environ) -> dict[str, str]:
                                                    "filename": os.path.join(log_dir, LOG_NAME),
                                                    "formatter": "phf_engine_errors"}
         config["loggers"]["vllm"]["handlers"].append("phf_engine_errors")
+        if quiet:
+            config.setdefault("filters", {})["phf_failed_start"] = {"()": f"{__name__}.FailedStartFilter",
+                                                                    "log_dir": log_dir, "starter_pid": os.getpid()}
+            config["handlers"]["vllm"].setdefault("filters", []).append("phf_failed_start")
         path = os.path.join(log_dir, "vllm_logging.json")
         with open(path, "w") as f:
             json.dump(config, f)

@@ -379,8 +379,9 @@ class LoggingConfig:
     OPSD loss (sft: the solution tokens' cross-entropy; grpo: its loss) to <run_dir>/loss_tokens.jsonl
     (style tokens such as "wait": OPSD issues #3, #20); 0: never."""
     verbose: bool = False
-    """Show third-party warnings (Megatron's Transformer Engine / Apex fallbacks, deprecations) and
-    vLLM's INFO and WARNING log. Off: one line says which implementations run; progress bars stay."""
+    """Show third-party warnings (Megatron's Transformer Engine / Apex fallbacks, deprecations),
+    vLLM's INFO and WARNING log, and a spawned engine's tracebacks when it fails to start. Off: one line
+    says which implementations run (and one what stopped an engine's start); progress bars stay."""
     wandb: bool = False
     """Also log to Weights & Biases (pip install wandb): the scalars TensorBoard gets, same names and
     steps, and the resolved config. A resume continues the same W&B run (its id in

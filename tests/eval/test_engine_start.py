@@ -265,6 +265,29 @@ def test_a_spawned_engines_log_is_kept_only_when_the_line_names_it(tmp_path, mon
     assert (str(log_dir) in str(raised.value), log_dir.exists()) == (kept, kept), str(raised.value)
 
 
+def test_a_spawned_engines_refused_setting_is_the_line_alone(tmp_path, tiny_dir, problems, monkeypatch, capfd):
+    """``--engine_kwargs '{separate_process: true, ...}'`` (a spawned engine) of a KV cache too small, in a quiet eval
+    (the command's default): the flag's one line, no traceback of the engine's processes (vLLM's log of its error on
+    stdout, which is the eval's table, and multiprocessing's copy on stderr: both were printed), and no directory
+    of the engine's log left behind."""
+    pytest.importorskip("vllm")
+    import tempfile
+
+    from phf_megatron.startup import QUIET_ENV
+
+    monkeypatch.setenv(QUIET_ENV, "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm", engine_kwargs={
+        "separate_process": True, "vllm_kwargs": {"kv_cache_memory_bytes": 4096}})
+    with pytest.raises(ConfigError) as err:
+        run_eval(config)
+    assert err.value.line.startswith("--engine_kwargs: vllm_kwargs: kv_cache_memory_bytes: 4096: vLLM refused it: No "
+                                     "available memory for the cache blocks."), err.value.line
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.out + printed.err, printed.out[-3000:] + printed.err[-3000:]
+    assert not list(tmp_path.glob("phf_vllm_start_*"))
+
+
 def test_a_server_of_another_rope_theta_is_refused_whichever_config_layout_either_side_has():
     """transformers 5 keeps RoPE's theta in ``rope_parameters`` only (the server's config), an older save at the top:
     compared only where both named ``rope_theta``, another theta passed."""

@@ -42,19 +42,30 @@ def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_d
 
 
 @pytest.mark.vllm
-def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, tmp_path, monkeypatch, capfd,
+                                                                              quiet):
     """vLLM's parent of a spawned engine process only raises "Engine core initialization failed"; the cause (here
     no room for one KV cache block) was in the process's log alone. The line now says it and names the file that
-    keeps the process's errors with their tracebacks, the one start directory kept."""
+    keeps the process's errors with their tracebacks, the one start directory kept. A quiet run (the commands'
+    default) prints no traceback of the engine's processes (vLLM's log of the error on stdout, multiprocessing's
+    copy on stderr: both were printed); a verbose one prints them as vLLM does."""
     pytest.importorskip("vllm")
     import re
     import tempfile
 
     from phf_megatron.rollout.vllm_engine import VLLMEngine
+    from phf_megatron.startup import QUIET_ENV
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if quiet:
+        monkeypatch.setenv(QUIET_ENV, "1")
+    else:
+        monkeypatch.delenv(QUIET_ENV, raising=False)
     with pytest.raises(VLLMStartError) as err:
         VLLMEngine(tiny_dir, dtype="float32", kv_cache_bytes=1, separate_process=True)
+    printed = capfd.readouterr()
+    assert ("Traceback" in printed.out + printed.err) != quiet, printed.out[-3000:] + printed.err[-3000:]
     line = str(err.value)
     assert line.startswith(f"vLLM's engine process could not start on {tiny_dir!r}: ValueError: No available memory "
                            "for the cache blocks."), line

@@ -95,17 +95,19 @@ def test_a_spawned_engine_s_own_refusal_is_the_same_one_line(tiny_inputs, tmp_pa
     """``rollout.async_steps=1`` starts vLLM's engine core in a process of its own: its error (a KV cache too small
     for one request) was only in its log, which a quiet run may not show, and the line said "its own error is in the
     log above", exit code 1 ("rerun the same command"). Now it is the in-process engine's line: the flag and
-    vLLM's own words, exit code 2; the directory that kept the engine's log for the line is gone (the line names no
-    log: it was left in the temporary directory, one per failed start)."""
+    vLLM's own words, exit code 2, and nothing else of the engine's (its processes' tracebacks were printed before
+    it, vLLM's log on stdout, multiprocessing's on stderr); the directory that kept the engine's log for the line is
+    gone (the line names no log: it was left in the temporary directory, one per failed start)."""
     pytest.importorskip("vllm")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = train(*tiny_inputs, str(tmp_path / "run"), "--rollout.backend=vllm", "--rollout.async_steps=1",
                  "--rollout.vllm_kwargs={kv_cache_memory_bytes: 4096}", timeout=300, TMPDIR=str(tmp))
-    last = proc.stderr.splitlines()[-1] if proc.stderr.strip() else ""
+    lines = proc.stderr.splitlines()
     assert proc.returncode == 2, proc.stderr[-4000:]
-    assert last.startswith("error: --rollout.vllm_kwargs: kv_cache_memory_bytes: 4096: vLLM refused it: No available "
-                           "memory for the cache blocks."), proc.stderr[-4000:]
+    assert len(lines) == 1 and lines[0].startswith("error: --rollout.vllm_kwargs: kv_cache_memory_bytes: 4096: vLLM "
+                                                   "refused it: No available memory for the cache blocks."), proc.stderr[-4000:]
+    assert "Traceback" not in proc.stdout and " ERROR " not in proc.stdout, proc.stdout[-4000:]
     assert not list(tmp.glob("phf_vllm_start_*")), "/ ".join(p.name for p in tmp.iterdir())
 
 
