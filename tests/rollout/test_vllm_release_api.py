@@ -221,20 +221,23 @@ def _checks(model_dir: str) -> None:
     assert run_engine_tells() == [(1, 2), (2, 10), (1, 3)]
 
     # 8. a spawned engine's start error (vllm_start_log): this release's logging configuration extended, applied
-    # as its processes apply it, catches what its engine core and workers log when they fail to start
+    # as its processes apply it, catches what its engine core and workers log when they fail to start, and a quiet
+    # run's filter sits on its console handler
     import logging
     import tempfile
 
     import vllm.logger
     from vllm.v1.executor import multiproc_executor
 
-    from phf_megatron.rollout.vllm_start_log import drop_log_dir, engine_error, start_log_environ
+    from phf_megatron.rollout.vllm_start_log import FailedStartFilter, drop_log_dir, engine_error, start_log_environ
     assert 'logger.exception("EngineCore failed to start.")' in src(vllm.v1.engine.core.EngineCoreProc.run_engine_core)
     assert 'logger.exception("WorkerProc failed to start.")' in src(multiproc_executor.WorkerProc.worker_main)
     log_dir = tempfile.mkdtemp()
-    os.environ.update(start_log_environ(log_dir))
+    os.environ.update(start_log_environ(log_dir, quiet=True))
     assert os.environ["VLLM_LOGGING_CONFIG_PATH"].startswith(log_dir)
     vllm.logger._configure_vllm_root_logger()
+    console = [h for h in logging.getLogger("vllm").handlers if type(h) is logging.StreamHandler]
+    assert len(console) == 1 and [type(f) for f in console[0].filters] == [FailedStartFilter]   # quiet's filter
     try:
         raise ValueError("No available memory for the cache blocks.")
     except ValueError:
