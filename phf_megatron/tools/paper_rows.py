@@ -197,6 +197,7 @@ def _differences(row: Row, k: int, toy: bool) -> list[tuple[str, str]]:
         return k_diff
     from ..cli import Settings, coerce
     from ..eval.config import EvalConfig
+    from ..models.choices import dtype_name
 
     # the command's values over the defaults, not the config built: its checks (the benchmark files there, from
     # this working directory) are the eval's, and a --table_only reads the summary elsewhere, later
@@ -204,6 +205,7 @@ def _differences(row: Row, k: int, toy: bool) -> list[tuple[str, str]]:
     want = {f.name: f.default for f in dataclasses.fields(EvalConfig) if f.default is not dataclasses.MISSING}
     want.update((key, coerce(raw, settings.types[key], key))
                 for key, raw in settings.parse(eval_settings(row.eval[3:])).items())   # python -m <module> FLAGS
+    want["dtype"] = dtype_name(want["dtype"])   # as the eval records it: --dtype bf16 made "bfloat16, not bf16"
     done, same = _sampled(done), _sampled(json.loads(json.dumps(want, default=str)))
     return k_diff + [(key, f"{key} {json.dumps(done.get(key))}, not {json.dumps(same[key])}") for key in SCORE_KEYS
                      if key in done and done[key] != same[key] and key != "n"]

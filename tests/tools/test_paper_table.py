@@ -243,6 +243,25 @@ def test_the_evals_own_verbose_switch_passes_eval_args(capsys, tmp_path):
     assert paper_rows.eval_differs(row, 12, toy=False) == "limit 4, not 5"
 
 
+
+@pytest.mark.parametrize("given", ["bf16", "bfloat16"])
+def test_a_rows_eval_summary_is_its_own_whichever_dtype_spelling_eval_args_give(tmp_path, given):
+    """The eval takes --dtype bf16 and records it as bfloat16: a finished row's summary was "dtype "bfloat16", not
+    "bf16"" (evaluated again, or its directory refused as made with other settings)."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    argv = ["--scale", "1p7b", "--hf_model", str(tmp_path / "hf"), "--out", str(tmp_path / "t"), "--rows", "base",
+            f"--eval_args=--dtype {given}", "--dry_run"]
+    row = paper_table.plan_row(paper_table.parse_args(argv), "base")
+    os.makedirs(os.path.dirname(row.eval_result))
+    with open(row.eval_result, "w") as f:
+        json.dump({"k": 12, "config": {"dtype": "bfloat16"}, "average": 1.0}, f)
+    assert paper_rows.eval_differs(row, 12, toy=False) is None
+    with open(row.eval_result, "w") as f:
+        json.dump({"k": 12, "config": {"dtype": "float16"}, "average": 1.0}, f)
+    assert paper_rows.eval_differs(row, 12, toy=False) == 'dtype "float16", not "bfloat16"'
+
+
 def test_a_finished_row_is_reused_only_with_the_settings_it_was_trained_with(capsys, tmp_path):
     """A rerun into the same --out with other trainer flags after ``--`` skipped the finished rows and scored
     them again as if trained with the new flags (the trainer itself refuses such a run: finished_step)."""
