@@ -261,6 +261,8 @@ class Settings:
                 raise UsageError(f"unexpected argument {arg!r}: flags look like {self.flag_form}")
             key, eq, value = arg[2:].partition("=")
             key = key.replace("-", "_")
+            if eq and key in self.options:   # --verbose=true: was "unknown setting; did you mean verbose?"
+                raise UsageError(f"--{key}: takes no value (the command's own switch: give it alone)")
             negated = self._negated_bool(key) if not eq else None
             if negated:
                 out[negated] = False

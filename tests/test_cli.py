@@ -164,6 +164,9 @@ def test_tool_switches_and_help(capsys):
     with pytest.raises(UsageError) as err:   # a misspelt switch: was "unknown setting" alone
         parse_command_line(Flat, ["--out_dir=o", "--verbos"], "", {"--verbose": ""})
     assert err.value.line == "--verbos: unknown setting; did you mean verbose?"
+    with pytest.raises(UsageError) as err:   # a switch given a value: was "unknown setting; did you mean verbose?"
+        parse_command_line(Flat, ["--out_dir=o", "--verbose=true"], "", {"--verbose": ""})
+    assert err.value.line == "--verbose: takes no value (the command's own switch: give it alone)"
 
 
 # ----------------------------------------------------------------------------- a closed output pipe

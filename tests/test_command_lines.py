@@ -64,6 +64,8 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     # the trainer's own options are close matches too: both were "unknown setting" alone (or "strict_config")
     (["--confg", "configs/tiny_cpu.yaml"], "error: --confg: unknown setting; did you mean config?"),
     (["--print-confg"], "error: --print_confg: unknown setting; did you mean print_config, strict_config?"),
+    # given a value: was "unknown setting; did you mean print_config, ...", the flag itself
+    (["--print-config=true"], "error: --print_config: takes no value (the command's own switch: give it alone)"),
     (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
     (["--checkpoint.exit_signal=SIGKILL"],
      "error: --checkpoint.exit_signal: 'SIGKILL' is not one of ('SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2')"),
