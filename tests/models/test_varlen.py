@@ -224,13 +224,16 @@ def test_a_packed_model_forward_with_varlen_gives_the_padded_logits():
             model.cuda().eval()
             with torch.no_grad():
                 for name, layout in (("padded", SequenceLayout.pad(tokens, lengths)),
-                                     ("packed", SequenceLayout.pack(tokens, lengths))):
+                                     ("packed", SequenceLayout.pack(tokens, lengths)),
+                                     # 135 tokens and a pad segment of 1 (tensor parallelism's multiple)
+                                     ("packed_pad", SequenceLayout.pack(tokens, lengths, pad_multiple=8))):
                     layout = layout.to("cuda")
                     out = model(layout.tokens, **layout.forward_kwargs())
                     logits[packed, name] = layout.take(out.float())   # [B, max L], per sample
     keep = torch.arange(int(lengths.max()))[None] < lengths[:, None]
     padded = logits["sdpa", "padded"][keep.cuda()]
     _bf16_close(logits["varlen", "packed"][keep.cuda()], padded, "varlen packed vs padded")
+    _bf16_close(logits["varlen", "packed_pad"][keep.cuda()], padded, "varlen packed with a pad segment vs padded")
     # as close as the per-sequence SDPA calls' packed forward (the same bf16 model, other kernels and GEMM shapes)
     err = lambda x: (x[keep.cuda()] - padded).abs().max().item()  # noqa: E731
     assert err(logits["varlen", "packed"]) <= 2 * err(logits["sdpa", "packed"]) + 1e-2 * padded.abs().max().item()
