@@ -83,7 +83,8 @@ def measure(backends: list[SDPBackend] | None, base: int, count: int, stride: in
 
 def packed_attention_ms(packed: str, microbatches: list[list[int]], heads, device, dtype) -> float:
     """Median over ``VARLEN_REPEATS`` of one layer's packed attention, forward + backward, per micro-batch (ms), as
-    the model runs it (``SDPACoreAttention`` with ``packed_attention=packed``; the per-sequence path reads the bounds to the host once per micro-batch, varlen not at all)."""
+    the model runs it (``SDPACoreAttention`` with ``packed_attention=packed``; the per-sequence path reads the bounds
+    to the host once per micro-batch, varlen not at all)."""
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.enums import AttnMaskType
 
