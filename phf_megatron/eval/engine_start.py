@@ -15,7 +15,7 @@ from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
 from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError, one_line
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
 from phf_megatron.rollout.start_errors import BUGS, refused_keyword
-from phf_megatron.rollout.vllm_start_log import described, drop_unsaid_log
+from phf_megatron.rollout.vllm_start_log import described, drop_unsaid_logs, kept_logs
 from phf_megatron.rollout.vllm_worker import arch_fields
 
 from ..errors import ConfigError, RunStopped, UserError, as_config_error
@@ -46,7 +46,7 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
             told = RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}")
         else:
             raise
-        drop_unsaid_log(err, str(told))
+        drop_unsaid_logs(kept_logs(err), str(told))
         raise told from err
 
 

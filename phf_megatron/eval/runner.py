@@ -21,6 +21,7 @@ import time
 
 from phf_megatron.rollout import EngineConfig, SamplingParams, resolve_backend
 from phf_megatron.rollout.factory import vllm_kwargs_dropped
+from phf_megatron.rollout.vllm_start_log import drop_unsaid_logs, kept_logs
 from phf_megatron.tokenizer import load_qwen3_tokenizer
 
 from ..errors import ConfigError, InputFileError
@@ -147,7 +148,7 @@ def _worker(config: EvalConfig, model_dir: str, backend: str, items: list[WorkIt
     except Exception as err:
         if (failure := worker_failure(err)) is None:
             raise                              # a bug: its traceback, here
-        failures.put((rank, failure))          # one line, said by the parent (``workers_failed``)
+        failures.put((rank, failure, kept_logs(err)))   # one line, said by the parent (``workers_failed``)
         sys.exit(2 if failure[0] != "stopped" else 1)
 
 
@@ -177,7 +178,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     """One spawned engine per replica; the parent shows one bar by tailing the shards."""
     ctx = mp.get_context("spawn")
     size = len(replicas)
-    failures, said = ctx.SimpleQueue(), {}
+    failures, said, logs = ctx.SimpleQueue(), {}, []
     tally = ctx.Array("q", 2 * size)   # each worker's samples and tokens told so far: the bar moves within a call
     procs = [ctx.Process(target=_worker, name=worker_name(r),
                          args=(config, model_dir, backend, items[r::size], r, replicas[r], failures, tally))
@@ -189,7 +190,7 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
     try:
         while any(p.is_alive() for p in procs):
             watch.poll()
-            _drain(failures, said)
+            _drain(failures, said, logs)
             time.sleep(1.0)
         watch.poll()
     finally:
@@ -199,17 +200,21 @@ def run_data_parallel(config: EvalConfig, model_dir: str, backend: str, items: l
                 p.terminate()
             p.join()
         reaper.close()
-    _drain(failures, said)
+    _drain(failures, said, logs)
     failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode != 0}
     if failed:
-        raise workers_failed(said, failed, replicas, config.out_dir)
+        told = workers_failed(said, failed, replicas, config.out_dir)
+        drop_unsaid_logs(logs, str(told))   # the engine logs of the workers whose lines are not said
+        raise told
 
 
-def _drain(failures, said: dict) -> None:
-    """The workers' one-line errors sent so far, into ``said`` by rank (read as they come: a full pipe blocks them)."""
+def _drain(failures, said: dict, logs: list) -> None:
+    """The workers' one-line errors sent so far, into ``said`` by rank, and the engine logs kept for them into
+    ``logs`` (read as they come: a full pipe blocks them)."""
     while not failures.empty():
-        rank, failure = failures.get()
+        rank, failure, kept = failures.get()
         said[rank] = failure
+        logs.extend(kept)
 
 
 def _check_qwen3(model_dir: str) -> None:

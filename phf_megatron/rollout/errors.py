@@ -40,7 +40,7 @@ class VLLMStartError(EngineStartError):
     eval: ``eval.engine_start``), and so does ``engine_error``: a spawned engine process's own error, as its log
     said it (``vllm_start_log.engine_error``; None: none logged), ``process`` then naming that log too, which
     ``log_dir`` keeps (None: none kept; a caller whose line does not name it drops it: ``vllm_start_log.
-    drop_unsaid_log``)."""
+    drop_unsaid_logs``)."""
 
     def __init__(self, message: str, *, free_bytes: int | None = None, process: str = "",
                  engine_error: BaseException | None = None, log_dir: str | None = None):

@@ -132,12 +132,17 @@ def drop_log_dir(log_dir: str) -> None:
     shutil.rmtree(log_dir, ignore_errors=True)
 
 
-def drop_unsaid_log(err: BaseException, line: str) -> None:
-    """Drop the log a failed start kept (``VLLMStartError.log_dir``, in ``err``'s chain) unless ``line``, what the
-    user is told of ``err``, names it (a setting's line says vLLM's words alone: nobody would find that log)."""
-    for cause in error_chain(err):
-        if isinstance(cause, VLLMStartError) and cause.log_dir and cause.log_dir not in line:
-            drop_log_dir(cause.log_dir)
+def kept_logs(err: BaseException) -> list[str]:
+    """The log directories a failed start kept for its line (``VLLMStartError.log_dir``, in ``err``'s chain)."""
+    return [cause.log_dir for cause in error_chain(err) if isinstance(cause, VLLMStartError) and cause.log_dir]
+
+
+def drop_unsaid_logs(log_dirs: list[str], line: str) -> None:
+    """Drop each of ``log_dirs`` (``kept_logs``) that ``line``, what the user is told, does not name (a setting's
+    line says vLLM's words alone, the eval's parent one worker's line: nobody would find that log)."""
+    for log_dir in log_dirs:
+        if log_dir not in line:
+            drop_log_dir(log_dir)
 
 
 def engine_error(log_dir: str) -> Exception | None:

@@ -44,7 +44,7 @@ from ..rollout.groups import EngineGroups, RankPlace, plan_engine_groups, this_n
 from ..rollout.config import RolloutConfig
 from ..runtime.process_group import local_rank
 from ..rollout.seeds import sample_seed
-from ..rollout.vllm_start_log import drop_unsaid_log
+from ..rollout.vllm_start_log import drop_unsaid_logs, kept_logs
 from .config import TrainConfig
 from .engine_start import classify, start_failed
 from .model_setup import StudentModel
@@ -146,7 +146,7 @@ class RolloutDriver:
             told = start_failed(failures, cfg.save_dir) or RolloutFailure(
                 "; ".join(f"{name}: failed to start {f.text}" for name, f in failures))
             if cause is not None:
-                drop_unsaid_log(cause, str(told))
+                drop_unsaid_logs(kept_logs(cause), str(told))
             raise told from cause
 
     def _engine_config(self, model_dir: str) -> EngineConfig:

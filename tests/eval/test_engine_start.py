@@ -134,6 +134,22 @@ def test_a_data_parallel_workers_start_failure_is_the_same_one_line(tmp_path, ti
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_data_parallel_eval_keeps_only_the_engine_log_its_line_names(tmp_path, tiny_dir, problems, monkeypatch):
+    """Two data-parallel workers whose spawned engines (separate_process) both fail: each worker's line names its
+    engine's log, kept for it, but the parent says one worker's line: the other's directory was left in the temporary
+    directory, named nowhere. Now the one directory left is the one the line names."""
+    pytest.importorskip("vllm")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))   # the spawned workers' temporary directory
+    config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm", data_parallel=2,
+                                 engine_kwargs={"separate_process": True, "kv_cache_bytes": 1})
+    with pytest.raises(RunStopped) as err:
+        run_eval(config)
+    left = [str(p) for p in tmp.glob("phf_vllm_start_*")]
+    assert len(left) == 1 and left[0] in str(err.value), (left, str(err.value))
+
+
 def test_the_parent_says_a_setting_first_and_a_worker_without_a_line_is_a_bug():
     from phf_megatron.eval.engine_start import workers_failed
 
