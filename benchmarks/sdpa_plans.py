@@ -33,6 +33,7 @@ import contextlib
 import json
 import statistics
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -166,6 +167,16 @@ def compare_varlen(lengths: list[int], heads, device: str, dtype: torch.dtype) -
                 gqa_without_repeat=gqa_without_repeat(microbatches[0], heads, device, dtype))
 
 
+def attempt(said: dict, measurement, *args) -> dict:
+    """``measurement(*args)``, or ``said`` with the ``error`` it raised (its traceback printed): one part's failure
+    on a GPU lease leaves the other parts' numbers."""
+    try:
+        return measurement(*args)
+    except Exception as err:   # noqa: BLE001 - recorded, and the benchmark goes on
+        traceback.print_exc()
+        return {**said, "error": f"{type(err).__name__}: {err}"[:500]}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a tiny head layout and short lengths (CPU check)")
@@ -183,21 +194,27 @@ def main(argv=None) -> dict:
         choice = int(torch._fused_sdp_choice(*segment(base, heads, device, dtype), is_causal=True, enable_gqa=True))
     out = dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(), device=torch.cuda.get_device_name()
                if cuda else "cpu", dtype=str(dtype), heads=heads, default_choice=choice,
-               priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None,
-               runs=[measure(None, base, args.lengths, 7, heads, device, dtype),
-                     measure(SDPA_BACKENDS, base + 1, args.lengths, 7, heads, device, dtype)])
-    out["varlen"] = compare_varlen(out["runs"][1]["lengths"], heads, device, dtype)
+               priority=[str(b) for b in getattr(torch._C, "_get_sdp_priority_order", list)()] if cuda else None)
+
+    def save() -> None:   # after each part: a later part that fails or is cut keeps the earlier ones
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(out, indent=1))
+
+    out["runs"] = [attempt(dict(backends=names), measure, backends, start, args.lengths, 7, heads, device, dtype)
+                   for names, backends, start in (("all", None, base), ([b.name for b in SDPA_BACKENDS],
+                                                                       SDPA_BACKENDS, base + 1))]
     for r in out["runs"]:
-        print(f"backends {r['backends']}: {args.lengths} new lengths {r['new_s']:.3f} s, the same again "
-              f"{r['again_s']:.3f} s", flush=True)
-    v = out["varlen"]
-    print(f"varlen: skipped ({v['skipped']})" if "skipped" in v else
-          f"packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
-          f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
-          f"ratio {v['sdpa_over_varlen']:.2f}", flush=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        print(f"backends {r['backends']}: " + (f"error ({r['error']})" if "error" in r else
+              f"{args.lengths} new lengths {r['new_s']:.3f} s, the same again {r['again_s']:.3f} s"), flush=True)
+    save()
+    lengths = [base + 1 + 7 * i for i in range(args.lengths)]   # (the second run's)
+    out["varlen"] = v = attempt({}, compare_varlen, lengths, heads, device, dtype)
+    print(f"varlen: skipped ({v['skipped']})" if "skipped" in v else f"varlen: error ({v['error']})" if "error" in v
+          else f"packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
+               f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
+               f"ratio {v['sdpa_over_varlen']:.2f}", flush=True)
+    save()
     return out
 
 

@@ -120,3 +120,45 @@ def test_gqa_without_repeat_is_skipped_where_torch_takes_enable_gqa():
         pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
     assert sdpa_plans.gqa_without_repeat([5], sdpa_plans.SHAPES["tiny"], "cpu", torch.bfloat16) == {
         "skipped": "this torch's varlen_attn takes enable_gqa: the model repeats no heads"}
+
+
+def test_a_part_that_raises_leaves_the_others_numbers_in_the_json_and_the_summary(tmp_path, monkeypatch):
+    """On a GPU lease the varlen comparison (never run there yet) or one backend set may raise: the other parts'
+    numbers are still written and summarized, the error said."""
+    from benchmarks.gpu.summarize_main_job import main as summarize
+
+    def broken(*args):
+        raise RuntimeError("cuDNN Frontend error: no plan")
+
+    monkeypatch.setattr(sdpa_plans, "compare_varlen", broken)
+    real = sdpa_plans.measure
+    monkeypatch.setattr(sdpa_plans, "measure", lambda backends, *a: broken() if backends is None else real(backends, *a))
+    out = main(["--tiny", "--lengths", "2", "--out", str(tmp_path / "sdpa_plans.json")])
+    assert out["runs"][0] == {"backends": "all", "error": "RuntimeError: cuDNN Frontend error: no plan"}
+    assert out["runs"][1]["backends"] == ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+    assert out["runs"][1]["again_s"] > 0
+    assert out["varlen"] == {"error": "RuntimeError: cuDNN Frontend error: no plan"}
+    assert json.loads((tmp_path / "sdpa_plans.json").read_text()) == json.loads(json.dumps(out))
+    (tmp_path / "stages.tsv").write_text("sdpa\t0\t6\n")
+    assert summarize([str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "- backends all: error (RuntimeError: cuDNN Frontend error: no plan)" in md
+    assert "- packed attention, varlen: error (RuntimeError: cuDNN Frontend error: no plan)" in md
+    assert "- backends ['FLASH_ATTENTION', 'EFFICIENT_ATTENTION', 'MATH']: new lengths" in md
+
+
+def test_the_summary_lists_every_pytest_stage_and_its_failed_tests(tmp_path):
+    """The gputests and vllmtests stages write pytest_gpu.xml / pytest_vllm.xml: the summary (what a lease call
+    shows) counts each and names the failed tests."""
+    from benchmarks.gpu.summarize_main_job import main as summarize
+
+    (tmp_path / "stages.tsv").write_text("gputests\t1\t90\n")
+    (tmp_path / "pytest_gpu.xml").write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="3" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.models.test_varlen" name="test_a"/>'
+        '<testcase classname="tests.models.test_varlen" name="test_b"><failure message="x">x</failure></testcase>'
+        '<testcase classname="tests.kernels.test_flow_cuda" name="test_c"><skipped message="s"/></testcase>'
+        '</testsuite></testsuites>')
+    assert summarize([str(tmp_path)]) == 0
+    md = (tmp_path / "summary.md").read_text()
+    assert "pytest_gpu.xml: 3 tests, 1 failures, 0 errors, 1 skipped\n- failed: tests.models.test_varlen::test_b" in md
