@@ -26,17 +26,24 @@ def _load(path):
         return None
 
 
+def _junit(path: str) -> dict:
+    """A pytest junit file's counts and the ids of its failed or erroring tests."""
+    suite = ET.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    out = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    out["failed"] = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
+                     if case.find("failure") is not None or case.find("error") is not None]
+    return out
+
+
 def summarize(out: str) -> dict:
     summary: dict = {"stages": []}
     if os.path.isfile(os.path.join(out, "stages.tsv")):
         for line in open(os.path.join(out, "stages.tsv")):
             name, rc, secs = line.rstrip("\n").split("\t")
             summary["stages"].append({"stage": name, "exit": int(rc), "seconds": int(secs)})
-    xml = os.path.join(out, "pytest.xml")
-    if os.path.isfile(xml):
-        suite = ET.parse(xml).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        summary["tests"] = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    for xml in sorted(glob.glob(os.path.join(out, "pytest*.xml"))):   # tests, gputests, vllmtests stages
+        summary.setdefault("tests", {})[os.path.basename(xml)[:-4]] = _junit(xml)
     for path in sorted(glob.glob(os.path.join(out, "breakdown_*.json"))):
         b = _load(path)
         if b:
@@ -64,11 +71,12 @@ def sdpa_lines(p: dict) -> list[str]:
     vs varlen flash attention per layer (or why that was skipped), and varlen on grouped heads as they are."""
     lines = ["", f"## Attention at new sequence lengths ({p.get('device')}, torch {p.get('torch')}, heads {p.get('heads')})",
              ""]
-    lines += [f"- backends {r['backends']}: new lengths {r['new_s']:.3f} s, the same again {r['again_s']:.3f} s"
-              for r in p.get("runs") or []]
+    lines += [f"- backends {r['backends']}: " + (f"error ({r['error']})" if "error" in r else
+              f"new lengths {r['new_s']:.3f} s, the same again {r['again_s']:.3f} s") for r in p.get("runs") or []]
     v = p.get("varlen") or {}
-    if "skipped" in v:
-        return lines + [f"- packed attention, varlen: skipped ({v['skipped']})"]
+    if "skipped" in v or "error" in v:
+        return lines + [f"- packed attention, varlen: {'skipped' if 'skipped' in v else 'error'} "
+                        f"({v.get('skipped') or v['error']})"]
     if v:
         lines.append(f"- packed attention per layer and micro-batch, forward + backward: per-sequence SDPA "
                      f"{v['sdpa_per_sequence_ms_per_layer']:.3f} ms, varlen {v['varlen_ms_per_layer']:.3f} ms, "
@@ -85,10 +93,9 @@ def sdpa_lines(p: dict) -> list[str]:
 def to_markdown(s: dict) -> str:
     lines = ["# main_job summary", "", "| stage | exit | seconds |", "|---|---|---|"]
     lines += [f"| {x['stage']} | {x['exit']} | {x['seconds']} |" for x in s["stages"]]
-    if "tests" in s:
-        t = s["tests"]
-        lines += ["", f"pytest -m 'gpu or vllm': {t['tests']} tests, {t['failures']} failures, {t['errors']} errors, "
-                  f"{t['skipped']} skipped"]
+    for name, t in (s.get("tests") or {}).items():
+        lines += ["", f"{name}.xml: {t['tests']} tests, {t['failures']} failures, {t['errors']} errors, "
+                  f"{t['skipped']} skipped"] + [f"- failed: {case}" for case in t["failed"]]
     for key in sorted(k for k in s if k.startswith("breakdown_")):
         b = s[key]
         med = b.get("median_later_steps") or {}
