@@ -174,6 +174,22 @@ def test_converters_take_the_dtype_as_the_trainer_and_the_eval_spell_it(tool):
         assert as_dtype(built.dtype) == as_dtype(short)
 
 
+def test_one_map_from_a_dtype_setting_to_torch():
+    """model_setup, the HF rollout engine and the converters each kept a name -> torch.dtype map of their own (three
+    things called DTYPES); ``choices.as_dtype`` is the one, and takes every spelling a setting takes."""
+    import torch
+
+    from phf_megatron.models import choices
+
+    for short, long in choices.DTYPE_ALIASES.items():
+        assert choices.as_dtype(short) is choices.as_dtype(long) is getattr(torch, long)
+    assert choices.as_dtype(torch.float16) is torch.float16
+    assert set(choices.DTYPE_SPELLINGS) == {*choices.DTYPES, *choices.DTYPE_ALIASES}
+    with pytest.raises(ValueError, match=r"^dtype: expected one of \('bf16', .*'float32'\) or a torch.dtype, "
+                                         r"got 'bf8'$"):
+        choices.as_dtype("bf8")
+
+
 def test_the_trainer_and_the_eval_take_the_converters_dtype_spellings(tmp_path):
     """--dtype bf16 (the converters', the README's) was refused by the eval ("'bf16' is not one of float32, bfloat16,
     float16") and --model.dtype=bf16 by the trainer; each short spelling is read as its torch name, the one a run's

@@ -15,9 +15,24 @@ PACKED_ATTENTIONS = ("sdpa", "varlen")
 #: read as the torch name (one name per dtype in a run's config.yaml, an eval's summary, a resume fingerprint).
 DTYPES = ("bfloat16", "float16", "float32")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: Every spelling a dtype setting takes (the converters' ``--dtype`` choices).
+DTYPE_SPELLINGS = (*DTYPE_ALIASES, *DTYPES)
 
 
 def dtype_name(value: str) -> str:
     """``value`` as the torch name of its dtype (``bf16`` -> ``bfloat16``); another value as given, for the
     setting's own check to refuse."""
     return DTYPE_ALIASES.get(value, value)
+
+
+def as_dtype(value):
+    """The ``torch.dtype`` a setting names (either spelling; a ``torch.dtype`` as given): the one map from a dtype's
+    name to torch's (torch imported here, not at module import, so the command line's checks stay light)."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    name = dtype_name(value) if isinstance(value, str) else value
+    if name not in DTYPES:
+        raise ValueError(f"dtype: expected one of {DTYPE_SPELLINGS} or a torch.dtype, got {value!r}")
+    return getattr(torch, name)

@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from phf_megatron.models.choices import as_dtype
 from phf_megatron.models.qwen3_arch import Qwen3Arch, arch_of
 from phf_megatron.models.fused import register_rope_kernels
-
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
 @dataclass
@@ -45,14 +43,6 @@ class Qwen3TransformerConfig(TransformerConfig):
     """The local spec's attention of packed sequences (THD, ``cu_seqlens``; ``models/attention.py``): sdpa (one
     causal SDPA call per sequence) | varlen (one call per layer of PyTorch's varlen flash attention,
     ``models/varlen.py``: CUDA only, no attention dropout). ``choices.PACKED_ATTENTIONS``."""
-
-
-def as_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)} or a torch.dtype, got {dtype!r}")
-    return _DTYPES[dtype]
 
 
 def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bool = False,

@@ -14,6 +14,7 @@ from collections import defaultdict
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
+from ..models.choices import as_dtype
 from ..runtime.process_group import sees_gpus
 from .engine import RolloutEngine
 from .errors import EngineStartError, GenerationTimeoutError
@@ -22,7 +23,6 @@ from .sync import hf_reference_logprobs
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
 from .weights import WeightSpec
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def engine_device(device: str | None) -> torch.device:
@@ -47,14 +47,13 @@ class HFEngine(RolloutEngine):
     def __init__(self, model_dir: str, *, dtype: str = "float32", device: str | None = None,
                  max_batch_size: int = 64, bucket_bytes: int = 1 << 30, timeout_s: float | None = None,
                  max_model_len: int | None = None, logprobs_mode: str = "raw"):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_DTYPES)}")
+        torch_dtype = as_dtype(dtype)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         device = engine_device(device)
         try:
             config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, local_files_only=True)
         except Exception as exc:
             raise EngineStartError(f"transformers could not load {model_dir!r}: {type(exc).__name__}: {exc}") from exc
         self.model = model.to(device).eval()

@@ -27,8 +27,6 @@ from ..input_files import missing_dir
 from ..models import choices
 from ..output_files import new_dir_problem
 
-DTYPES = (*choices.DTYPE_ALIASES, *choices.DTYPES)   # the trainer and the eval take both spellings too
-
 
 @dataclass
 class HfToMcore:
@@ -50,7 +48,7 @@ class HfToMcore:
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
-            check_choice("dtype", self.dtype, DTYPES)
+            check_choice("dtype", self.dtype, choices.DTYPE_SPELLINGS)
 
 
 def convert(argv: list[str], quiet: bool) -> int:
@@ -62,11 +60,10 @@ def convert(argv: list[str], quiet: bool) -> int:
             raise fail(key, why)
     from ..convert.checkpoints import convert_hf_to_mcore
     from ..errors import as_config_error
-    from ..models.config import as_dtype
 
     try:
         convert_hf_to_mcore(args.hf_dir, args.out_dir, tp=args.tp, pp=args.pp,
-                            dtype=as_dtype(args.dtype) if args.dtype else None,
+                            dtype=choices.as_dtype(args.dtype) if args.dtype else None,
                             require_tokenizer=args.require_tokenizer)
     except (FileNotFoundError, FileExistsError) as err:  # "hf_dir: ...", "out_dir: ...": named as the flags
         raise as_config_error(err, ("hf_dir", "out_dir")) or err from None

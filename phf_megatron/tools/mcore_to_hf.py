@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive, fail
+from ..models.choices import DTYPE_SPELLINGS, as_dtype
 from ..output_files import new_dir_problem
-from .hf_to_mcore import DTYPES
 
 
 @dataclass
@@ -68,7 +68,7 @@ class McoreToHf:
 
     def __post_init__(self) -> None:
         if self.dtype is not None:
-            check_choice("dtype", self.dtype, DTYPES)
+            check_choice("dtype", self.dtype, DTYPE_SPELLINGS)
         check_positive("max_shard_size_gb", self.max_shard_size_gb)
 
 
@@ -88,7 +88,6 @@ def convert(argv: list[str], quiet: bool) -> int:
 
 def _convert(args: McoreToHf) -> int:
     from ..errors import ConfigError
-    from ..models.config import as_dtype
     from ..training.export import export_run_checkpoint, find_run_checkpoint
 
     dtype = as_dtype(args.dtype) if args.dtype else None

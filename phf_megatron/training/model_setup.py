@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.choices import as_dtype
 from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
@@ -19,9 +20,6 @@ from ..errors import as_config_error
 from ..input_files import check_hf_model_dir, read_json
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
 
 @dataclass
 class StudentModel:
@@ -139,7 +137,7 @@ def check_packed_attention(cfg: TrainConfig) -> None:
                    f"{cfg.model.transformer_impl!r} runs Transformer Engine here, whose THD attention takes packed "
                    "sequences: set model.transformer_impl=local, or leave this at 'sdpa'")
     # CUDA before the dtype: on a CPU that is what to change
-    reason = varlen_unavailable() or varlen_dtype_refused(DTYPES[cfg.model.dtype])
+    reason = varlen_unavailable() or varlen_dtype_refused(as_dtype(cfg.model.dtype))
     if reason:
         raise fail("model.packed_attention", reason.removeprefix("packed_attention: "))
 
@@ -196,7 +194,7 @@ def build_model_chunks(cfg: TrainConfig, hf_config, arch: Qwen3Arch) -> list:
     trainer trains them; ``training.export`` loads a checkpoint's weights into them."""
     from ..models import build_qwen3_model
 
-    dtype = DTYPES[cfg.model.dtype]
+    dtype = as_dtype(cfg.model.dtype)
     fused = cfg.model.fused_kernels and torch.cuda.is_available()
     lora = student_lora(cfg)
     chunks = []
