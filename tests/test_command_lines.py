@@ -231,6 +231,9 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
     ("hf_to_mcore", ["--hf_dir", "{tmp}", "--out_dir", "{tmp}/no/out"], "error: --out_dir: parent directory {tmp}/no does "
                                                                         "not exist"),
     ("hf_to_mcore", ["--hf_dir", "{tmp}/none", "--out_dir", "{tmp}/out"], "error: --hf_dir: {tmp}/none does not exist"),
+    ("hf_to_mcore", ["--hf_dir", "{tmp}/taken", "--out_dir", "{tmp}/out"], "error: --hf_dir: no config.json in {tmp}/taken"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}/none", "--out_dir", "{tmp}/out"],
+     "error: --mcore_dir: {tmp}/none does not exist"),
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/taken"],
      "error: --out_dir: {tmp}/taken already exists (remove it or choose another)"),
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/file"],
@@ -238,7 +241,9 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
 ])
 def test_converters_refuse_their_paths_before_loading_torch(tmp_path, tool, argv, line):
     """A taken --out_dir (a non-empty directory, a file), one without its parent, or a --hf_dir that does not exist
-    was refused only after torch, Megatron and transformers had loaded (6-11 s on a CPU machine)."""
+    was refused only after torch, Megatron and transformers had loaded (6-11 s on a CPU machine); so were a --hf_dir
+    without config.json and a --mcore_dir that does not exist (~5 s)."""
+    (tmp_path / "config.json").write_text("{}")   # {tmp} as --hf_dir passes the first look
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("")
     (tmp_path / "file").write_text("")

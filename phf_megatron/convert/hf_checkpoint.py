@@ -19,7 +19,7 @@ import torch
 from phf_megatron.models.qwen3_arch import Qwen3Arch
 from phf_megatron.convert.qwen3_mapping import hf_shapes
 from phf_megatron.errors import InputFileError
-from phf_megatron.input_files import missing_dir, open_safetensors, read_json
+from phf_megatron.input_files import missing_hf_config, open_safetensors, read_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -33,11 +33,9 @@ class HFCheckpoint:
 
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
-        if why := missing_dir(self.path):
+        if why := missing_hf_config(self.path):
             raise FileNotFoundError(f"hf_dir: {why}")
         config_path = os.path.join(self.path, "config.json")
-        if not os.path.isfile(config_path):
-            raise FileNotFoundError(f"hf_dir: no config.json in {self.path}")
         self.config = read_json(config_path)
         try:
             self.arch = Qwen3Arch.from_hf(self.config)

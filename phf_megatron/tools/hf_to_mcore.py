@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..commands import command, tool_config
 from ..config_errors import check_choice, fail
-from ..input_files import missing_dir
+from ..input_files import missing_hf_config
 from ..models import choices
 from ..output_files import new_dir_problem
 
@@ -55,7 +55,7 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(HfToMcore, argv, __doc__, quiet)
     if args is None:
         return 0
-    for key, why in (("hf_dir", missing_dir(args.hf_dir)), ("out_dir", new_dir_problem(args.out_dir))):
+    for key, why in (("hf_dir", missing_hf_config(args.hf_dir)), ("out_dir", new_dir_problem(args.out_dir))):
         if why:   # before torch and Megatron load (seconds), not after
             raise fail(key, why)
     from ..convert.checkpoints import convert_hf_to_mcore

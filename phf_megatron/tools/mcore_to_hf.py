@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive, fail
+from ..input_files import missing_checkpoint_dir
 from ..models.choices import DTYPE_SPELLINGS, as_dtype
 from ..output_files import new_dir_problem
 
@@ -76,8 +77,9 @@ def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(McoreToHf, argv, __doc__, quiet)
     if args is None:
         return 0
-    if why := new_dir_problem(args.out_dir):   # before torch and Megatron load (seconds), not after
-        raise fail("out_dir", why)
+    for key, why in (("mcore_dir", missing_checkpoint_dir(args.mcore_dir)), ("out_dir", new_dir_problem(args.out_dir))):
+        if why:   # before torch and Megatron load (seconds), not after
+            raise fail(key, why)
     from ..errors import as_config_error
 
     try:

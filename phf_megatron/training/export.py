@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import (
-    RUN_CONFIG_FILE, checkpoint_names, checkpoint_saved, list_checkpoints, missing_dir, read_json, run_checkpoints_dir, saved_path)
+    RUN_CONFIG_FILE, checkpoint_names, checkpoint_saved, list_checkpoints, missing_checkpoint_dir, missing_dir,
+    read_json, run_checkpoints_dir, saved_path)
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import load_config, resume_fingerprint
@@ -185,8 +186,7 @@ def find_run_checkpoint(path: str, run_config: str | None = None) -> RunCheckpoi
     typed, path = path, os.path.abspath(path)
     given = [run_config] if run_config else []
     if missing_dir(path) and list_checkpoints(os.path.dirname(path)):   # a mistyped or pruned iteration
-        raise FileNotFoundError(f"mcore_dir: {missing_dir(typed)} (checkpoints there: "
-                                f"{checkpoint_names(os.path.dirname(path))})")
+        raise FileNotFoundError(f"mcore_dir: {missing_checkpoint_dir(typed)}")
     if training_checkpoint_error(path) is not None:   # iter_N: meta.json, not a model checkpoint
         save_dir = os.path.dirname(path)
         cfg, _ = _run_config(given or [os.path.join(os.path.dirname(save_dir), RUN_CONFIG_FILE),

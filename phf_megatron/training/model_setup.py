@@ -17,7 +17,7 @@ from ..models.qwen3_arch import Qwen3Arch
 from ..lora import apply_lora
 from ..config_errors import fail
 from ..errors import as_config_error
-from ..input_files import check_hf_model_dir, read_json
+from ..input_files import check_hf_model_dir, missing_hf_config, read_json
 from .config import TrainConfig
 from .schedule import build_scheduler, megatron_optimizer_config
 
@@ -41,8 +41,8 @@ def read_hf_config(cfg: TrainConfig):
     from transformers import AutoConfig, Qwen3Config
 
     if cfg.model.hf_dir:
-        if not os.path.isfile(os.path.join(cfg.model.hf_dir, "config.json")):
-            raise fail("model.hf_dir", f"no config.json in {cfg.model.hf_dir}")
+        if why := missing_hf_config(cfg.model.hf_dir):
+            raise fail("model.hf_dir", why)
         check_hf_model_dir(cfg.model.hf_dir)  # a damaged config.json or safetensors file is named here
         # the file's own model_type: transformers may load it as a relative ('mistral' as 'ministral')
         model_type = read_json(os.path.join(cfg.model.hf_dir, "config.json")).get("model_type")
