@@ -13,9 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from phf_megatron.errors import InputFileError
-from phf_megatron.input_files import (
-    _damaged_dist_file, check_hf_model_dir, load_torch_file, open_safetensors, read_json, reading_dist_checkpoint,
-)
+from phf_megatron.convert.dist_files import _damaged_dist_file, reading_dist_checkpoint
+from phf_megatron.input_files import check_hf_model_dir, load_torch_file, open_safetensors, read_json
 from tests.helpers import run_python
 
 
@@ -193,7 +192,7 @@ def test_a_megatron_dist_checkpoint_without_one_of_its_files_names_it(tmp_path, 
     common.pt, "AttributeError: 'str' object has no attribute 'iterdir'": tracebacks naming no file."""
     from torch.distributed.checkpoint.metadata import Metadata
 
-    from phf_megatron.input_files import load_dist_checkpoint
+    from phf_megatron.convert.dist_files import load_dist_checkpoint
 
     for name in {"metadata.json", "common.pt", ".metadata"} - {gone}:
         (tmp_path / name).write_bytes(pickle.dumps(Metadata({})) if name == ".metadata" else b"{}")
@@ -213,7 +212,7 @@ def test_a_damaged_metadata_without_common_pt_is_one_line_naming_it(tmp_path, da
     ModuleNotFoundError traceback, and a cut one or a pickled list was blamed on common.pt ('missing')."""
     import torch.distributed.checkpoint as dcp
 
-    from phf_megatron.input_files import load_dist_checkpoint
+    from phf_megatron.convert.dist_files import load_dist_checkpoint
 
     dcp.save({"w": torch.ones(3), "b": torch.ones(2)}, checkpoint_id=str(tmp_path))
     (tmp_path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
@@ -237,7 +236,7 @@ def test_a_megatron_0_19_dist_checkpoint_without_common_pt_is_read(tmp_path, mon
     import torch.distributed.checkpoint as dcp
     from megatron.core import dist_checkpointing
 
-    from phf_megatron.input_files import load_dist_checkpoint
+    from phf_megatron.convert.dist_files import load_dist_checkpoint
 
     dcp.save({"w": torch.ones(3), "common_state/shard_0_1": io.BytesIO(b"common")}, checkpoint_id=str(tmp_path))
     (tmp_path / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')

@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InputFileError
-from ..input_files import load_dist_checkpoint, missing_dir, read_json, reading_dist_checkpoint
+from ..input_files import missing_dir, read_json
 from ..output_files import fresh_dir, fsync_tree, replace_dir, writing
+from .dist_files import load_dist_checkpoint, reading_dist_checkpoint
 
 METADATA_FILE = "phf_megatron.json"
 TOKENIZER_DIR = "hf_tokenizer"

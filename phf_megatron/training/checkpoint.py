@@ -39,10 +39,11 @@ import torch
 import torch.distributed as dist
 
 from ..config_errors import fail
+from ..convert.dist_files import load_dist_checkpoint
 from ..errors import InputFileError, NonFiniteError, OutputFileError, SettingsDiffer, write_failure
 from ..input_files import (  # noqa: F401 - META_FILE, iter_dir_name, list_checkpoints, read_latest: re-exported
-    ITER_RE, META_FILE, checkpoint_names, iter_dir_name, list_checkpoints, load_dist_checkpoint, load_torch_file,
-    missing_dir, read_json, read_latest, refuse_unnamed_checkpoints,
+    ITER_RE, META_FILE, checkpoint_names, iter_dir_name, list_checkpoints, load_torch_file, missing_dir, read_json,
+    read_latest, refuse_unnamed_checkpoints,
 )
 from ..output_files import atomic_file, first_nonfinite, fsync_tree, remove, replace_dir, write_json, write_text
 from .checkpoint_parts import SCOPE_LAYOUT_KEYS, Part, PartMismatch, RankLayout, Scope
