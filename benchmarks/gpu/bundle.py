@@ -1,7 +1,7 @@
 """Carry an installed Python tree to a machine without network in parts: strip, pack, assemble.
 
     python benchmarks/gpu/bundle.py strip SITE                      # drop what a dense Qwen3 on Hopper never loads
-    python benchmarks/gpu/bundle.py pack SITE OUT [--part-mib 60]   # tar | xz, cut into parts, manifest.json
+    python benchmarks/gpu/bundle.py pack SITE OUT [--part-mib 60] [--first-part-room-mib 2.5]   # tar | xz, parts
     python benchmarks/gpu/bundle.py assemble OUT TARGET             # check the parts, unpack into TARGET
 
 ``vllm_bundle.sh`` (CPU machine) and ``vllm_bundle_install.sh`` (GPU machine) call these. The
@@ -90,9 +90,25 @@ def _compress(src: str, dst: str, level: int) -> None:
         shutil.copyfileobj(fi, fo, 1 << 20)
 
 
+def part_sizes(total: int, part_bytes: int, first_room: int = 0) -> list[int]:
+    """The sizes ``total`` bytes are cut into: as few parts of at most ``part_bytes`` as hold them, the first
+    ``first_room`` bytes smaller than the rest (room for what lease call 1 carries beside part 00, the megatron-core
+    wheel) and the rest even, so that every call carries about the same."""
+    if not 0 <= 2 * first_room < part_bytes:
+        raise ValueError(f"first_room: {first_room} bytes must lie in [0, half of a part, {part_bytes} bytes)")
+    count = max(1, -(-(total + first_room) // part_bytes))
+    if count == 1:
+        return [total]
+    first = -(-(total + first_room) // count) - first_room   # > 0: the load per call is over half a part
+    rest = total - first
+    share, extra = divmod(rest, count - 1)
+    return [first] + [share + (i < extra) for i in range(count - 1)]
+
+
 def pack(site: str, out_dir: str, *, part_bytes: int = 60 << 20, name: str = "vllm-bundle", level: int = 9,
-         extra: dict | None = None) -> dict:
-    """Tar ``site`` (sorted, owner-free), xz it, cut it into parts of at most ``part_bytes``.
+         extra: dict | None = None, first_room: int = 0) -> dict:
+    """Tar ``site`` (sorted, owner-free), xz it, cut it into parts of at most ``part_bytes`` (``part_sizes``: the
+    first ``first_room`` bytes smaller).
 
     Writes ``out_dir/{name}.tar.xz.partNN`` and ``out_dir/manifest.json`` (part sizes and
     sha256, the whole archive's sha256, unpacked size and file count, plus ``extra``).
@@ -119,14 +135,15 @@ def pack(site: str, out_dir: str, *, part_bytes: int = 60 << 20, name: str = "vl
         _compress(tar_path, xz_path, level)
         parts = []
         with open(xz_path, "rb") as f:
-            for i, chunk in enumerate(iter(lambda: f.read(part_bytes), b"")):
+            for i, size in enumerate(part_sizes(os.path.getsize(xz_path), part_bytes, first_room)):
+                chunk = f.read(size)
                 part = f"{name}.tar.xz.part{i:02d}"
                 with open(os.path.join(out_dir, part), "wb") as p:
                     p.write(chunk)
                 parts.append({"name": part, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
         manifest = {"name": name, "parts": parts, "archive_sha256": _sha256(xz_path),
                     "archive_bytes": os.path.getsize(xz_path), "unpacked_bytes": unpacked, "files": files,
-                    "part_limit_bytes": part_bytes, **(extra or {})}
+                    "part_limit_bytes": part_bytes, "first_part_room_bytes": first_room, **(extra or {})}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return manifest
@@ -191,6 +208,8 @@ def main(argv=None) -> int:
     k.add_argument("site")
     k.add_argument("out_dir")
     k.add_argument("--part-mib", type=float, default=60.0)
+    k.add_argument("--first-part-room-mib", type=float, default=0.0,
+                   help="make the first part this much smaller than the rest (what call 1 carries beside it)")
     k.add_argument("--level", type=int, default=9)
     k.add_argument("--extra", help="a JSON file merged into manifest.json (e.g. the strip record)")
     a = sub.add_parser("assemble")
@@ -207,7 +226,8 @@ def main(argv=None) -> int:
         print(f"removed {sum(r['bytes'] for r in removed) / 2**20:.1f} MiB in all")
     elif args.cmd == "pack":
         extra = json.load(open(args.extra)) if args.extra else None
-        m = pack(args.site, args.out_dir, part_bytes=int(args.part_mib * 2**20), level=args.level, extra=extra)
+        m = pack(args.site, args.out_dir, part_bytes=int(args.part_mib * 2**20), level=args.level, extra=extra,
+                 first_room=int(args.first_part_room_mib * 2**20))
         for part in m["parts"]:
             print(f"{part['name']}  {part['bytes'] / 2**20:.2f} MiB")
         print(f"{len(m['parts'])} parts, {m['archive_bytes'] / 2**20:.1f} MiB xz, "

@@ -41,6 +41,21 @@ def _tree(root):
             for d, _, fs in os.walk(root) for f in fs}
 
 
+@pytest.mark.parametrize("total, part, room", [(120_059_428, 60 << 20, int(1.9 * 2**20)), (100, 60, 0), (100, 60, 29),
+                                               (60, 60, 0), (61, 60, 10), (7, 60, 29), (1000, 60, 20)])
+def test_part_sizes_leave_the_first_part_room_and_share_the_rest(total, part, room):
+    """The lease's call 1 carries the megatron-core wheel beside part 00, call 2 only math-verify: even parts left
+    call 1 0.5 MiB under the run tool's 64 MiB and call 2 2.5 MiB; part 00 smaller by the difference evens them."""
+    sizes = bundle.part_sizes(total, part, room)
+    assert sum(sizes) == total and max(sizes) <= part and min(sizes) > 0
+    assert len(sizes) == max(1, -(-(total + room) // part))   # as few parts as hold the total and the room
+    if len(sizes) > 1:
+        loads = [sizes[0] + room, *sizes[1:]]   # what each call carries of the bundle and beside it
+        assert max(loads) - min(loads) <= len(sizes)
+    with pytest.raises(ValueError, match="first_room"):
+        bundle.part_sizes(total, part, part // 2)
+
+
 def test_strip_pack_and_assemble_round_trip_in_parts_under_the_limit(tmp_path):
     whl = tmp_path / "vllm-0.0.1-cp38-abi3-linux_x86_64.whl"
     _wheel(whl)
@@ -63,6 +78,13 @@ def test_strip_pack_and_assemble_round_trip_in_parts_under_the_limit(tmp_path):
 
     bundle.assemble(str(out), str(tmp_path / "target"))
     assert _tree(tmp_path / "target") == files
+    room = 20 << 10   # part 00 smaller by this: the same tree again
+    roomy = bundle.pack(str(site), str(tmp_path / "roomy"), part_bytes=limit, level=1, first_room=room)
+    sizes = [p["bytes"] for p in roomy["parts"]]
+    assert sum(sizes) == roomy["archive_bytes"] == manifest["archive_bytes"] and max(sizes) <= limit
+    assert abs(sizes[0] + room - sizes[1]) <= len(sizes) and max(sizes[1:]) - min(sizes[1:]) <= 1
+    bundle.assemble(str(tmp_path / "roomy"), str(tmp_path / "roomy_target"))
+    assert _tree(tmp_path / "roomy_target") == files
 
     part = out / manifest["parts"][1]["name"]
     part.write_bytes(part.read_bytes()[:-1])
