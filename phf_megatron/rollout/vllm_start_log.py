@@ -7,7 +7,9 @@ start.")``; a worker process's "WorkerProc failed to start." likewise) to a cons
 default. :func:`start_log_environ` starts the engine with vLLM's own logging configuration
 (``VLLM_LOGGING_CONFIG_PATH``: its default, read in this process, plus a file handler for its errors), so every
 error the engine's processes log lands in ``engine_errors.log`` of a fresh directory, each exception followed by
-one line of our own (``EngineErrorFormatter``); :func:`engine_error` reads the first of them back. A user's own
+one line of our own (``EngineErrorFormatter``); :func:`engine_error` reads back the first a process logged as its
+failed start (an earlier error logged and gone past, vLLM's "Error saving model info cache.", is not the cause), else
+the first of them. A user's own
 ``VLLM_LOGGING_CONFIG_PATH`` or ``VLLM_CONFIGURE_LOGGING=0`` is kept: the cause is then not caught (the line
 says "in the log above", as before).
 
@@ -32,22 +34,25 @@ from .errors import EngineProcessError, VLLMStartError, one_line
 
 #: the log file's name in the directory ``start_log_environ`` was given
 LOG_NAME = "engine_errors.log"
-#: what starts our one-line summary of a logged exception in that file
+#: what starts our one-line summary of a logged exception in that file, and of one logged as a failed start
 _MARK = "phf-engine-error: "
+_FAILED_START_MARK = "phf-engine-failed-start: "
 #: how an engine process's log of its own failed start ends (0.24-0.33: ``run_engine_core``'s "EngineCore failed to
 #: start.", ``WorkerProc.worker_main``'s "WorkerProc failed to start."); the process then ends
 _FAILED_START = "failed to start."
 
 
 class EngineErrorFormatter(logging.Formatter):
-    """vLLM's record as ``logging`` formats it, and after a logged exception one line: ``<mark><Type>: <message>``
-    (imported by vLLM's ``dictConfig`` in the engine's processes)."""
+    """vLLM's record as ``logging`` formats it, and after a logged exception one line: ``<mark><Type>: <message>``,
+    the mark ``_FAILED_START_MARK`` when the record says a failed start (imported by vLLM's ``dictConfig`` in the
+    engine's processes)."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         if record.exc_info and record.exc_info[1] is not None:
             err = record.exc_info[1]
-            text += f"\n{_MARK}{type(err).__name__}: {one_line(err)}"
+            mark = _FAILED_START_MARK if record.getMessage().endswith(_FAILED_START) else _MARK
+            text += f"\n{mark}{type(err).__name__}: {one_line(err)}"
         return text
 
 
@@ -146,15 +151,18 @@ def drop_unsaid_logs(log_dirs: list[str], line: str) -> None:
 
 
 def engine_error(log_dir: str) -> Exception | None:
-    """The first exception the engine's processes logged under ``log_dir``, rebuilt: a built-in exception type as
-    itself (``ValueError``), another as ``EngineProcessError`` naming it; None when none was logged."""
+    """The first exception the engine's processes logged under ``log_dir`` as a failed start, else the first logged,
+    rebuilt: a built-in exception type as itself (``ValueError``), another as ``EngineProcessError`` naming it; None
+    when none was logged."""
     try:
         with open(os.path.join(log_dir, LOG_NAME)) as f:
-            said = next((line[len(_MARK):].rstrip("\n") for line in f if line.startswith(_MARK)), None)
+            marked = [line.rstrip("\n") for line in f if line.startswith((_FAILED_START_MARK, _MARK))]
     except OSError:
         return None
-    if said is None:
+    line = next((m for m in marked if m.startswith(_FAILED_START_MARK)), marked[0] if marked else None)
+    if line is None:
         return None
+    said = line.partition(": ")[2]
     name, _, message = said.partition(": ")
     cls = getattr(builtins, name, None)
     if isinstance(cls, type) and issubclass(cls, Exception):

@@ -5,6 +5,8 @@ cache; only its ``destroy_model_parallel`` is made to raise."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from phf_megatron.rollout.errors import VLLMStartError
@@ -106,31 +108,64 @@ def test_a_user_s_own_vllm_logging_is_kept(tmp_path):
 
 
 
+@contextlib.contextmanager
+def _engine_error_logger(log_dir):
+    """A logger with the engine's error-file handler, as vLLM's ``dictConfig`` builds it from ``start_log_environ``."""
+    import json
+    import logging
+    import logging.config
+
+    from phf_megatron.rollout.vllm_start_log import start_log_environ
+
+    with open(start_log_environ(str(log_dir), environ={})["VLLM_LOGGING_CONFIG_PATH"]) as f:
+        configurator = logging.config.DictConfigurator(json.load(f))
+    formatters = configurator.config["formatters"]
+    formatters["phf_engine_errors"] = configurator.configure_formatter(formatters["phf_engine_errors"])
+    handler = configurator.configure_handler(configurator.config["handlers"]["phf_engine_errors"])
+    logger = logging.getLogger("phf_test.engine_errors")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
 def test_an_engine_s_later_error_after_its_log_directory_was_dropped_is_no_error(tmp_path):
     """A started engine's log directory is dropped, but its processes (and on vLLM 0.32 the trainer: ``LLM`` applies
     the configuration in the parent too) keep the file handler: a vLLM error logged later raised FileNotFoundError
     from the logging call itself (the handler opens its file at the first error)."""
     pytest.importorskip("vllm")
-    import json
-    import logging
-    import logging.config
-
-    from phf_megatron.rollout.vllm_start_log import drop_log_dir, start_log_environ
+    from phf_megatron.rollout.vllm_start_log import drop_log_dir
 
     log_dir = tmp_path / "start"
     log_dir.mkdir()
-    with open(start_log_environ(str(log_dir), environ={})["VLLM_LOGGING_CONFIG_PATH"]) as f:
-        configurator = logging.config.DictConfigurator(json.load(f))   # the handler as dictConfig builds it
-    formatters = configurator.config["formatters"]
-    formatters["phf_engine_errors"] = configurator.configure_formatter(formatters["phf_engine_errors"])
-    handler = configurator.configure_handler(configurator.config["handlers"]["phf_engine_errors"])
-    logger = logging.getLogger("phf_test.engine_after_start")
-    logger.propagate = False
-    logger.addHandler(handler)
-    try:
+    with _engine_error_logger(log_dir) as logger:
         drop_log_dir(str(log_dir))
         logger.error("a request failed")   # raised FileNotFoundError before
         assert not log_dir.exists()
-    finally:
-        logger.removeHandler(handler)
-        handler.close()
+
+
+def _log_exception(logger, err: Exception, message: str) -> None:
+    try:
+        raise err
+    except type(err):
+        logger.exception(message)
+
+
+def test_an_error_the_engine_logged_and_went_past_is_not_its_failed_start_s_cause(tmp_path):
+    """vLLM logs some errors with their traceback and goes on (0.32's parent, whose log the file gets too: "Error
+    saving model info cache." when VLLM_CACHE_ROOT is not writable; on a GPU without NVLink "NVLink detection
+    failed."): the line said that first error (NotADirectoryError: ... modelinfos) instead of the failed start's
+    own (no room for the KV cache). Now the error logged as the failed start is the one read; without one, the
+    first logged still is."""
+    pytest.importorskip("vllm")
+    from phf_megatron.rollout.vllm_start_log import engine_error
+
+    with _engine_error_logger(tmp_path) as logger:
+        _log_exception(logger, NotADirectoryError("Not a directory: 'cache/modelinfos'"), "Error saving model info cache.")
+        assert repr(engine_error(str(tmp_path))) == repr(NotADirectoryError("Not a directory: 'cache/modelinfos'"))
+        _log_exception(logger, ValueError("No available memory for the cache blocks."), "EngineCore failed to start.")
+        _log_exception(logger, RuntimeError("Worker proc died"), "EngineCore failed to start.")
+    assert repr(engine_error(str(tmp_path))) == repr(ValueError("No available memory for the cache blocks."))
