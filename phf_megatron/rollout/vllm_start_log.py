@@ -71,11 +71,13 @@ class EngineErrorFileHandler(logging.FileHandler):
 class FailedStartFilter(logging.Filter):
     """A quiet run's filter on vLLM's console handler: an engine process that logs its failed start (not
     ``starter_pid``, the process that started the engine, which vLLM 0.32 configures too) sends nothing more to the
-    console, and its stderr to the log file (``log_dir``), to its end: the starter's line says the error."""
+    console, and its stderr to the log file (``log_dir``), to its end: the starter's line says the error. The
+    handler lets ERROR records through to it (``_at_most_error``); ``level``, the console's own (``VLLM_LOGGING_LEVEL``,
+    CRITICAL too), is applied here."""
 
-    def __init__(self, log_dir: str, starter_pid: int):
+    def __init__(self, log_dir: str, starter_pid: int, level: int = logging.NOTSET):
         super().__init__()
-        self.log_dir, self.starter_pid = log_dir, starter_pid
+        self.log_dir, self.starter_pid, self.level = log_dir, starter_pid, level
         self.failed = False
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -83,7 +85,7 @@ class FailedStartFilter(logging.Filter):
                 and record.getMessage().endswith(_FAILED_START)):
             self.failed = True
             _stderr_to(os.path.join(self.log_dir, LOG_NAME))
-        return not self.failed
+        return not self.failed and record.levelno >= self.level
 
 
 def _stderr_to(path: str) -> None:
@@ -116,16 +118,28 @@ def start_log_environ(log_dir: str, environ=os.environ, quiet: bool = False) -> 
                                                    "filename": os.path.join(log_dir, LOG_NAME),
                                                    "formatter": "phf_engine_errors"}
         config["loggers"]["vllm"]["handlers"].append("phf_engine_errors")
+        config["loggers"]["vllm"]["level"] = _at_most_error(config["loggers"]["vllm"]["level"])   # the file's errors
         if quiet:
-            config.setdefault("filters", {})["phf_failed_start"] = {"()": f"{__name__}.FailedStartFilter",
-                                                                    "log_dir": log_dir, "starter_pid": os.getpid()}
-            config["handlers"]["vllm"].setdefault("filters", []).append("phf_failed_start")
+            console = config["handlers"]["vllm"]
+            config.setdefault("filters", {})["phf_failed_start"] = {
+                "()": f"{__name__}.FailedStartFilter", "log_dir": log_dir, "starter_pid": os.getpid(),
+                "level": logging.getLevelName(console["level"])}
+            console["level"] = _at_most_error(console["level"])   # the failed start's record reaches the filter
+            console.setdefault("filters", []).append("phf_failed_start")
         path = os.path.join(log_dir, "vllm_logging.json")
         with open(path, "w") as f:
             json.dump(config, f)
     except Exception:   # noqa: BLE001 - another vLLM's layout: the engine starts with its own logging
         return {}
     return {"VLLM_LOGGING_CONFIG_PATH": path}
+
+
+def _at_most_error(level: str) -> str:
+    """``level`` (a ``logging`` level's name, ``VLLM_LOGGING_LEVEL``'s), or ERROR when it is above (CRITICAL: the
+    logger and the quiet console's handler then dropped the failed start's record, which the file and
+    ``FailedStartFilter`` need: the line said the error was "in the log above", multiprocessing's traceback printed)."""
+    number = logging.getLevelName(level)
+    return "ERROR" if isinstance(number, int) and number > logging.ERROR else level
 
 
 def new_log_dir() -> str:

@@ -6,6 +6,7 @@ cache; only its ``destroy_model_parallel`` is made to raise."""
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 
@@ -44,21 +45,30 @@ def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_d
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("quiet", [True, False])
+@pytest.mark.parametrize("quiet, level", [(True, None), (False, None), (True, "CRITICAL")])
 def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, tmp_path, monkeypatch, capfd,
-                                                                              quiet):
+                                                                              quiet, level):
     """vLLM's parent of a spawned engine process only raises "Engine core initialization failed"; the cause (here
     no room for one KV cache block) was in the process's log alone. The line now says it and names the file that
     keeps the process's errors with their tracebacks, the one start directory kept. A quiet run (the commands'
     default) prints no traceback of the engine's processes (vLLM's log of the error on stdout, multiprocessing's
-    copy on stderr: both were printed); a verbose one prints them as vLLM does."""
+    copy on stderr: both were printed); a verbose one prints them as vLLM does. ``VLLM_LOGGING_LEVEL=CRITICAL``
+    (vLLM's configuration built under it) dropped the failed start's ERROR record before the file and the quiet
+    filter saw it: multiprocessing's traceback printed, and the line said the error was "in the log above"."""
     pytest.importorskip("vllm")
     import re
     import tempfile
 
+    import vllm.logger
+
     from phf_megatron.rollout.vllm_engine import VLLMEngine
     from phf_megatron.startup import QUIET_ENV
 
+    if level is not None:   # as vllm.logger builds it when VLLM_LOGGING_LEVEL is set before vLLM is imported
+        config = copy.deepcopy(vllm.logger.DEFAULT_LOGGING_CONFIG)
+        config["handlers"]["vllm"]["level"] = config["loggers"]["vllm"]["level"] = level
+        monkeypatch.setattr(vllm.logger, "DEFAULT_LOGGING_CONFIG", config)
+        monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if quiet:
         monkeypatch.setenv(QUIET_ENV, "1")
