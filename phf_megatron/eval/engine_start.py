@@ -14,7 +14,7 @@ import signal
 from phf_megatron.rollout import EngineConfig, RolloutEngine, build_engine
 from phf_megatron.rollout.errors import RolloutEngineError, VLLMStartError, one_line
 from phf_megatron.rollout.gpu_memory import VLLM_FREE_MEMORY_MESSAGE, VLLM_KV_CACHE_MESSAGES, VLLM_SPAWNED_START_FAILURE
-from phf_megatron.rollout.start_errors import BUGS, refused_keyword
+from phf_megatron.rollout.start_errors import engine_bug, refused_keyword
 from phf_megatron.rollout.vllm_start_log import described, drop_unsaid_logs, kept_logs
 from phf_megatron.rollout.vllm_worker import arch_fields
 
@@ -41,7 +41,7 @@ def start_engine(out_dir: str, engine_config: EngineConfig) -> RolloutEngine:
             told = ConfigError("engine_kwargs", f"vllm_kwargs: {said}")
         elif type(err) is ValueError and (setting := as_config_error(err, ENGINE_KWARGS_FIELDS)) is not None:
             told = ConfigError("engine_kwargs", f"{setting.key}: {setting.detail}")
-        elif isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
+        elif isinstance(err, RolloutEngineError) and not engine_bug(err):
             why = vllm_start_failure(err, engine_config) if isinstance(err, VLLMStartError) else one_line(err)
             told = RunStopped(f"the engine did not start: {why}; {samples_kept(out_dir)}")
         else:

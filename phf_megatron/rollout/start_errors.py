@@ -9,7 +9,7 @@ import sys
 import typing
 
 from ..errors import error_chain
-from .errors import one_line
+from .errors import VLLMStartError, one_line
 from .gpu_memory import VLLM_KV_CACHE_MESSAGES
 
 #: vLLM's own ``TypeError`` for a keyword ``vllm.LLM`` does not take (0.24-0.33: ``EngineArgs.__init__()``).
@@ -17,8 +17,17 @@ _UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
 #: The types a keyword's declared type (``vllm.engine.arg_utils.EngineArgs``) may be a union of for
 #: ``mistyped_keyword`` to check a value against it; vLLM converts richer ones (an enum, a config) its own way.
 _SCALARS = {int, float, bool, str, type(None)}
-#: an error the engine raised that says a bug, not the machine: its traceback stays.
-BUGS = (TypeError, AttributeError, NameError, LookupError, AssertionError, NotImplementedError, ImportError)
+#: an error the engine raised that says a bug, not the machine: its traceback stays (``engine_bug``).
+_BUGS = (TypeError, AttributeError, NameError, LookupError, AssertionError, NotImplementedError, ImportError)
+
+
+def engine_bug(err: BaseException) -> bool:
+    """True when the engine's start failed on an error that says a bug (``_BUGS``): ``err``'s cause, or a spawned
+    engine process's own error as its log said it (``VLLMStartError.engine_error``: the cause is then vLLM's
+    "Engine core initialization failed", and a ``TypeError`` the engine core raised was told as the engine's own
+    failure, "rerun the same command to resume", where the in-process engine's kept its traceback)."""
+    own = err.engine_error if isinstance(err, VLLMStartError) else None
+    return isinstance(own if own is not None else err.__cause__, _BUGS)
 
 
 def refused_keyword(err: BaseException, vllm_kwargs: dict) -> str | None:

