@@ -35,9 +35,10 @@ engine sleeps wakes it first (sleeping weights are unmapped). For a separate vLL
 ``server_engine.py``.
 
 Start-up environment: ``vllm_environ.engine_start_environ`` (set for the start only); a spawned engine's
-processes also log their errors to a file (``vllm_start_log``), whose first error a failed start's line says
-(vLLM's parent only raises "Engine core initialization failed"; a quiet run prints no traceback of theirs). Shutdown:
-``vllm_shutdown.shut_down`` (an in-process engine's memory given back at once, the trainer's group kept).
+processes also log their errors to a file (``vllm_start_log``), whose failed start's error the line says (vLLM's
+parent only raises "Engine core initialization failed"; a quiet run prints no traceback of theirs), and its ZMQ
+sockets go in a directory of its own, dropped when it closes or fails to start (``vllm_environ.new_socket_dir``).
+Shutdown: ``vllm_shutdown.shut_down`` (an in-process engine's memory given back at once, the trainer's group kept).
 
 A spawned engine process that exits (killed, crashed) fails the call waiting on it with
 :class:`EngineDiedError` giving its exit code, at once: vLLM 0.32's own monitor marks the client
@@ -69,7 +70,7 @@ from .engine import RolloutEngine
 from .errors import EngineDiedError, VLLMStartError
 from .gpu_memory import explain_start_failure, release_cached_memory
 from .types import FINISH_LENGTH, FINISH_STOP, Completion, SamplingParams
-from .vllm_environ import engine_start_environ, scoped_environ
+from .vllm_environ import drop_socket_dir, engine_start_environ, new_socket_dir, scoped_environ
 from .vllm_progress import finished_requests
 from .vllm_shutdown import default_group_exists, forget_failed_start, shut_down
 from .vllm_start_log import LOG_NAME, drop_log_dir, engine_error, new_log_dir, start_log_environ
@@ -154,6 +155,9 @@ class VLLMEngine(RolloutEngine):
         self._joined_default_group = self.in_process and default_group_exists()
         precision = torch.get_float32_matmul_precision()
         log_dir = None if self.in_process else new_log_dir()   # a spawned engine's errors: its parent's line says them
+        self._socket_dir = None if self.in_process else new_socket_dir()   # its ZMQ sockets: dropped with it
+        if self._socket_dir:
+            env["VLLM_RPC_BASE_PATH"] = self._socket_dir
         kept = None
         try:
             from vllm import LLM
@@ -171,6 +175,8 @@ class VLLMEngine(RolloutEngine):
             torch.set_float32_matmul_precision(precision)
             if log_dir and log_dir != kept:   # started, interrupted (Ctrl-C), or no error logged: nothing to say
                 drop_log_dir(log_dir)
+            if "llm" not in self.__dict__:   # failed or interrupted: its processes are gone
+                drop_socket_dir(self.__dict__.pop("_socket_dir"))
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._tied_embedding_name = next(iter(self.spec.tied_aliases.values()), None)
         self._embedding_reloaded = False
@@ -318,6 +324,7 @@ class VLLMEngine(RolloutEngine):
             return
         shut_down(llm, in_process=self.in_process,
                   keep_default_group=self.__dict__.get("_joined_default_group", False))
+        drop_socket_dir(self.__dict__.pop("_socket_dir", None))
         reaper = self.__dict__.pop("_reaper", None)
         if reaper is not None:
             reaper.close()

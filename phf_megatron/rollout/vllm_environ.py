@@ -11,16 +11,47 @@ encoder reads it in this process at every call. A spawned engine on GPU
 gets an explicit ``CUDA_VISIBLE_DEVICES`` starting at this process's device, and CUDA-IPC
 handles carry the *physical* device, which each worker maps into its own numbering
 (``vllm_worker.local_device_index``).
+
+A spawned engine's ZMQ sockets (vLLM 0.32: seven ``ipc://<VLLM_RPC_BASE_PATH>/<uuid4>`` files, the base the temporary
+directory by default) were left there after every start, failed or closed: they go in a directory of the engine's
+own (``new_socket_dir``), dropped when the start fails or the engine closes, so that another process's sockets in
+the temporary directory are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 
 import torch
 
 from .vllm_worker import visible_devices
+
+
+#: the longest path a Unix socket may have (``sockaddr_un``: 108 bytes with the NUL); vLLM names its sockets
+#: ``<VLLM_RPC_BASE_PATH>/<uuid4>`` (36 characters)
+_SOCKET_PATH_MAX = 107
+
+
+def new_socket_dir(environ=os.environ) -> str | None:
+    """A fresh directory for a spawned engine's ZMQ sockets (``VLLM_RPC_BASE_PATH`` while it starts), or None: a
+    ``VLLM_RPC_BASE_PATH`` the user set is kept, and so is vLLM's default where this directory's socket paths would
+    be too long (a long ``TMPDIR``)."""
+    if environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    path = tempfile.mkdtemp(prefix="phf_vllm_ipc_")
+    if len(os.path.join(path, "0" * 36)) > _SOCKET_PATH_MAX:
+        drop_socket_dir(path)
+        return None
+    return path
+
+
+def drop_socket_dir(path: str | None) -> None:
+    """Drop ``new_socket_dir``'s directory (None: none was made) with the sockets the engine left in it."""
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def engine_visible_devices(current_device: int, tensor_parallel_size: int, environ=os.environ) -> str:

@@ -31,6 +31,35 @@ def vllm_readable_tensors(names, *, vllm_on_cpu: bool = not torch.cuda.is_availa
     return sum(name.rpartition(".")[0].rpartition(".")[2] not in CPU_PREPACKED_PROJECTIONS for name in names)
 
 
+@pytest.fixture
+def short_tmp():
+    """A temporary directory under /tmp short enough for the engine's socket directory in it (``tmp_path``'s paths
+    are longer than a Unix socket's may be: ``vllm_environ.new_socket_dir`` then keeps vLLM's default)."""
+    import pathlib
+    import shutil
+    import tempfile
+
+    path = pathlib.Path(tempfile.mkdtemp(prefix="phf_t_", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def unix_sockets(directory) -> list[str]:
+    """The Unix socket files under ``directory`` (a ``pathlib.Path``), relative to it, sorted."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_socket())
+
+
+def another_process_s_socket(directory) -> str:
+    """A Unix socket file in ``directory`` that no engine made (a ZMQ socket of another process's vLLM)."""
+    import socket
+    import uuid
+
+    name = str(uuid.uuid4())
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(directory / name))
+    return name
+
+
 @pytest.fixture(scope="session")
 def tiny_tied_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_qwen3_tied")

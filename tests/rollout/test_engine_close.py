@@ -2,17 +2,19 @@
 
 Its device memory (the model runner, the layers vLLM's reload records kept, the KV cache) is free
 when ``close()`` returns, and the process group it joined (the trainer's) survives it: vLLM ends its
-shutdown by destroying the default process group.
+shutdown by destroying the default process group. A spawned engine's ZMQ sockets go with it too.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from phf_megatron.rollout import sync_weights
 
-from .conftest import HAS_VLLM, start_engine
+from .conftest import HAS_VLLM, another_process_s_socket, start_engine, unix_sockets
 
 
 @pytest.mark.vllm
@@ -72,3 +74,46 @@ def test_close_leaves_the_trainers_process_group_and_ends_vllms_own(tiny_dir, tr
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+def test_a_closed_spawned_engine_leaves_none_of_its_sockets_in_the_temporary_directory(tiny_dir, short_tmp,
+                                                                                       monkeypatch):
+    """A spawned engine's ZMQ sockets (vLLM 0.32: seven ``<temporary directory>/<uuid4>`` files) were left behind
+    by every engine closed (and every failed start), piling up in /tmp; now they are in a directory of the engine's
+    own, gone with it, and another process's socket in the temporary directory stays."""
+    import tempfile
+
+    from phf_megatron.rollout.vllm_engine import VLLMEngine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
+    monkeypatch.setenv("TMPDIR", str(short_tmp))   # (the engine's processes' temporary directory)
+    other = another_process_s_socket(short_tmp)
+    engine = VLLMEngine(tiny_dir, dtype="float32", separate_process=True)
+    try:
+        assert len(unix_sockets(short_tmp)) > 1   # (the engine's, while it runs)
+    finally:
+        engine.close()
+    assert unix_sockets(short_tmp) == [other]
+
+
+def test_a_user_s_socket_base_is_kept_and_so_is_vllm_s_default_where_the_engine_s_would_be_too_long(tmp_path,
+                                                                                                   monkeypatch):
+    """The engine's socket directory is not made when the user set ``VLLM_RPC_BASE_PATH``, nor in a temporary
+    directory so long that a socket in it would pass a Unix socket's 107 bytes (vLLM could not bind it)."""
+    import tempfile
+
+    from phf_megatron.rollout.vllm_environ import new_socket_dir
+
+    assert new_socket_dir(environ={"VLLM_RPC_BASE_PATH": "/mine"}) is None
+    long = tmp_path / ("d" * max(1, 70 - len(str(tmp_path))))   # vLLM's own <tmp>/<uuid4>: 107 bytes at most
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert new_socket_dir(environ={}) is None and not list(long.iterdir())
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    short = new_socket_dir(environ={})
+    try:
+        assert short is not None and os.path.dirname(short) == "/tmp"
+    finally:
+        os.rmdir(short)

@@ -12,6 +12,8 @@ import pytest
 
 from phf_megatron.rollout.errors import VLLMStartError
 
+from .conftest import another_process_s_socket, unix_sockets
+
 
 def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_dir, monkeypatch):
     pytest.importorskip("vllm")
@@ -46,11 +48,12 @@ def test_a_failed_cleanup_after_a_failed_start_leaves_the_starts_one_line(tiny_d
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("quiet, level", [(True, None), (False, None), (True, "CRITICAL")])
-def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, tmp_path, monkeypatch, capfd,
+def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(tiny_dir, short_tmp, monkeypatch, capfd,
                                                                               quiet, level):
     """vLLM's parent of a spawned engine process only raises "Engine core initialization failed"; the cause (here
     no room for one KV cache block) was in the process's log alone. The line now says it and names the file that
-    keeps the process's errors with their tracebacks, the one start directory kept. A quiet run (the commands'
+    keeps the process's errors with their tracebacks, the one start directory kept (and none of vLLM's sockets,
+another process's kept). A quiet run (the commands'
     default) prints no traceback of the engine's processes (vLLM's log of the error on stdout, multiprocessing's
     copy on stderr: both were printed); a verbose one prints them as vLLM does. ``VLLM_LOGGING_LEVEL=CRITICAL``
     (vLLM's configuration built under it) dropped the failed start's ERROR record before the file and the quiet
@@ -69,7 +72,9 @@ def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(ti
         config["handlers"]["vllm"]["level"] = config["loggers"]["vllm"]["level"] = level
         monkeypatch.setattr(vllm.logger, "DEFAULT_LOGGING_CONFIG", config)
         monkeypatch.setenv("VLLM_LOGGING_LEVEL", level)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
+    monkeypatch.setenv("TMPDIR", str(short_tmp))   # (the engine's processes' temporary directory)
+    other = another_process_s_socket(short_tmp)
     if quiet:
         monkeypatch.setenv(QUIET_ENV, "1")
     else:
@@ -84,9 +89,10 @@ def test_a_spawned_engine_s_failed_start_says_its_own_error_and_keeps_its_log(ti
     assert "\n" not in line and "Engine core initialization failed" not in line, line
     log = re.search(r"its errors: (\S+)/engine_errors\.log\)$", line)
     assert log and err.value.log_dir == log.group(1), line
-    assert [str(p) for p in tmp_path.glob("phf_vllm_start_*")] == [log.group(1)]
+    assert [str(p) for p in short_tmp.glob("phf_vllm_start_*")] == [log.group(1)]
     with open(f"{log.group(1)}/engine_errors.log") as f:
         assert "Traceback" in f.read()
+    assert unix_sockets(short_tmp) == [other]   # vLLM's 7 ZMQ sockets were left; another process's stays
 
 
 def test_a_spawned_engine_s_start_interrupted_leaves_no_log_directory(tiny_dir, tmp_path, monkeypatch):
