@@ -127,12 +127,16 @@ def gpu_names(gpus: list[str]) -> str:
     return ",".join(gpus)
 
 
+def named_worker(rank: int, gpus: list[str] | None, also: str = "") -> str:
+    """``data-parallel worker eval-dp1 (GPU 1)``, ``also`` said in the parentheses after its GPUs."""
+    return f"data-parallel worker {worker_name(rank)} ({gpu_names(gpus) if gpus else 'no GPU'}{also})"
+
+
 def killed_worker(rank: int, signum: int, gpus: list[str] | None) -> str:
     """``data-parallel worker eval-dp1 (GPU 1) was killed by SIGKILL (out of memory? ...)``: a worker a signal ended
     (it sent no line: no Python ran)."""
-    where = gpu_names(gpus) if gpus else "no GPU"
     name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
-    return (f"data-parallel worker {worker_name(rank)} ({where}) was killed by {name}"
+    return (f"{named_worker(rank, gpus)} was killed by {name}"
             + (" (out of memory? the kernel's OOM killer sends it)" if signum == signal.SIGKILL else ""))
 
 
@@ -140,7 +144,9 @@ def workers_failed(said: dict[int, tuple], exit_codes: dict[int, int], gpus: lis
                    out_dir: str) -> Exception:
     """What the parent raises when data-parallel workers exited non-zero (``exit_codes``, by rank; ``gpus``: each
     rank's), ``said``: the one lines they sent, by rank: the single-worker eval's line (a setting's before another
-    user error's before the engines' own failure, the lowest rank's), a ``RuntimeError`` when a worker failed
+    user error's before the engines' own failure, the lowest rank's; the engines' own failure names its worker and
+    how many others failed: the other workers' lines, and the engine logs they name, are not said), a
+    ``RuntimeError`` when a worker failed
     without one (a bug: the worker printed its traceback), a ``RunStopped`` naming the workers a signal killed
     (the OOM killer's SIGKILL: no line, no traceback), the samples in ``out_dir`` kept, unless another worker said
     a setting's or a user error's line (that one: the rerun its line asks for would stop on it)."""
@@ -152,5 +158,9 @@ def workers_failed(said: dict[int, tuple], exit_codes: dict[int, int], gpus: lis
     if silent and all(kind == "stopped" for kind, *_ in said.values()):
         killed = "; ".join(killed_worker(rank, -code, gpus[rank]) for rank, code in sorted(silent.items()))
         return RunStopped(f"{killed}; {samples_kept(out_dir)}")
-    _, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
+    rank, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
+    if kind == "stopped":   # (a setting's or a user error's line is every worker's)
+        others = len(exit_codes) - 1
+        also = f"; {others} other worker{'s' if others > 1 else ''} failed too" if others else ""
+        return RunStopped(f"{named_worker(rank, gpus[rank], also)}: {args[0]}")
     return kinds[kind](*args)

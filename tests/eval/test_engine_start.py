@@ -117,13 +117,15 @@ def test_the_evals_free_memory_refusal_names_its_own_flag():
 @pytest.mark.parametrize("engine_kwargs, error, line", [
     ({"vllm_kwargs": {"max_num_seqs": -1}}, ConfigError,
      "--engine_kwargs: vllm_kwargs: max_num_seqs: -1: vLLM refused it: Input should be greater than or equal to 1"),
-    ({"kv_cache_bytes": 1}, RunStopped, "the engine did not start: vLLM could not start on '{model}': "),
+    ({"kv_cache_bytes": 1}, RunStopped, "data-parallel worker eval-dp0 (no GPU; 1 other worker failed too): the engine "
+                                        "did not start: vLLM could not start on '{model}': "),
 ])
 def test_a_data_parallel_workers_start_failure_is_the_same_one_line(tmp_path, tiny_dir, problems, engine_kwargs, error,
                                                                     line, capfd):
     """Two data-parallel workers (spawned, one engine each): a setting vLLM refuses is the single-worker eval's line
-    (exit code 2), the engine's own failure too (exit code 1), and no worker prints a traceback (before: each
-    worker's traceback, then the parent's RuntimeError 'data-parallel workers failed (exit codes ...)')."""
+    (exit code 2), the engine's own failure too (exit code 1), naming the worker it is of and how many others failed,
+    and no worker prints a traceback (before: each worker's traceback, then the parent's RuntimeError 'data-parallel
+    workers failed (exit codes ...)')."""
     pytest.importorskip("vllm")
     config = dataclasses.replace(_config(str(tmp_path / "run"), tiny_dir, problems), backend="vllm", data_parallel=2,
                                  engine_kwargs=engine_kwargs)
@@ -158,7 +160,11 @@ def test_the_parent_says_a_setting_first_and_a_worker_without_a_line_is_a_bug():
                          gpus, "/run")
     assert isinstance(err, ConfigError) and err.line == "--engine_kwargs: bad"
     err = workers_failed({1: ("stopped", "b"), 0: ("stopped", "a")}, codes, gpus, "/run")
-    assert isinstance(err, RunStopped) and str(err) == "a"   # the lowest rank's
+    # the lowest rank's, named, and how many others failed (was "a" alone: one worker's line, none named)
+    assert isinstance(err, RunStopped) and str(err) == ("data-parallel worker eval-dp0 (GPU 0; 1 other worker failed "
+                                                        "too): a")
+    err = workers_failed({1: ("stopped", "b")}, {1: 1}, [["0"], ["1"], ["2"]], "/run")   # eval-dp1 alone failed
+    assert isinstance(err, RunStopped) and str(err) == "data-parallel worker eval-dp1 (GPU 1): b"
     err = workers_failed({0: ("stopped", "a")}, codes, gpus, "/run")   # eval-dp1 failed without one: its traceback is out
     assert type(err) is RuntimeError and "exit codes {'eval-dp0': 1, 'eval-dp1': 2}" in str(err)
     err = workers_failed({}, {1: -15, 2: -9}, [["0"], ["1"], ["2", "3"]], "/run")   # signals: no line, no traceback
