@@ -148,19 +148,20 @@ def workers_failed(said: dict[int, tuple], exit_codes: dict[int, int], gpus: lis
     how many others failed: the other workers' lines, and the engine logs they name, are not said), a
     ``RuntimeError`` when a worker failed
     without one (a bug: the worker printed its traceback), a ``RunStopped`` naming the workers a signal killed
-    (the OOM killer's SIGKILL: no line, no traceback), the samples in ``out_dir`` kept, unless another worker said
-    a setting's or a user error's line (that one: the rerun its line asks for would stop on it)."""
+    (the OOM killer's SIGKILL: no line, no traceback) before the engines' own failure when there is one, the samples
+    in ``out_dir`` kept, unless another worker said a setting's or a user error's line (that one: the rerun its line
+    asks for would stop on it)."""
     silent = {rank: code for rank, code in exit_codes.items() if rank not in said}
     if any(code > 0 for code in silent.values()):
         codes = {worker_name(rank): code for rank, code in exit_codes.items()}
         return RuntimeError(f"data-parallel workers failed (exit codes {codes}); rerun to resume")
     kinds = {"setting": ConfigError, "user": UserError, "stopped": RunStopped}
-    if silent and all(kind == "stopped" for kind, *_ in said.values()):
-        killed = "; ".join(killed_worker(rank, -code, gpus[rank]) for rank, code in sorted(silent.items()))
-        return RunStopped(f"{killed}; {samples_kept(out_dir)}")
+    killed = "".join(f"{killed_worker(rank, -code, gpus[rank])}; " for rank, code in sorted(silent.items()))
+    if not said:
+        return RunStopped(f"{killed}{samples_kept(out_dir)}")
     rank, (kind, *args) = min(said.items(), key=lambda rank_said: (list(kinds).index(rank_said[1][0]), rank_said[0]))
     if kind == "stopped":   # (a setting's or a user error's line is every worker's)
-        others = len(exit_codes) - 1
+        others = len(said) - 1   # (the killed workers are named before it)
         also = f"; {others} other worker{'s' if others > 1 else ''} failed too" if others else ""
-        return RunStopped(f"{named_worker(rank, gpus[rank], also)}: {args[0]}")
+        return RunStopped(f"{killed}{named_worker(rank, gpus[rank], also)}: {args[0]}")
     return kinds[kind](*args)

@@ -197,6 +197,26 @@ def test_a_setting_a_worker_said_comes_before_another_worker_killed_by_a_signal(
     assert isinstance(err, RunStopped) and str(err).startswith("data-parallel worker eval-dp1 (GPU 1) was killed by ")
 
 
+def test_workers_killed_beside_engine_failures_name_them_too_and_keep_the_log_said():
+    """One worker killed by the OOM killer, two whose engines did not start: the line said the kill alone, and the
+    engine logs the two lines named were dropped (``drop_unsaid_logs`` keeps only a log the line names): nothing
+    said their engines had failed. Now the killed worker, then the lowest failed one's line (its log kept) and the
+    count of the others, as without the kill."""
+    from phf_megatron.eval.engine_start import samples_kept, workers_failed
+
+    def engine_failure(log_dir):
+        return ("stopped", f"the engine did not start: x (engine process: its errors: {log_dir}/engine_errors.log); "
+                           f"{samples_kept('/run')}")
+
+    err = workers_failed({0: engine_failure("/tmp/phf_vllm_start_a"), 2: engine_failure("/tmp/phf_vllm_start_c")},
+                         {0: 1, 1: -9, 2: 1}, [["0"], ["1"], ["2"]], "/run")
+    assert isinstance(err, RunStopped) and str(err) == (
+        "data-parallel worker eval-dp1 (GPU 1) was killed by SIGKILL (out of memory? the kernel's OOM killer sends "
+        "it); data-parallel worker eval-dp0 (GPU 0; 1 other worker failed too): the engine did not start: x (engine "
+        "process: its errors: /tmp/phf_vllm_start_a/engine_errors.log); the samples written before are kept in /run; "
+        "rerun the same command to resume")
+
+
 @pytest.mark.parametrize("device, gpus, line", [
     ("cuda:5", 2, "--engine_kwargs: device: 'cuda:5': this process sees 2 GPU(s) (CUDA_VISIBLE_DEVICES=3,4)"),
     ("cuda", 0, "--engine_kwargs: device: 'cuda': this process sees 0 GPU(s) (CUDA_VISIBLE_DEVICES=3,4)"),
