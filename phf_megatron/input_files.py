@@ -118,6 +118,13 @@ def missing_dir(path: str) -> str | None:
     return f"{path} {'is not a directory' if os.path.exists(path) else 'does not exist'}"
 
 
+def missing_file(path: str) -> str | None:
+    """``missing_dir``'s words for a file to read (``"<path> is not a file"``); None when it is one."""
+    if os.path.isfile(path):
+        return None
+    return f"{path} {'is not a file' if os.path.exists(path) else 'does not exist'}"
+
+
 def missing_hf_config(path: str) -> str | None:
     """``missing_dir``'s words, or ``"no config.json in <path>"``: what keeps ``path`` from being a HF model
     directory at first sight (the converters ask before torch loads, in ~0.2 s not ~5 s); None when it has one."""

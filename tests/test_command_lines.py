@@ -238,6 +238,16 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
      "error: --out_dir: {tmp}/taken already exists (remove it or choose another)"),
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/file"],
      "error: --out_dir: {tmp}/file already exists (remove it or choose another)"),
+    # mistyped optional inputs: ignored for a training run (its export exit 0), else an errno line without the flag
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--tokenizer_dir", "{tmp}/none"],
+     "error: --tokenizer_dir: {tmp}/none does not exist"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--hf_config", "{tmp}/none.json"],
+     "error: --hf_config: {tmp}/none.json does not exist"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--run_config", "{tmp}/taken"],
+     "error: --run_config: {tmp}/taken is not a file"),
+    # --tp 0 / --pp -1 were accepted (and ignored in one process); hf_to_mcore refused them after torch loaded
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--tp", "0"], "error: --tp: must be > 0, got 0"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--pp", "-1"], "error: --pp: must be > 0, got -1"),
 ])
 def test_converters_refuse_their_paths_before_loading_torch(tmp_path, tool, argv, line):
     """A taken --out_dir (a non-empty directory, a file), one without its parent, or a --hf_dir that does not exist

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive, fail
-from ..input_files import missing_checkpoint_dir
+from ..input_files import missing_checkpoint_dir, missing_dir, missing_file
 from ..models.choices import DTYPE_SPELLINGS, as_dtype
 from ..output_files import new_dir_problem
 
@@ -71,15 +71,26 @@ class McoreToHf:
         if self.dtype is not None:
             check_choice("dtype", self.dtype, DTYPE_SPELLINGS)
         check_positive("max_shard_size_gb", self.max_shard_size_gb)
+        check_positive("tp", self.tp)   # 0 was accepted, and ignored in one process
+        check_positive("pp", self.pp)
+
+
+def _missing_input(args: McoreToHf) -> tuple[str, str] | None:
+    """``(flag, why)`` for the first path given that cannot be read, None when each can: the optional ones too (a
+    mistyped --tokenizer_dir or --hf_config was ignored for a training run, or an errno line without the flag after
+    torch loaded). --base_model: the run's export says what it lacks (``training.export``)."""
+    checks = (("mcore_dir", args.mcore_dir, missing_checkpoint_dir), ("tokenizer_dir", args.tokenizer_dir, missing_dir),
+              ("run_config", args.run_config, missing_file), ("hf_config", args.hf_config, missing_file))
+    return next(((key, why) for key, path, missing in checks if path is not None and (why := missing(path))), None)
 
 
 def convert(argv: list[str], quiet: bool) -> int:
     args = tool_config(McoreToHf, argv, __doc__, quiet)
     if args is None:
         return 0
-    for key, why in (("mcore_dir", missing_checkpoint_dir(args.mcore_dir)), ("out_dir", new_dir_problem(args.out_dir))):
-        if why:   # before torch and Megatron load (seconds), not after
-            raise fail(key, why)
+    key, why = _missing_input(args) or ("out_dir", new_dir_problem(args.out_dir))
+    if why:   # before torch and Megatron load (seconds), not after
+        raise fail(key, why)
     from ..errors import as_config_error
 
     try:
