@@ -20,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build the warmed-up tiny model and the toy data")
-    prep.add_argument("--out", required=True, help="a new directory: train.jsonl, heldout.jsonl, hf/ (the model)")
+    prep.add_argument("--out", required=True, help="a new directory (or one a stopped prepare left): train.jsonl, "
+                                                   "heldout.jsonl, hf/ (the model); one holding hf/ is refused")
     prep.add_argument("--seed", type=int, default=0, help="the split, init and warm-up seed (default: %(default)s)")
     prep.add_argument("--warmup-steps", type=int, default=300,
                       help="supervised warm-up steps of the tiny model (default: %(default)s)")
@@ -40,6 +41,8 @@ def _body(argv: list[str], quiet: bool) -> int:
 
     if args.command == "prepare":   # was a FileExistsError traceback
         given = [("--out", args.out)] if os.path.exists(args.out) else []
+        if os.path.exists(hf := os.path.join(args.out, "hf")):   # was warmed up again and replaced, in silence
+            raise ConfigError("out", f"{hf} already exists (a prepared toy: remove it or choose another)")
     else:   # was "<path>: not a directory" for either flag, a missing one too
         given = [("--hf-dir", args.hf_dir)] + ([("--adapter", args.adapter)] if args.adapter else [])
     for flag, path in given:

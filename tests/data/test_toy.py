@@ -131,6 +131,9 @@ def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layo
     (["evaluate", "--hf-dir", "{tmp}/hf", "--adapter", "{tmp}/cut"],   # was PEFT's JSONDecodeError traceback
      "error: {tmp}/cut/adapter_config.json: not valid JSON: Expecting property name enclosed in double quotes at "
      "line 1 column 2"),
+    # a prepared toy given again: was warmed up anew and replaced in silence (its mcore/ conversion left stale)
+    (["prepare", "--out", "{tmp}"], "error: --out: {tmp}/hf already exists (a prepared toy: remove it or choose "
+                                    "another)"),
 ])
 def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line):
     """``python -m phf_megatron.toy``: a wrong path was "usage: ...\\n...: error: <path>: not a directory" for
