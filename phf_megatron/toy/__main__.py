@@ -15,18 +15,29 @@ import sys
 from ..commands import command
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the other commands' errors: one line naming the flag, exit code 2 (was the usage, then the
+    error: two lines and more)."""
+
+    def error(self, message: str):
+        from ..errors import UsageError
+
+        raise UsageError(message.removeprefix("argument "))
+
+
 def _parser() -> argparse.ArgumentParser:
-    """The command line: ``prepare`` and ``evaluate``, each flag with its help and default."""
-    p = argparse.ArgumentParser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
+    """The command line: ``prepare`` and ``evaluate``, each flag with its help and default; ``_`` may stand for
+    ``-`` (``--hf_dir``), as in every other command."""
+    p = _Parser(prog="python -m phf_megatron.toy", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build the warmed-up tiny model and the toy data")
     prep.add_argument("--out", required=True, help="a new directory (or one a stopped prepare left): train.jsonl, "
                                                    "heldout.jsonl, hf/ (the model); one holding hf/ is refused")
     prep.add_argument("--seed", type=int, default=0, help="the split, init and warm-up seed (default: %(default)s)")
-    prep.add_argument("--warmup-steps", type=int, default=300,
+    prep.add_argument("--warmup-steps", "--warmup_steps", type=int, default=300,
                       help="supervised warm-up steps of the tiny model (default: %(default)s)")
     ev = sub.add_parser("evaluate", help="greedy held-out accuracy, with and without the reference")
-    ev.add_argument("--hf-dir", required=True, help="the toy's model (prepare's <out>/hf)")
+    ev.add_argument("--hf-dir", "--hf_dir", required=True, help="the toy's model (prepare's <out>/hf)")
     ev.add_argument("--adapter", default=None, help="a PEFT adapter directory to apply first")
     ev.add_argument("--seed", type=int, default=0, help="the split seed used by prepare (default: %(default)s)")
     ev.add_argument("--json", default=None, help="also write the table here")

@@ -134,6 +134,10 @@ def test_the_held_out_evaluation_reads_an_answer_in_the_reference_solutions_layo
     # a prepared toy given again: was warmed up anew and replaced in silence (its mcore/ conversion left stale)
     (["prepare", "--out", "{tmp}"], "error: --out: {tmp}/hf already exists (a prepared toy: remove it or choose "
                                     "another)"),
+    # argparse's own errors: were the usage, then "python -m phf_megatron.toy prepare: error: ..."
+    (["prepare", "--out", "{tmp}/new", "--seed", "abc"], "error: --seed: invalid int value: 'abc'"),
+    (["evaluate"], "error: the following arguments are required: --hf-dir/--hf_dir"),
+    (["evaluate", "--hf_dir", "{tmp}/nope"], "error: --hf-dir: {tmp}/nope does not exist"),   # _ for -, as elsewhere
 ])
 def test_toy_command_line_path_errors_name_the_flag(tmp_path, capsys, argv, line):
     """``python -m phf_megatron.toy``: a wrong path was "usage: ...\\n...: error: <path>: not a directory" for
