@@ -67,6 +67,9 @@ def test_trainer_help_lists_every_setting_without_importing_torch():
     # given a value: was "unknown setting; did you mean print_config, ...", the flag itself
     (["--print-config=true"], "error: --print_config: takes no value (the command's own switch: give it alone)"),
     (["--rollout.top_p=1.5"], "error: --rollout.top_p: must lie in (0, 1], got 1.5"),
+    # was "is not one of ('bfloat16', 'float16', 'float32')": the short spellings it takes were left out
+    (["--model.dtype=bf8"], "error: --model.dtype: 'bf8' is not one of ('bf16', 'fp16', 'fp32', 'bfloat16', 'float16', "
+                            "'float32')"),
     (["--checkpoint.exit_signal=SIGKILL"],
      "error: --checkpoint.exit_signal: 'SIGKILL' is not one of ('SIGTERM', 'SIGINT', 'SIGUSR1', 'SIGUSR2')"),
     (["--config", "configs/nope.yaml"], "error: config file 'configs/nope.yaml' does not exist"),
@@ -265,7 +268,8 @@ def test_converters_refuse_their_paths_before_loading_torch(tmp_path, tool, argv
 
 
 @pytest.mark.parametrize("flag, line", [
-    ("--dtype=bf8", "error: --dtype: 'bf8' is not one of float32, bfloat16, float16"),
+    # was "is not one of float32, bfloat16, float16": bf16, fp16, fp32 are taken too (as by the converters)
+    ("--dtype=bf8", "error: --dtype: 'bf8' is not one of ('bf16', 'fp16', 'fp32', 'bfloat16', 'float16', 'float32')"),
     ("--temperature=-1", "error: --temperature: must be >= 0 (0 = greedy), got -1.0"),
     ("--engine_kwargs={gpu_memory_utilization: 2}",
      "error: --engine_kwargs: gpu_memory_utilization: must lie in (0, 1], got 2"),

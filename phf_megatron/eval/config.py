@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
-from phf_megatron.models.choices import dtype_name
+from phf_megatron.models.choices import DTYPE_SPELLINGS, dtype_name
 from phf_megatron.rollout.choices import ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
 
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
@@ -153,6 +153,8 @@ class EvalConfig:
             raise ValueError(f"max_model_len: must be >= 1 or None (official), got {self.max_model_len}")
         if os.path.exists(self.out_dir) and not os.path.isdir(self.out_dir):   # not once the model is loaded
             raise ValueError(f"out_dir: {self.out_dir} is not a directory")
+        if self.dtype not in DTYPE_SPELLINGS:   # the engine's check named the torch spellings only
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {DTYPE_SPELLINGS}")
         self.dtype = dtype_name(self.dtype)   # bf16 was refused here, taken by the converters
         self._check_engine_settings()
 

@@ -14,7 +14,7 @@ from ..config_errors import check_choice, check_positive, fail
 from ..data.prompts import TEACHER_PROMPTS
 from ..data.reason_first import DEFAULT_ANALYSIS_TOKENS
 from ..lora.config import LoraConfig  # noqa: F401 - the LoRA section lives with LoRA
-from ..models.choices import DTYPES, PACKED_ATTENTIONS, TRANSFORMER_IMPLS, dtype_name
+from ..models.choices import DTYPE_SPELLINGS, PACKED_ATTENTIONS, TRANSFORMER_IMPLS, dtype_name
 from ..rollout.config import RolloutConfig  # noqa: F401 - the rollout section lives with the engines
 
 TEACHER_MODES = ("ema", "fixed", "dynamic")
@@ -78,8 +78,8 @@ class ModelConfig:
     effect (and not checked) with --training.packing=false."""
 
     def __post_init__(self) -> None:
+        check_choice("model.dtype", self.dtype, DTYPE_SPELLINGS)   # was the torch spellings only: bf16 is taken too
         self.dtype = dtype_name(self.dtype)   # bf16 was refused here, taken by the converters
-        check_choice("model.dtype", self.dtype, DTYPES)
         check_positive("model.tensor_model_parallel_size", self.tensor_model_parallel_size)
         check_positive("model.pipeline_model_parallel_size", self.pipeline_model_parallel_size)
         vpp = self.virtual_pipeline_model_parallel_size
