@@ -49,14 +49,14 @@ def plot(argv: list[str], quiet: bool = False) -> int:
     args = parse_command_line(PlotRun, argv, __doc__)[0]
     if args is None:
         return 0
+    if why := missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
+        raise ConfigError("run_dir", why)   # before numpy, torch and matplotlib (~1.2 s), as the converters
     from ..training.metrics import FLOW_ENERGY, LOSS_TOKENS_FILE
     from .run_figures import (load_loss_tokens, load_run, plot_curves, plot_layer_energy, plot_loss_tokens, pyplot,
                               run_settings, why_not_logged)
 
     if not args.verbose:   # one line per text drawn, thousands per figure
         logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
-    if why := missing_dir(args.run_dir):   # was "<run_dir>/metrics.jsonl: no metrics file (has the run logged a step?"
-        raise ConfigError("run_dir", why)
     records = load_run(args.run_dir)
     if args.out:   # no suffix: matplotlib writes <out>.png, so that is the path printed
         curves = args.out if os.path.splitext(args.out)[1] else f"{args.out}.png"
