@@ -302,6 +302,23 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
 
 @pytest.mark.parametrize("argv, line", [
     (["--model", "/nonexistent/m"], "error: --model: /nonexistent/m does not exist"),
+    (["--model", "{tmp}", "--adapter", "/nonexistent/a"], "error: --adapter: /nonexistent/a does not exist"),
+    (["--megatron_checkpoint", "/nonexistent/c", "--model", "{tmp}"],
+     "error: --megatron_checkpoint: /nonexistent/c does not exist"),
+])
+def test_eval_model_paths_that_are_not_there_are_refused_before_the_runner_loads(tmp_path, argv, line):
+    """A mistyped --model, --adapter or --megatron_checkpoint was said after the runner had loaded transformers and
+    the rest (~4 s on a CPU machine); now before them (~1.7 s: the settings' own checks load torch)."""
+    code = ("import sys; from phf_megatron.tools.eval_avg_at_k import main; rc = main(sys.argv[1:]); "
+            "print('HEAVY', [m for m in ('transformers', 'vllm', 'phf_megatron.eval.runner') if m in sys.modules]); "
+            "sys.exit(rc)")
+    proc = run_python(["-c", code, *[a.format(tmp=tmp_path) for a in argv], "--out_dir", str(tmp_path / "o")])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "HEAVY []" and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--model", "/nonexistent/m"], "error: --model: /nonexistent/m does not exist"),
     (["--model", "{tmp}/file"], "error: --model: {tmp}/file is not a directory"),
     (["--model", "{tmp}"], "error: --model: {tmp} has no config.json (not a HF model directory)"),
     (["--model", "{tmp}", "--adapter", "{tmp}"], "error: --model: {tmp} has no config.json (not a HF base model "

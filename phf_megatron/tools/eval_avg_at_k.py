@@ -33,13 +33,25 @@ import os
 import sys
 
 from ..commands import command, tool_config
+from ..errors import ConfigError
 from ..eval.config import EvalConfig
+from ..input_files import missing_dir
+
+
+def _missing_path(config: EvalConfig) -> tuple[str, str] | None:
+    """``(flag, why)`` for the first model path given that is not a directory, in the order the runner reads them
+    (``eval.models.resolve_model_dir``: its words), None when none: said before torch loads (~0.1 s, not ~4 s)."""
+    paths = ([("megatron_checkpoint", config.megatron_checkpoint)] if config.megatron_checkpoint is not None
+             else [("model", config.model), ("adapter", config.adapter)])
+    return next(((key, why) for key, path in paths if path is not None and (why := missing_dir(path))), None)
 
 
 def evaluate(argv: list[str], quiet: bool) -> int:
     config = tool_config(EvalConfig, argv, __doc__, quiet)
     if config is None:
         return 0
+    if missing := _missing_path(config):
+        raise ConfigError(*missing)
     from ..eval.runner import run_eval
 
     summary = run_eval(config)
