@@ -30,6 +30,9 @@ MERGE_KEYS = ("base_digest", "adapter_digest")
 #: names them: a ``run_config.json`` written before it held one resumes as before and is rewritten with it
 #: (``_check_fingerprint``).
 DIGEST_FLAGS = {"model_digest": "--model", "base_digest": "--model", "adapter_digest": "--adapter"}
+#: A path and the digest of the files it names: the same files under another path (a run directory moved or copied,
+#: the command given from another directory) resume, as the base model's do; the path decides only without digests.
+PATH_DIGESTS = {"adapter": "adapter_digest", "model_dir": "model_digest"}
 
 
 def _same_path_form(fingerprint: dict, out_dir: str, stored: bool = False) -> dict:
@@ -59,8 +62,12 @@ def resume_differences(out_dir: str, fingerprint: dict, model_limit: int | None 
     old = _same_path_form(old, out_dir, stored=True)
     if old.get("max_model_len", 0) is None:          # written before the official default: the model's own
         old["max_model_len"] = model_limit
-    return {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items()
+    diff = {k: (old.get(k), v) for k, v in _same_path_form(fingerprint, out_dir).items()
             if old.get(k) != v and (k in old or k not in DIGEST_FLAGS)}
+    for key, digest in PATH_DIGESTS.items():   # was refused: {'adapter': (its old path, the new)} of the same files
+        if key in diff and digest in old and digest not in diff and fingerprint.get(digest) is not None:
+            del diff[key]
+    return diff
 
 
 def other_settings(out_dir: str, diff: dict) -> InputFileError:

@@ -78,11 +78,15 @@ def test_a_retrained_adapter_or_another_base_is_refused_the_same_resumes(tmp_pat
     assert run_eval(_config(tmp_path, tiny_dir, problems, n=2)).generated == 2   # the same adapter: resumed
     shutil.copytree(tiny_dir, tmp_path / "copy")                                  # the same base elsewhere: too
     assert run_eval(_config(tmp_path, tmp_path / "copy", problems, n=3)).generated == 2
+    shutil.copytree(tmp_path / "adapter", tmp_path / "moved")     # the same adapter elsewhere (a moved run): too
+    moved = dataclasses.replace(_config(tmp_path, tiny_dir, problems, n=4), adapter=str(tmp_path / "moved"))
+    assert planned_resume_refusals(moved) == ({}, None)              # was {'adapter': (its old path, the new)}
+    assert run_eval(moved).generated == 2
     other = tmp_path / "copy"                                         # another base model: its weights differ
     _perturb(other)
-    _refused(_config(tmp_path, other, problems, n=4), "base_digest")
+    _refused(_config(tmp_path, other, problems, n=5), "base_digest")
     _save_adapter(tmp_path / "adapter", seed=2)                     # retrained in place: same path, new weights
-    _refused(_config(tmp_path, tiny_dir, problems, n=4), "adapter_digest")
+    _refused(_config(tmp_path, tiny_dir, problems, n=5), "adapter_digest")
 
 
 def test_an_out_dir_from_before_the_record_resumes_and_is_upgraded(tmp_path, tiny_dir, problems):
@@ -124,8 +128,12 @@ def test_a_plain_model_overwritten_in_place_is_refused_an_old_out_dir_upgraded(t
     assert planned_resume_refusals(config(2)) == ({}, None)
     assert run_eval(config(2)).generated == 2                        # resumed as before
     assert json.loads(path.read_text()) == recorded                  # upgraded: the model's identity recorded
+    shutil.copytree(tmp_path / "model", tmp_path / "moved")          # the same files elsewhere: resumed (was refused:
+    moved = dataclasses.replace(config(3), model=str(tmp_path / "moved"))   # {'model_dir': (its old path, the new)})
+    assert planned_resume_refusals(moved) == ({}, None)
+    assert run_eval(moved).generated == 2
     _perturb(tmp_path / "model")                                     # overwritten in place: same path, new weights
-    _refused(config(3), "model_digest")
+    _refused(config(4), "model_digest")
 
 
 def test_a_refused_resume_keeps_the_merged_model_of_its_samples(tmp_path, tiny_dir, problems):
