@@ -96,6 +96,21 @@ def test_trainer_setting_errors_are_one_line_with_exit_code_2(argv, line):
     assert proc.stderr.splitlines() == [line] and proc.stdout == ""
 
 
+@pytest.mark.parametrize("path", ["/nonexistent/train.jsonl", "runs/x/train.jsnl", "./mine"])
+def test_a_data_path_that_is_not_there_is_refused_before_torch_loads(path):
+    """A mistyped local --data.path (DATA= in the launchers) was said after torch, Megatron and the model had loaded
+    (~6 s on a CPU machine; under a launcher, after the base model's conversion); a Hub name (owner/name) is left to
+    the loader."""
+    code = ("import sys; from phf_megatron.train import main; rc = main(sys.argv[1:]); "
+            "print('HEAVY', [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]); sys.exit(rc)")
+    proc = run_python(["-c", code, "--model.hf_dir=configs", f"--data.path={path}"])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [f"error: --data.path: {path!r} does not exist"])
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+    from phf_megatron.data.sources import missing_source
+
+    assert missing_source("siyanzhao/Openthoughts_math_30k_opsd") is None and missing_source("configs") is None
+
+
 def test_print_config_prints_the_resolved_yaml(tmp_path):
     from phf_megatron.training.config_io import load_config, to_dict
 

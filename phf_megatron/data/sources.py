@@ -154,6 +154,16 @@ def _load_hf(source: str, split: str):
     return loaded
 
 
+def missing_source(source: str) -> str | None:
+    """``"'<source>' does not exist"`` when ``source`` is a local path that is not there (a data file's suffix, a
+    leading ``/``, ``.`` or ``~``, or two slashes or more: a Hub name is owner/name, runs/x/train.jsnl is a path);
+    None when it is there or may be a Hub name. Cheap: the trainer asks before anything heavy loads."""
+    if os.path.exists(source) or not (source.endswith(JSONL_SUFFIXES + ARROW_SUFFIXES)
+                                      or source.startswith(("/", ".", "~")) or source.count("/") > 1):
+        return None
+    return f"{source!r} does not exist"
+
+
 def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]:
     """``(origin, record)`` for every row of ``source`` (see the module docstring)."""
     if os.path.isfile(source):
@@ -171,9 +181,8 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]
             raise ValueError(f"source: directory {source!r} holds no .jsonl/.parquet/.arrow file")
         for path in files:
             yield from iter_records(path, split)
-    elif (source.endswith(JSONL_SUFFIXES + ARROW_SUFFIXES) or source.startswith(("/", ".", "~"))
-          or source.count("/") > 1):   # a Hub name is owner/name: runs/x/train.jsnl is a path
-        raise ValueError(f"source: {source!r} does not exist")
+    elif why := missing_source(source):
+        raise ValueError(f"source: {why}")
     else:
         yield from iter_hf_dataset(_load_hf(source, split), source)
 

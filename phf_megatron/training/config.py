@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
+from phf_megatron.data.sources import missing_source
 from phf_megatron.input_files import LATEST_FILE, missing_dir, run_checkpoints_dir  # noqa: F401 - LATEST_FILE: re-exported
 from phf_megatron.objectives.config import METHODS, GrpoConfig, ObjectiveConfig, SftConfig
 
@@ -257,5 +258,7 @@ class TrainConfig:
             path = getattr(self.model, key)
             if path and (why := missing_dir(path)):
                 raise fail(f"model.{key}", why)
+        if why := missing_source(self.data.path):   # was said after torch, Megatron and the model had loaded (~6 s)
+            raise fail("data.path", why)
         if os.path.exists(self.run_dir) and not os.path.isdir(self.run_dir):   # not once the model is loaded
             raise fail("run_dir", f"{self.run_dir} is not a directory")
