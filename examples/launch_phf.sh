@@ -136,6 +136,9 @@ MCORE_DIR=${MCORE_DIR:-$RUN_DIR/mcore_base}
 MCORE_DIR=${MCORE_DIR%"${MCORE_DIR##*[!/]}"}   # without a trailing /: $MCORE_DIR.failed beside it, not in it
 [ -e "$HF_MODEL" ] || { echo "error: HF_MODEL: $HF_MODEL does not exist" >&2; exit 2; }   # was "has no config.json"
 [ -f "$HF_MODEL/config.json" ] || { echo "error: HF_MODEL: $HF_MODEL has no config.json (not a HF model directory)" >&2; exit 2; }
+# a local DATA that is not there: was the trainer's line after the conversion (a Hub name, owner/name, is the loader's)
+WHY=$(python -c 'import sys; from phf_megatron.data.sources import missing_source; print(missing_source(sys.argv[1]) or "")' "$DATA")
+[ -z "$WHY" ] || { echo "error: DATA: $WHY" >&2; exit 2; }
 TRAIN_ARGS=(--config "$CONFIG" --run_dir="$RUN_DIR" --model.hf_dir="$HF_MODEL" --model.pretrained_checkpoint="$MCORE_DIR"
             --data.path="$DATA" "$@")
 # the settings first (a second, no torch): a mistyped flag or SCALE, or a layout the NGPU x NNODES ranks do not fit

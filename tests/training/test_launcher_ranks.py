@@ -32,6 +32,7 @@ def _node(tmp_path, gpus: int, extra_env: dict[str, str], migs: int = 0) -> tupl
     hf = tmp_path / "Qwen3 8B"   # a path with a space
     hf.mkdir(exist_ok=True)
     (hf / "config.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("")   # DATA: a local file must be there
     run = str(tmp_path / "run")
     env = {k: v for k, v in standalone_environ().items()
            if k not in ("CUDA_VISIBLE_DEVICES", "NGPU", "NNODES", "NODE_RANK", "MCORE_WAIT", "MCORE_STALE",
@@ -105,6 +106,8 @@ def test_one_rank_per_gpu_the_node_shows(tmp_path, gpus, extra_env, ranks):
     (8, {"HF_MODEL": ""}, "error: HF_MODEL: is required: the Hugging Face Qwen3 checkpoint directory"),   # was bash's
     (8, {"HF_MODEL": "/no/such/model"}, "error: HF_MODEL: /no/such/model does not exist"),   # was "has no config.json"
     (8, {"HF_MODEL": "configs"}, "error: HF_MODEL: configs has no config.json (not a HF model directory)"),
+    # a mistyped local data file: was the trainer's line, after the base model's conversion (minutes at 8B)
+    (8, {"DATA": "/no/such/train.jsonl"}, "error: DATA: '/no/such/train.jsonl' does not exist"),
 ])
 def test_ranks_that_do_not_fit_are_one_line_before_the_conversion(tmp_path, gpus, extra_env, line):
     """Each was found after the conversion: by the trainer as it started, by CUDA (a traceback per extra rank), or by

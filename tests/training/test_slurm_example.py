@@ -49,7 +49,8 @@ def _fake_job(tmp_path) -> dict[str, str]:
     hf.mkdir()
     (hf / "config.json").write_text("{}")
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "DRY_RUN": "1",
-            "HF_MODEL": str(hf), "DATA": "train.jsonl", "RUN_DIR": str(tmp_path / "run"), "SLURM_SUBMIT_DIR": REPO,
+            "HF_MODEL": str(hf), "DATA": "examples/data/train_math_small.jsonl", "RUN_DIR": str(tmp_path / "run"),
+            "SLURM_SUBMIT_DIR": REPO,
             "SLURM_JOB_ID": "14242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[017-018]"}
 
 
@@ -75,8 +76,8 @@ def test_each_node_runs_torchrun_with_its_rank_and_the_first_node_as_master(tmp_
         assert argv == ["torchrun", "--nproc-per-node", want, "--nnodes", "2", "--node-rank", str(rank),
                         "--master-addr", "gpu017", "--master-port", str(20000 + 4242),  # job 14242: below the ephemeral ports
                         "-m", "phf_megatron.train", "--config", "configs/phf_qwen3_8b.yaml", f"--run_dir={run}",
-                        f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}", "--data.path=train.jsonl",
-                        "--rollout.num_engines=auto"]
+                        f"--model.hf_dir={hf}", f"--model.pretrained_checkpoint={mcore}",
+                        "--data.path=examples/data/train_math_small.jsonl", "--rollout.num_engines=auto"]
     assert len(launches) == 2
     # each node's task keeps the job's cores (#SBATCH --cpus-per-task=64), not srun's default of one
     assert [line for line in proc.stdout.splitlines() if line.startswith("srun task")] == [
