@@ -282,6 +282,26 @@ def test_converters_refuse_their_paths_before_loading_torch(tmp_path, tool, argv
     assert proc.stdout.splitlines()[-1] == "HEAVY []"
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--tp", "3"], "error: --tp: tensor-parallel size 3 does not divide num_attention_heads=4"),
+    (["--pp", "3"], "error: --pp: pipeline-parallel size 3 does not divide num_hidden_layers=2"),
+    (["--tp", "0"], "error: --tp: expected a positive integer, got 0"),
+])
+def test_hf_to_mcore_checks_the_layout_before_loading_torch(tmp_path, argv, line):
+    """--tp / --pp that do not split the model were refused after torch, Megatron and transformers had loaded and
+    the checkpoint's files had been read (~5 s on a CPU machine); config.json alone says."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "rope_theta": 10000.0}))
+    code = ("import sys; from phf_megatron.tools.hf_to_mcore import main; rc = main(sys.argv[1:]); "
+            "print('HEAVY', [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]); sys.exit(rc)")
+    proc = run_python(["-c", code, "--hf_dir", str(tmp_path), "--out_dir", str(tmp_path / "o"), *argv])
+    assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+
+
 @pytest.mark.parametrize("flag, line", [
     # was "is not one of float32, bfloat16, float16": bf16, fp16, fp32 are taken too (as by the converters)
     ("--dtype=bf8", "error: --dtype: 'bf8' is not one of ('bf16', 'fp16', 'fp32', 'bfloat16', 'float16', 'float32')"),

@@ -65,8 +65,7 @@ def convert_hf_to_mcore(hf_dir: str, out_dir: str, *, tp: int = 1, pp: int = 1,
     check_tokenizer_files(source.path)   # a damaged one is named here, not copied into the checkpoint
     arch = source.arch
     try:
-        arch.check_tensor_parallel(tp)
-        arch.check_pipeline_parallel(pp)
+        arch.check_layout(tp, pp)
     except ValueError as err:  # "tp: ..." / "pp: ...": the converter's --tp / --pp
         raise as_config_error(err, ("tp", "pp")) or err from None
     _check_new_dir(out_dir)

@@ -62,8 +62,7 @@ def qwen3_transformer_config(hf_config: Any, *, tp: int = 1, pp: int = 1, sp: bo
         overrides: any other ``TransformerConfig`` field (e.g. ``recompute_granularity``).
     """
     arch: Qwen3Arch = arch_of(hf_config)
-    arch.check_tensor_parallel(tp)
-    arch.check_pipeline_parallel(pp)
+    arch.check_layout(tp, pp)
     if sp and tp == 1:
         raise ValueError("sp: sequence parallelism needs tp > 1")
     dtype = as_dtype(dtype)

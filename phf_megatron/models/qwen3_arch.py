@@ -82,6 +82,11 @@ class Qwen3Arch:
             raise ValueError(
                 f"pp: pipeline-parallel size {pp} does not divide num_hidden_layers={self.num_hidden_layers}")
 
+    def check_layout(self, tp: int, pp: int) -> None:
+        """Raise (``tp: ...``, ``pp: ...``) unless the model splits over ``tp`` x ``pp`` ranks."""
+        self.check_tensor_parallel(tp)
+        self.check_pipeline_parallel(pp)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
