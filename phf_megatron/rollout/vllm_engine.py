@@ -183,7 +183,8 @@ class VLLMEngine(RolloutEngine):
         self._died: str | None = None
         self._watch_engine_process()
         # a spawned engine outlives a SIGKILLed trainer (holding the GPU) unless someone stops it
-        self._reaper = Reaper([proc.pid for proc in self._processes() if proc.pid])
+        self._reaper = Reaper([proc.pid for proc in self._processes() if proc.pid],   # and its socket directory
+                              dirs=[self._socket_dir] if self._socket_dir else [])
 
     @staticmethod
     def _start_failure(exc: Exception, model_dir: str, gpu_memory_utilization: float, free_bytes: int | None,
@@ -322,9 +323,11 @@ class VLLMEngine(RolloutEngine):
         llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
-        shut_down(llm, in_process=self.in_process,
-                  keep_default_group=self.__dict__.get("_joined_default_group", False))
-        drop_socket_dir(self.__dict__.pop("_socket_dir", None))
+        try:
+            shut_down(llm, in_process=self.in_process,
+                      keep_default_group=self.__dict__.get("_joined_default_group", False))
+        finally:   # also when the shutdown raised: its processes were told to go
+            drop_socket_dir(self.__dict__.pop("_socket_dir", None))
         reaper = self.__dict__.pop("_reaper", None)
         if reaper is not None:
             reaper.close()

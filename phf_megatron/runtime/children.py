@@ -94,12 +94,13 @@ class Reaper:
     forked by Python, so ``bind_children`` cannot reach it, and nothing stops it when its parent is
     killed: it goes on holding the GPU. ``Reaper(pids)`` starts a small watcher process (``reaper.py``) that the
     kernel signals when this process ends (``PR_SET_PDEATHSIG``); it then SIGKILLs each pid (with
-    its descendants) that still names the process it named at the start. ``close()`` stops the
-    watcher (call it once the processes have been shut down). Start it from the main thread: the
+    its descendants) that still names the process it named at the start, then removes ``dirs`` (what only those
+    processes used: a spawned vLLM engine's socket directory). ``close()`` stops the watcher (call it once the
+    processes have been shut down; ``dirs`` are then the caller's to remove). Start it from the main thread: the
     death signal follows the thread that started the watcher. Linux only (elsewhere it does nothing).
     """
 
-    def __init__(self, pids: list[int]):
+    def __init__(self, pids: list[int], dirs: list[str] = ()):
         import subprocess
 
         self._proc = None
@@ -109,7 +110,8 @@ class Reaper:
         targets = [f"{pid}:{t}" for pid, t in self._targets]
         if not targets or not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
             return
-        self._proc = subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), *targets],
+        self._proc = subprocess.Popen([sys.executable, reaper.__file__, str(os.getpid()), *targets,
+                                       *(reaper.RMTREE + d for d in dirs)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
 
     def close(self) -> None:

@@ -3,18 +3,23 @@
 A fresh interpreter (nothing of the trainer's threads is copied) that imports only the standard
 library, so it starts in milliseconds and whatever ``sys.path`` the parent had. The kernel sends it
 SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``); it then SIGKILLs each target
-that still names the process it named at the start (pid + start time), with its descendants.
-argv: the watched parent's pid, then ``pid:starttime`` of each process to stop.
+that still names the process it named at the start (pid + start time), with its descendants, and removes the
+directories it was given (what only those processes used: a spawned vLLM engine's socket directory).
+argv: the watched parent's pid, then ``pid:starttime`` of each process to stop and ``rmtree:PATH`` of each
+directory to remove.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+#: an argument naming a directory to remove once the targets are killed
+RMTREE = "rmtree:"
 
 
 def start_time(pid: int) -> int | None:
@@ -58,10 +63,13 @@ def kill_targets(targets: list[tuple[int, int]]) -> None:
 
 def main(argv: list[str]) -> None:
     parent = int(argv[0])
-    targets = [tuple(map(int, t.split(":"))) for t in argv[1:]]
+    targets = [tuple(map(int, t.split(":"))) for t in argv[1:] if not t.startswith(RMTREE)]
+    dirs = [t[len(RMTREE):] for t in argv[1:] if t.startswith(RMTREE)]
 
     def reap(*_):
         kill_targets(targets)
+        for path in dirs:
+            shutil.rmtree(path, ignore_errors=True)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, reap)

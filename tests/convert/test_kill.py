@@ -11,6 +11,7 @@ outlived it); mcore_to_hf starts no helper and is killed once its ``.tmp`` direc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,6 +156,44 @@ def test_a_spawned_child_and_its_children_go_when_the_parent_is_killed(mode):
         assert child in left and len(left) == 2
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+
+
+_SPAWNING_PARENT_WITH_A_DIR = """
+import subprocess, sys, tempfile, time
+from phf_megatron.runtime.children import Reaper
+sockets = tempfile.mkdtemp(prefix="phf_test_reaped_")   # a spawned engine's socket directory
+open(sockets + "/socket", "w").close()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+if sys.argv[1] == "reaper":
+    Reaper([child.pid], dirs=[sockets])
+print(child.pid, sockets, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("mode", ["reaper", "control"])
+def test_a_killed_parent_s_reaper_removes_the_directories_only_its_children_used(mode):
+    """A SIGKILLed trainer left its spawned vLLM engine's socket directory (``/tmp/phf_vllm_ipc_*``, seven sockets)
+    behind: ``close()`` removes it, and nothing ran to. The watcher removes it once it has killed the engine."""
+    proc = subprocess.Popen([sys.executable, "-c", _SPAWNING_PARENT_WITH_A_DIR, mode], cwd=REPO, env=python_env(),
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child, sockets = proc.stdout.readline().split()
+    deadline = time.monotonic() + 30
+    while len(session_members(proc.pid)) < 2 + (mode == "reaper") and time.monotonic() < deadline:
+        time.sleep(0.05)                        # parent, child (+ the reaper)
+    _kill(proc)
+    if mode == "reaper":
+        assert_no_survivor(proc.pid, "the killed parent")
+        deadline = time.monotonic() + 10
+        while os.path.exists(sockets) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(sockets)
+    else:
+        time.sleep(1.0)
+        assert os.path.isfile(os.path.join(sockets, "socket"))
+        os.kill(int(child), signal.SIGKILL)
+        shutil.rmtree(sockets)
 
 
 _LAUNCHER = """

@@ -8,6 +8,7 @@ shutdown by destroying the default process group. A spawned engine's ZMQ sockets
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +97,43 @@ def test_a_closed_spawned_engine_leaves_none_of_its_sockets_in_the_temporary_dir
     finally:
         engine.close()
     assert unix_sockets(short_tmp) == [other]
+
+
+_KILLED_OWNER = """
+import sys, time
+from phf_megatron.rollout.vllm_engine import VLLMEngine
+engine = VLLMEngine(sys.argv[1], dtype="float32", separate_process=True)
+print("ENGINE", engine.pid, engine._socket_dir, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="no vllm")
+def test_a_sigkilled_owner_s_engine_goes_and_its_socket_directory_with_it(tiny_dir, short_tmp):
+    """A SIGKILLed trainer runs no ``close()``: its reaper stopped the spawned engine, but the engine's socket
+    directory (seven sockets) stayed in the temporary directory; the reaper removes it too."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO, python_env
+
+    env = {**python_env(), "TMPDIR": str(short_tmp)}
+    owner = subprocess.Popen([sys.executable, "-c", _KILLED_OWNER, tiny_dir], cwd=REPO, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        said = next(line for line in owner.stdout if line.startswith("ENGINE ") or owner.poll() is not None)
+        _, pid, sockets = said.split()   # (vLLM logs to stdout before it)
+        assert os.path.dirname(sockets) == str(short_tmp) and len(unix_sockets(Path(sockets))) > 1
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+    deadline = time.monotonic() + 30
+    while (os.path.exists(sockets) or os.path.exists(f"/proc/{pid}")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") and not os.path.exists(sockets)
 
 
 def test_a_user_s_socket_base_is_kept_and_so_is_vllm_s_default_where_the_engine_s_would_be_too_long(tmp_path,
