@@ -83,7 +83,7 @@ class PaperTable:
     warmup_steps: int = 300
     """toy: supervised warm-up steps of the tiny model (python -m phf_megatron.toy prepare)."""
     dry_run: bool = False
-    """print the commands (those a rerun would skip marked), run nothing."""
+    """print the commands (those a rerun would skip marked), run nothing; a --hf_model not here is a note."""
     table_only: bool = False
     """write the table from the rows' directories (rows run as separate jobs), run nothing."""
 
@@ -118,12 +118,19 @@ class PaperTable:
         check_choice("scale", self.scale, SCALES)
         if not self.hf_model:
             raise fail("hf_model", "required: the HF Qwen3 directory of the scale")
-        if why := missing_dir(self.hf_model):   # was "has no config.json" for a mistyped path too
+        if (why := hf_model_problem(self.hf_model)) and not self.dry_run:   # a dry run prints it (``one_table``)
             raise fail("hf_model", why)
-        if not os.path.isfile(os.path.join(self.hf_model, "config.json")):
-            raise fail("hf_model", f"{self.hf_model} has no config.json (not a HF model directory)")
         if not self.table_only:   # the eval's checks of their values (--pass_ks past --k): now, not after training
             check_eval_values(self.eval_args, self.k, self.hf_model, os.path.join(self.out, "row"))
+
+
+def hf_model_problem(hf_model: str) -> str | None:
+    """What keeps ``hf_model`` from being the table's HF model directory, None when it is one."""
+    if why := missing_dir(hf_model):   # was "has no config.json" for a mistyped path too
+        return why
+    if not os.path.isfile(os.path.join(hf_model, "config.json")):
+        return f"{hf_model} has no config.json (not a HF model directory)"
+    return None
 
 
 def _check_eval_args(eval_args: str) -> None:
@@ -300,6 +307,8 @@ def one_table(args) -> int:
         _check_trainer_args(rows, args.step, args.overrides, ngpu=args.ngpu)
         check_eval_dirs(rows, args.k, args.toy, args.step)   # the eval would refuse them after the rows before
     if args.dry_run:
+        if not args.toy and (why := hf_model_problem(args.hf_model)):   # the commands still say what would run
+            print(f"note: --hf_model: {why}: the commands only (a run without --dry_run refuses it)", file=sys.stderr)
         for what, argv_, done in prepare_steps(args):
             print(("# present, skipped: " if os.path.exists(done) else "+ ") + shlex.join(argv_))
         for row in rows:

@@ -113,6 +113,25 @@ def test_dry_run_prints_every_rows_recipe_and_runs_nothing(tmp_path, capsys, sca
         "6,7,20,21" if layers == 28 else "8,9,26,27")
 
 
+@pytest.mark.parametrize("made", [False, True])
+def test_a_dry_run_prints_the_commands_for_a_model_not_here(tmp_path, capsys, made):
+    """README's "the commands only" (--dry_run): a --hf_model not on this machine (or without config.json) was
+    refused as a run refuses it; now the commands, and a note on stderr. The run itself still refuses it."""
+    hf, out = str(tmp_path / "Qwen3-1.7B"), str(tmp_path / "table")
+    why = f"{hf} has no config.json (not a HF model directory)" if made else f"{hf} does not exist"
+    if made:
+        os.mkdir(hf)
+    argv = ["--hf_model", hf, "--scale", "1p7b", "--out", out]
+    assert paper_table.main([*argv, "--dry_run"]) == 0
+    said = capsys.readouterr()
+    cmds = _commands(said.out)
+    assert set(cmds) == {"", *ROWS} and cmds["base"][0][3:5] == ["--model", hf]
+    assert said.err == f"note: --hf_model: {why}: the commands only (a run without --dry_run refuses it)\n"
+    assert not os.path.exists(out)
+    assert paper_table.main(argv) == 2
+    assert capsys.readouterr().err == f"error: --hf_model: {why}\n"
+
+
 @pytest.mark.parametrize("row", ROWS[1:])
 def test_every_rows_command_line_is_a_valid_training_config(tmp_path, row):
     """The trainer's own loader accepts each row's flags at each scale (no setting a typo or a
