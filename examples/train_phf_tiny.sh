@@ -4,7 +4,7 @@
 #   bash examples/train_phf_tiny.sh            # RUN_DIR=runs/phf_tiny by default
 #   SEED=3 RUN_DIR=runs/phf_tiny_s3 bash examples/train_phf_tiny.sh   # another toy seed (split, init,
 #                                              # warm-up; trainer seed 1234 + SEED)
-#   VERBOSE=1 bash examples/train_phf_tiny.sh  # with third-party warnings and vLLM's log (quiet by default)
+#   VERBOSE=1 bash examples/train_phf_tiny.sh  # third-party warnings, vLLM's log, matplotlib's (quiet by default)
 #
 # 1. the embedded toy task (docs/toy_task.md): a tiny Qwen3 with a compact Qwen3 tokenizer,
 #    warmed up to copy a reference given in context (HF transformers, ~1 min);
@@ -49,7 +49,7 @@ python tools/eval_avg_at_k.py --model "$TOY/hf" --adapter "$RUN/export/peft_adap
   --thinking=false --dtype float32 --out_dir "$RUN/eval_avg_at_k" ${VERBOSE:+--verbose}
 
 step "5/5 plots"
-python tools/plot_run.py "$RUN"
+python tools/plot_run.py "$RUN" ${VERBOSE:+--verbose}
 echo
 echo "done: metrics $RUN/metrics.jsonl, checkpoints $RUN/checkpoints, adapter $RUN/export/peft_adapter,"
 echo "      plots $RUN/plots, eval tables $RUN/toy_eval_{before,after}.json and $RUN/eval_avg_at_k"

@@ -81,3 +81,26 @@ def test_main_job_learns_the_toy_task_with_a_quiet_log(tmp_path):
     assert "Transformer Engine and Apex are not installed" not in log
     [implementations] = [line for line in log.splitlines() if line.startswith("phf_megatron.train: attention ")]
     assert "rollout vLLM" in implementations or "rollout transformers" in implementations, implementations
+
+
+@pytest.mark.parametrize("verbose", ["", "1"])
+def test_verbose_reaches_every_step_of_the_main_job_that_takes_it(tmp_path, verbose):
+    """VERBOSE=1 (the script's "with third-party warnings") went to the converter, the trainer and the eval, not to
+    tools/plot_run.py, whose --verbose shows matplotlib's font warnings. Each step's command line, from a stand-in
+    python that records it; the toy's commands take no such flag."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PHF_SKIP_SETUP": "1", "RUN_DIR": str(tmp_path / "run"), "VERBOSE": verbose,
+           "PATH": str(bin_dir) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run(["bash", "examples/train_phf_tiny.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    takes = {"tools/convert/hf_to_mcore.py": "--verbose", "-m phf_megatron.train": "--logging.verbose",
+             "tools/eval_avg_at_k.py": "--verbose", "tools/plot_run.py": "--verbose"}
+    lines = calls.read_text().splitlines()
+    for command, switch in takes.items():
+        line = next(line for line in lines if line.startswith(command))
+        assert (switch in line.split()) == bool(verbose), line
+    assert not any("--verbose" in line.split() for line in lines if line.startswith("-m phf_megatron.toy")), lines
