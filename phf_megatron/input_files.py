@@ -133,6 +133,16 @@ def missing_hf_config(path: str) -> str | None:
     return None if os.path.isfile(os.path.join(path, "config.json")) else f"no config.json in {path}"
 
 
+def missing_base_model(hf_dir: str | None, named: str | None = None) -> str | None:
+    """What keeps ``hf_dir`` from being the base model a run's export rebuilds its student on (``named``: how the
+    line names it, ``hf_dir`` itself by default), for ``--base_model``; None when it has a config.json. Asked by the
+    export and, before torch loads, by ``mcore_to_hf`` (~0.1 s, not ~5.5 s)."""
+    if hf_dir and os.path.isfile(os.path.join(hf_dir, "config.json")):
+        return None
+    what = "does not exist" if hf_dir and not os.path.exists(hf_dir) else "is not a HF model directory"
+    return f"{named or hf_dir} {what} here; give the base model the run was trained from"
+
+
 # ----------------------------------------------------------------------------- Megatron's checkpoints directory
 
 #: Megatron's tracker file: a checkpoints directory's latest complete iteration (``training.checkpoint``).

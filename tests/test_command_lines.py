@@ -263,6 +263,11 @@ def test_converter_input_errors_name_the_flag(tmp_path, tool, argv, line):
      "error: --hf_config: {tmp}/none.json does not exist"),
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--run_config", "{tmp}/taken"],
      "error: --run_config: {tmp}/taken is not a file"),
+    # a run's --base_model that is not there: the export's line, after torch, Megatron and the run's config (~5.5 s)
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--base_model", "{tmp}/none"],
+     "error: --base_model: {tmp}/none does not exist here; give the base model the run was trained from"),
+    ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--base_model", "{tmp}/taken"],
+     "error: --base_model: {tmp}/taken is not a HF model directory here; give the base model the run was trained from"),
     # --tp 0 / --pp -1 were accepted (and ignored in one process); hf_to_mcore refused them after torch loaded
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--tp", "0"], "error: --tp: must be > 0, got 0"),
     ("mcore_to_hf", ["--mcore_dir", "{tmp}", "--out_dir", "{tmp}/out", "--pp", "-1"], "error: --pp: must be > 0, got -1"),

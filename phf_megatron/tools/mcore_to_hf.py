@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..commands import command, process_rank, tool_config
 from ..config_errors import check_choice, check_positive, fail
-from ..input_files import missing_checkpoint_dir, missing_dir, missing_file
+from ..input_files import missing_base_model, missing_checkpoint_dir, missing_dir, missing_file
 from ..models.choices import DTYPE_SPELLINGS, as_dtype
 from ..output_files import new_dir_problem
 
@@ -78,9 +78,11 @@ class McoreToHf:
 def _missing_input(args: McoreToHf) -> tuple[str, str] | None:
     """``(flag, why)`` for the first path given that cannot be read, None when each can: the optional ones too (a
     mistyped --tokenizer_dir or --hf_config was ignored for a training run, or an errno line without the flag after
-    torch loaded). --base_model: the run's export says what it lacks (``training.export``)."""
-    checks = (("mcore_dir", args.mcore_dir, missing_checkpoint_dir), ("tokenizer_dir", args.tokenizer_dir, missing_dir),
-              ("run_config", args.run_config, missing_file), ("hf_config", args.hf_config, missing_file))
+    torch loaded). --base_model: the export's own first check (``missing_base_model``); its weights and tokenizer the
+    export checks."""
+    checks = (("mcore_dir", args.mcore_dir, missing_checkpoint_dir), ("base_model", args.base_model, missing_base_model),
+              ("tokenizer_dir", args.tokenizer_dir, missing_dir), ("run_config", args.run_config, missing_file),
+              ("hf_config", args.hf_config, missing_file))
     return next(((key, why) for key, path, missing in checks if path is not None and (why := missing(path))), None)
 
 

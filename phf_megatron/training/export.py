@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from ..convert.mcore_checkpoint import training_checkpoint_error
 from ..errors import ConfigError, InputFileError
 from ..input_files import (
-    RUN_CONFIG_FILE, checkpoint_names, checkpoint_saved, list_checkpoints, missing_checkpoint_dir, missing_dir,
-    read_json, run_checkpoints_dir, saved_path)
+    RUN_CONFIG_FILE, checkpoint_names, checkpoint_saved, list_checkpoints, missing_base_model, missing_checkpoint_dir,
+    missing_dir, read_json, run_checkpoints_dir, saved_path)
 from .checkpoint import META_FILE, check_fingerprint, iter_dir_name, read_latest
 from .config import LATEST_FILE, TrainConfig
 from .config_io import load_config, resume_fingerprint
@@ -228,9 +228,8 @@ def _with_base_model(cfg: TrainConfig, base_model: str | None) -> TrainConfig:
     relative = ", relative to the directory the run was launched from" if model.hf_dir and not os.path.isabs(
         model.hf_dir) else ""   # a config.yaml written before the trainer recorded absolute paths
     named = base_model if base_model is not None else f"the run's base model (model.hf_dir = {model.hf_dir!r}{relative})"
-    if not model.hf_dir or not os.path.isfile(os.path.join(model.hf_dir, "config.json")):
-        what = "does not exist" if model.hf_dir and not os.path.exists(model.hf_dir) else "is not a HF model directory"
-        raise ConfigError("base_model", f"{named} {what} here; give the base model the run was trained from")
+    if why := missing_base_model(model.hf_dir, named):
+        raise ConfigError("base_model", why)
     if model.pretrained_checkpoint and not os.path.isdir(model.pretrained_checkpoint):
         model = dataclasses.replace(model, pretrained_checkpoint=None)  # the same base weights, from hf_dir
     if not model.pretrained_checkpoint:   # its weights are read from hf_dir: named here, not as "hf_dir: ..."
