@@ -348,10 +348,11 @@ def test_eval_settings_the_engine_checks_are_one_line_before_any_work(tmp_path, 
 ])
 def test_eval_model_paths_that_are_not_there_are_refused_before_the_runner_loads(tmp_path, argv, line):
     """A mistyped --model, --adapter or --megatron_checkpoint was said after the runner had loaded transformers and
-    the rest (~4 s on a CPU machine); now before them (~1.7 s: the settings' own checks load torch)."""
+    the rest (~4 s on a CPU machine), then after the settings' own checks had loaded torch and math-verify (~1.9 s);
+    now before any of them (~0.06 s), as the converters say theirs."""
     code = ("import sys; from phf_megatron.tools.eval_avg_at_k import main; rc = main(sys.argv[1:]); "
-            "print('HEAVY', [m for m in ('transformers', 'vllm', 'phf_megatron.eval.runner') if m in sys.modules]); "
-            "sys.exit(rc)")
+            "print('HEAVY', [m for m in ('torch', 'math_verify', 'transformers', 'vllm', 'phf_megatron.eval.runner') "
+            "if m in sys.modules]); sys.exit(rc)")
     proc = run_python(["-c", code, *[a.format(tmp=tmp_path) for a in argv], "--out_dir", str(tmp_path / "o")])
     assert (proc.returncode, proc.stderr.splitlines()) == (2, [line]), proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1] == "HEAVY []" and not (tmp_path / "o").exists()

@@ -11,8 +11,8 @@ from ..lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "benchmarks": ("KNOWN_BENCHMARKS", "Problem", "load_benchmark"),
-    "config": ("EvalConfig", "sample_seed"),
-    "grading": ("GRADERS", "grade", "is_correct", "is_correct_official", "last_boxed"),
+    "config": ("GRADERS", "EvalConfig", "sample_seed"),
+    "grading": ("grade", "is_correct", "is_correct_official", "last_boxed"),
     "metrics": ("pass_at_k", "score_benchmark", "suite_average"),
     "rewards": ("gold_answer", "reward_correctness"),
     "runner": ("run_eval",),

@@ -8,9 +8,12 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 from phf_megatron.models.choices import DTYPE_SPELLINGS, dtype_name
-from phf_megatron.rollout.choices import ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
+from phf_megatron.rollout.choices import BACKENDS, ENGINE_SET_VLLM_KWARGS, vllm_kwargs_problem
 
 PAPER_BENCHMARKS = ("aime24", "aime25", "hmmt25")
+#: The graders (``grading.grade``), each an Avg@k column: ``official`` (the paper's numbers) and ``extended``; here,
+#: without math-verify, so that ``--grader`` is checked before anything heavy loads.
+GRADERS = ("official", "extended")
 #: What official OPSD's eval/evaluate_math.py (7448751) picks when unset, by thinking mode:
 #: top-p (lines 653-654) and the engine's context length (lines 114-116).
 OFFICIAL_TOP_P = {True: 0.95, False: 0.8}
@@ -120,8 +123,6 @@ class EvalConfig:
         if self.data_revision is not None and self.data_dir != HUB:
             raise ValueError(f"data_revision: {self.data_revision!r}: a Hub revision (commit SHA, tag or branch), "
                              f"only with --data_dir {HUB} (the shipped sets and data directories have none)")
-        from phf_megatron.rollout.factory import BACKENDS  # torch: not before the command line is parsed
-
         if not self.benchmarks:
             raise ValueError("benchmarks: give at least one")
         if self.n < 1:
@@ -144,7 +145,6 @@ class EvalConfig:
             raise ValueError(f"limit: must be >= 1 or None, got {self.limit}")
         if self.model is None and self.megatron_checkpoint is None:
             raise ValueError("model: give a HF model directory, or megatron_checkpoint")
-        from .grading import GRADERS  # math-verify: not before the command line is parsed
         if self.grader not in GRADERS:
             raise ValueError(f"grader: {self.grader!r} is not one of {GRADERS}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:

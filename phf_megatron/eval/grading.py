@@ -46,8 +46,6 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 
 #: Seconds math-verify may spend on one parse or verify (official OPSD: 5).
 TIMEOUT_S = 5
-#: The graders, each an Avg@k column: ``official`` (the paper's numbers) and ``extended``.
-GRADERS = ("official", "extended")
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _NATIVE_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 

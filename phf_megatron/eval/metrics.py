@@ -4,7 +4,7 @@ Average@k (the paper's metric): the mean correctness over k samples per problem,
 problems — ``mean_p c_p / k``. pass@k (Chen et al., 2021, unbiased): with n samples per problem
 of which c are correct, ``1 - C(n - c, k) / C(n, k)``, averaged over problems. The suite
 average is the unweighted mean over benchmarks (each benchmark counts once, as in the paper's
-"Avg." column). A sample's ``correct`` holds one verdict per grader (``grading.GRADERS``): Average@k
+"Avg." column). A sample's ``correct`` holds one verdict per grader (``config.GRADERS``): Average@k
 is computed for each, pass@k for the chosen one.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from math import comb
 
-from .grading import GRADERS
+from .config import GRADERS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -22,7 +22,8 @@ from importlib.metadata import version
 from ..errors import InputFileError
 from ..input_files import read_lines
 from ..output_files import writing
-from .grading import GRADERS, grade, official_boxed_answer
+from .config import GRADERS
+from .grading import grade, official_boxed_answer
 
 SHARD_GLOB = "samples.rank*.jsonl"
 

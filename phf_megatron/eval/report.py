@@ -16,8 +16,7 @@ from importlib.metadata import version
 
 from ..output_files import write_json
 from .benchmarks import Problem
-from .config import EvalConfig
-from .grading import GRADERS
+from .config import GRADERS, EvalConfig
 from .metrics import BenchmarkScore, score_benchmark, suite_average
 from .records import grade_record, needs_grading
 

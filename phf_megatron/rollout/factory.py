@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .choices import (
     BACKENDS, DEFAULT_NCCL_PORT, ENGINE_SET_VLLM_KWARGS, LOGPROBS_MODES, WEIGHT_TRANSPORTS, vllm_kwargs_problem,
 )
-from .engine import RolloutEngine
+
+if TYPE_CHECKING:   # torch: the eval's settings check an EngineConfig before any path or model (~1 s)
+    from .engine import RolloutEngine
 
 #: vllm_server: the bound on one HTTP request and on the wait for the server when timeout_s is None.
 DEFAULT_SERVER_TIMEOUT_S = 600.0
