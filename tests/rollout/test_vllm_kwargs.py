@@ -118,11 +118,14 @@ def test_engine_config_refuses_what_the_engine_sets_and_a_backend_without_vllm(m
         build_engine(EngineConfig(model_dir=tiny_dir, vllm_kwargs={"max_num_seqs": 3}))
 
 
-def test_vllm_kwargs_for_an_auto_backend_without_vllm_is_one_line_when_the_run_starts(monkeypatch, tiny_dir):
+def test_vllm_kwargs_for_an_auto_backend_without_vllm_is_one_line_when_the_run_starts(monkeypatch, tiny_dir, tmp_path):
     """Refused by ``require_inputs`` (before the student is built), not at the engine's start."""
     import phf_megatron.rollout.vllm_engine as vllm_engine
 
-    cfg = load_config(None, [f"--model.hf_dir={tiny_dir}", "--data.path=d.jsonl", "--rollout.vllm_kwargs={max_num_seqs: 3}"])
+    data = tmp_path / "d.jsonl"   # (a local data path that is not there is refused first)
+    data.write_text("")
+    cfg = load_config(None, [f"--model.hf_dir={tiny_dir}", f"--data.path={data}",
+                             "--rollout.vllm_kwargs={max_num_seqs: 3}"])
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     cfg.require_inputs()
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
