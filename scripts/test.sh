@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The test command: set up the environment from scratch if needed, then run the CPU suite.
 #
-#   bash scripts/test.sh                 # everything that runs without a GPU
-#   bash scripts/test.sh tests/objectives -k jsd    # extra args go to pytest
+#   bash scripts/test.sh                 # the CI suite: every CPU test but those marked slow
+#   bash scripts/test.sh -m slow         # the slow tier: end-to-end runs, kills and resumes
+#   bash scripts/test.sh tests -m ""     # both
+#   bash scripts/test.sh tests/objectives -k jsd    # extra args go to pytest (and replace the default selection)
+#
+# The slow tier (`slow`: longer than ~30 s each) is kept out of the default so that CI, on 2 cores, ends well
+# inside its 90 minutes: the whole suite took 57 min on one such machine and over 90 on another (2026-11-29).
 #
 # GPU tests (`-m gpu`) are skipped without CUDA; run them on a GPU box with
 #   pytest -m gpu tests
@@ -14,7 +19,8 @@ bash scripts/setup_env.sh
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 set +e
-python -m pytest "${@:-tests}" -q --durations=15
+if [ "$#" -eq 0 ]; then set -- tests -m "not slow"; fi
+python -m pytest "$@" -q --durations=15
 rc=$?
 set -e
 # pytest's 5 means "no test collected": with a filter that selects nothing that is not a failure.

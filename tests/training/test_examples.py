@@ -22,6 +22,7 @@ from ..helpers.tiny_qwen3 import make_tiny_hf
 from ..helpers.tiny_run import make_toy_jsonl, warning_lines
 
 
+@pytest.mark.slow  # ~100 s: the launcher end to end on 2 cores
 def test_8b_launcher_runs_its_preset_end_to_end_on_cpu(tmp_path):
     hf, data = make_tiny_hf(str(tmp_path / "hf")), make_toy_jsonl(str(tmp_path / "toy.jsonl"))
     run = tmp_path / "runs" / "phf_8b"      # parent directories do not exist yet

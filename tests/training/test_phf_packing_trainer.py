@@ -23,6 +23,7 @@ def _adapters(run_dir):
     return load_file(os.path.join(run_dir, "export", "peft_adapter", "adapter_model.safetensors"))
 
 
+@pytest.mark.slow  # ~90 s: three trainer runs and a resume on 2 cores
 def test_packed_and_token_budget_runs_give_the_padded_update_and_resume_exactly(tiny_inputs, tmp_path):
     hf, data = tiny_inputs
     runs, procs = {}, {}

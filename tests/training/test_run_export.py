@@ -166,6 +166,7 @@ def test_mcore_to_hf_writes_the_merged_model_and_the_adapter_of_the_trainers_stu
     assert all(torch.equal(bf16[k], own[k].to(torch.bfloat16)) for k in own)
 
 
+@pytest.mark.slow  # ~60 s: a torchrun run and its conversion on 2 cores
 def test_an_interleaved_pipeline_run_converts_under_the_torchrun_its_end_names(tmp_path):
     """PP 2 x VPP 2 (4 layers), as a user runs it: the step's sync probe runs through the interleaved
     schedule; the run's end names the torchrun that converts its TP x PP checkpoint, which writes the

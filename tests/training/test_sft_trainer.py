@@ -55,6 +55,7 @@ def test_an_sft_resume_with_lora_dropout_draws_the_straight_runs_masks(tiny_inpu
     assert_same_steps(straight, resumed, ("loss", "grad_norm", "lr", "num_tokens"), 4)
 
 
+@pytest.mark.slow  # ~115 s: torchrun worlds of 2 ranks on 2 cores
 def test_distributed_optimizer_resume_restores_each_ranks_shards(tiny_inputs, tmp_path):
     """``--optimizer.use_distributed_optimizer`` at DP 2: each rank saves its shard of the main parameters
     and Adam moments (Megatron's ``state_dict`` leaves them out), so 2 steps + resume + 2 steps equal 4 straight

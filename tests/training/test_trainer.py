@@ -179,6 +179,7 @@ def test_an_engine_failure_between_weight_pushes_resumes_from_the_last_push(tiny
         assert torch.equal(_adapters(run)[k], v), k
 
 
+@pytest.mark.slow  # ~75 s: a torchrun world of 2 ranks with vLLM on 2 cores
 @pytest.mark.vllm
 def test_tp2_run_under_torchrun_with_vllm_on_rank0(tiny_inputs, tmp_path):
     """vLLM started by rank 0 of a torchrun world (its engine process spawned), synced from the
