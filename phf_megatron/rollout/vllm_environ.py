@@ -37,15 +37,20 @@ _SOCKET_PATH_MAX = 107
 
 def new_socket_dir(environ=os.environ) -> str | None:
     """A fresh directory for a spawned engine's ZMQ sockets (``VLLM_RPC_BASE_PATH`` while it starts), or None: a
-    ``VLLM_RPC_BASE_PATH`` the user set is kept, and so is vLLM's default where this directory's socket paths would
-    be too long (a long ``TMPDIR``)."""
+    ``VLLM_RPC_BASE_PATH`` the user set is kept. The directory is made in the temporary directory, or in /tmp where
+    a socket's path there would pass a Unix socket's 107 bytes (a long ``TMPDIR``: vLLM's own default, that
+    directory, could not bind and the engine did not start); None (vLLM's default) where neither can be made."""
     if environ.get("VLLM_RPC_BASE_PATH"):
         return None
-    path = tempfile.mkdtemp(prefix="phf_vllm_ipc_")
-    if len(os.path.join(path, "0" * 36)) > _SOCKET_PATH_MAX:
+    for parent in (None, "/tmp"):
+        try:
+            path = tempfile.mkdtemp(prefix="phf_vllm_ipc_", dir=parent)
+        except OSError:
+            continue
+        if len(os.path.join(path, "0" * 36)) <= _SOCKET_PATH_MAX:
+            return path
         drop_socket_dir(path)
-        return None
-    return path
+    return None
 
 
 def drop_socket_dir(path: str | None) -> None:

@@ -34,7 +34,7 @@ def vllm_readable_tensors(names, *, vllm_on_cpu: bool = not torch.cuda.is_availa
 @pytest.fixture
 def short_tmp():
     """A temporary directory under /tmp short enough for the engine's socket directory in it (``tmp_path``'s paths
-    are longer than a Unix socket's may be: ``vllm_environ.new_socket_dir`` then keeps vLLM's default)."""
+    are longer than a Unix socket's may be: ``vllm_environ.new_socket_dir`` then makes it under /tmp itself)."""
     import pathlib
     import shutil
     import tempfile

@@ -136,10 +136,10 @@ def test_a_sigkilled_owner_s_engine_goes_and_its_socket_directory_with_it(tiny_d
     assert not os.path.exists(f"/proc/{pid}") and not os.path.exists(sockets)
 
 
-def test_a_user_s_socket_base_is_kept_and_so_is_vllm_s_default_where_the_engine_s_would_be_too_long(tmp_path,
-                                                                                                   monkeypatch):
-    """The engine's socket directory is not made when the user set ``VLLM_RPC_BASE_PATH``, nor in a temporary
-    directory so long that a socket in it would pass a Unix socket's 107 bytes (vLLM could not bind it)."""
+def test_a_user_s_socket_base_is_kept_and_a_too_long_temporary_directory_gives_one_under_tmp(tmp_path, monkeypatch):
+    """The engine's socket directory is not made when the user set ``VLLM_RPC_BASE_PATH``; in a temporary directory
+    so long that a socket in it would pass a Unix socket's 107 bytes it is made under /tmp (it was left to vLLM's
+    default, that same directory, where the engine could not bind and did not start)."""
     import tempfile
 
     from phf_megatron.rollout.vllm_environ import new_socket_dir
@@ -148,7 +148,11 @@ def test_a_user_s_socket_base_is_kept_and_so_is_vllm_s_default_where_the_engine_
     long = tmp_path / ("d" * max(1, 70 - len(str(tmp_path))))   # vLLM's own <tmp>/<uuid4>: 107 bytes at most
     long.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long))
-    assert new_socket_dir(environ={}) is None and not list(long.iterdir())
+    moved = new_socket_dir(environ={})
+    try:
+        assert moved is not None and os.path.dirname(moved) == "/tmp" and not list(long.iterdir())
+    finally:
+        os.rmdir(moved)
     monkeypatch.setattr(tempfile, "tempdir", "/tmp")
     short = new_socket_dir(environ={})
     try:
