@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The test command: set up the environment from scratch if needed, then run the CPU suite.
 #
-#   bash scripts/test.sh                 # the CI suite: every CPU test but those marked slow
+#   bash scripts/test.sh                 # the CI suite: every CPU test but those marked slow, in 2 workers
 #   bash scripts/test.sh -m slow         # the slow tier: end-to-end runs, kills and resumes
 #   bash scripts/test.sh tests -m ""     # both
 #   bash scripts/test.sh tests/objectives -k jsd    # extra args go to pytest (and replace the default selection)
 #
 # The slow tier (`slow`: longer than ~30 s each) is kept out of the default so that CI, on 2 cores, ends well
 # inside its 90 minutes: the whole suite took 57 min on one such machine and over 90 on another (2026-11-29).
+# The default selection runs in PHF_TEST_WORKERS pytest-xdist workers (2): one test at a time used one core of two.
 #
 # GPU tests (`-m gpu`) are skipped without CUDA; run them on a GPU box with
 #   pytest -m gpu tests
@@ -19,7 +20,7 @@ bash scripts/setup_env.sh
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 set +e
-if [ "$#" -eq 0 ]; then set -- tests -m "not slow"; fi
+if [ "$#" -eq 0 ]; then set -- tests -m "not slow" -n "${PHF_TEST_WORKERS:-2}" --dist worksteal; fi
 python -m pytest "$@" -q --durations=15
 rc=$?
 set -e

@@ -16,7 +16,7 @@ from tests.helpers import REPO
 
 #: declared, but never a "pip install X" line: torch runs everything (nothing starts without it), TE is
 #: optional by design (its absence picks the local spec), the test tools are not the product's
-NOT_REPORTED = {"torch", "transformer-engine", "pytest", "hypothesis", "pytest-timeout", "phf-megatron"}
+NOT_REPORTED = {"torch", "transformer-engine", "pytest", "hypothesis", "pytest-timeout", "pytest-xdist", "phf-megatron"}
 
 
 def _name(requirement: str) -> str:
